@@ -1,0 +1,1 @@
+"""localcache: a Kubernetes operator that keeps ML models on node-local disks for KServe."""

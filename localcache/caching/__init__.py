@@ -1,0 +1,1 @@
+"""Pure rules of the domain, no I/O: keys, placement, credentials, conditions, config."""

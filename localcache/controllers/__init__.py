@@ -1,0 +1,1 @@
+"""The cluster-cache and namespace-cache reconcilers of the controller process."""

@@ -1,0 +1,487 @@
+"""A real Kubernetes control plane for tests: etcd + kube-apiserver (+ kube-controller-manager).
+
+The binaries come from `hack/build-control-plane.sh` (built from source through the Go module
+proxy, cached by version outside the repository) or from `KUBEBUILDER_ASSETS` when it is set.
+Nothing here is faked: the apiserver serves TLS on a free loopback port, authenticates with
+client certificates and authorises with RBAC.
+
+Contract:
+- `ControlPlane.start()` returns only when `/readyz` answers 200 to the admin user and the
+  `default` namespace exists (and, with KCM, when KCM's `/healthz` answers); it raises
+  `ControlPlaneError` with the tail of the failing process's log otherwise.
+- `stop()` terminates every process it started and removes its temporary directory.
+- `restart_apiserver()` stops and starts kube-apiserver on the same port and etcd data, so
+  clients see a real outage; extra flags may be added for the new process.
+- The harness talks to the apiserver with the standard library only (`rest()`), so it does not
+  depend on the code under test.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import http.client
+import json
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import tempfile
+import time
+import urllib.parse
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from localcache.runtime.testing import certs
+
+PREFERRED_VERSIONS = ("v1.36.3", "v1.35.4", "v1.34.4")
+START_TIMEOUT_S = 90.0
+STOP_TIMEOUT_S = 10.0
+
+KCM_CONTROLLERS = (
+    "garbage-collector-controller",
+    "namespace-controller",
+    "job-controller",
+    "ttl-after-finished-controller",
+    "serviceaccount-controller",
+    "persistentvolume-binder-controller",
+    "pod-garbage-collector-controller",
+)
+
+
+class ControlPlaneError(RuntimeError):
+    """The control plane could not be found, started or reached."""
+
+
+def _cache_root() -> Path:
+    explicit = os.environ.get("LOCALCACHE_BIN_CACHE")
+    if explicit:
+        return Path(explicit)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "localcache" / "control-plane"
+
+
+def find_binaries() -> Path:
+    """The directory holding `etcd` and `kube-apiserver` (and usually `kube-controller-manager`).
+
+    `KUBEBUILDER_ASSETS` wins when set; otherwise the newest preferred version in the cache.
+    """
+    assets = os.environ.get("KUBEBUILDER_ASSETS")
+    candidates = [Path(assets)] if assets else [_cache_root() / v for v in PREFERRED_VERSIONS]
+    for directory in candidates:
+        if all(os.access(directory / b, os.X_OK) for b in ("etcd", "kube-apiserver")):
+            return directory
+    raise ControlPlaneError(
+        "no control-plane binaries found in "
+        + ", ".join(str(c) for c in candidates)
+        + ": run `make control-plane` (or set KUBEBUILDER_ASSETS)"
+    )
+
+
+@contextlib.contextmanager
+def _port_lock_dir() -> Iterator[Path]:
+    lock_dir = Path(tempfile.gettempdir()) / "localcache-ports"
+    lock_dir.mkdir(exist_ok=True)
+    yield lock_dir
+
+
+_held_port_locks: list[Any] = []
+
+
+def free_port() -> int:
+    """A free loopback port, reserved against other test processes by an advisory lock file."""
+    with _port_lock_dir() as lock_dir:
+        for _ in range(100):
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                sock.bind(("127.0.0.1", 0))
+                port = int(sock.getsockname()[1])
+            lock_file = open(lock_dir / f"port-{port}", "w")  # noqa: SIM115 - held for process life
+            try:
+                fcntl.flock(lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                lock_file.close()
+                continue
+            _held_port_locks.append(lock_file)
+            return port
+    raise ControlPlaneError("no free loopback port after 100 tries")
+
+
+@dataclass
+class _Process:
+    name: str
+    args: list[str]
+    log_path: Path
+    popen: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
+        try:
+            self.popen = subprocess.Popen(
+                self.args,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        finally:
+            log.close()
+
+    def running(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+    def stop(self) -> None:
+        if self.popen is None:
+            return
+        if self.popen.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.popen.pid, signal.SIGTERM)
+            try:
+                self.popen.wait(STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.popen.pid, signal.SIGKILL)
+                self.popen.wait(STOP_TIMEOUT_S)
+        self.popen = None
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return "(no log)"
+        return "\n".join(text.splitlines()[-lines:])
+
+
+@dataclass
+class Credentials:
+    """Paths of a user's client certificate, as written for kubeconfigs and `rest()`."""
+
+    user: str
+    cert_path: Path
+    key_path: Path
+
+
+@dataclass
+class ControlPlane:
+    """etcd + kube-apiserver (+ optional kube-controller-manager) on free loopback ports."""
+
+    with_kcm: bool = True
+    bin_dir: Path = field(default_factory=find_binaries)
+    apiserver_flags: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.work_dir = Path(tempfile.mkdtemp(prefix="localcache-cp-"))
+        self.cert_dir = self.work_dir / "pki"
+        self.cert_dir.mkdir()
+        self.etcd_port = free_port()
+        self.etcd_peer_port = free_port()
+        self.api_port = free_port()
+        self.kcm_port = free_port()
+        self._procs: dict[str, _Process] = {}
+        self._write_pki()
+        self.admin = self.add_user("admin", ["system:masters"])
+        self.kubeconfig_path = self.write_kubeconfig(self.admin, self.work_dir / "admin.kubeconfig")
+
+    # ----------------------------------------------------------------------------- pki
+
+    def _write_pki(self) -> None:
+        self.server_ca = certs.TinyCA("localcache-test-serving-ca")
+        self.client_ca = certs.TinyCA("localcache-test-client-ca")
+        serving = self.server_ca.serving_cert(["localhost", "127.0.0.1"])
+        self._write("apiserver.crt", serving.cert_pem)
+        self._write("apiserver.key", serving.key_pem)
+        self._write("serving-ca.crt", self.server_ca.cert_pem)
+        self._write("client-ca.crt", self.client_ca.cert_pem)
+        self._write("sa.key", certs.signing_key_pem())
+
+    def _write(self, name: str, data: bytes) -> Path:
+        path = self.cert_dir / name
+        path.write_bytes(data)
+        path.chmod(0o600)
+        return path
+
+    @property
+    def ca_path(self) -> Path:
+        return self.cert_dir / "serving-ca.crt"
+
+    @property
+    def server(self) -> str:
+        return f"https://127.0.0.1:{self.api_port}"
+
+    @property
+    def etcd_url(self) -> str:
+        return f"http://127.0.0.1:{self.etcd_port}"
+
+    def add_user(self, user: str, groups: list[str]) -> Credentials:
+        """Issue a client certificate; the apiserver authenticates it as `user` in `groups`."""
+        pair = self.client_ca.client_cert(user, groups)
+        slug = user.replace(":", "_").replace("/", "_")
+        return Credentials(
+            user,
+            self._write(f"user-{slug}.crt", pair.cert_pem),
+            self._write(f"user-{slug}.key", pair.key_pem),
+        )
+
+    def service_account_credentials(self, namespace: str, name: str) -> Credentials:
+        """Credentials that authenticate exactly as ServiceAccount `namespace/name` would."""
+        return self.add_user(
+            f"system:serviceaccount:{namespace}:{name}",
+            ["system:serviceaccounts", f"system:serviceaccounts:{namespace}"],
+        )
+
+    def kubeconfig(self, creds: Credentials) -> dict[str, Any]:
+        return {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [
+                {
+                    "name": "localcache-test",
+                    "cluster": {"server": self.server, "certificate-authority": str(self.ca_path)},
+                }
+            ],
+            "users": [
+                {
+                    "name": creds.user,
+                    "user": {
+                        "client-certificate": str(creds.cert_path),
+                        "client-key": str(creds.key_path),
+                    },
+                }
+            ],
+            "contexts": [
+                {"name": "localcache-test", "context": {"cluster": "localcache-test", "user": creds.user}}
+            ],
+            "current-context": "localcache-test",
+        }
+
+    def write_kubeconfig(self, creds: Credentials, path: Path) -> Path:
+        path.write_text(yaml.safe_dump(self.kubeconfig(creds)))
+        path.chmod(0o600)
+        return path
+
+    # ------------------------------------------------------------------------ processes
+
+    def _etcd_args(self) -> list[str]:
+        return [
+            str(self.bin_dir / "etcd"),
+            f"--data-dir={self.work_dir / 'etcd'}",
+            f"--listen-client-urls={self.etcd_url}",
+            f"--advertise-client-urls={self.etcd_url}",
+            f"--listen-peer-urls=http://127.0.0.1:{self.etcd_peer_port}",
+            f"--initial-advertise-peer-urls=http://127.0.0.1:{self.etcd_peer_port}",
+            f"--initial-cluster=default=http://127.0.0.1:{self.etcd_peer_port}",
+            "--unsafe-no-fsync=true",
+            "--log-level=warn",
+        ]
+
+    def _apiserver_args(self, extra: Mapping[str, str]) -> list[str]:
+        flags = {
+            "etcd-servers": self.etcd_url,
+            "secure-port": str(self.api_port),
+            "bind-address": "127.0.0.1",
+            "advertise-address": "127.0.0.1",
+            "endpoint-reconciler-type": "none",
+            "cert-dir": str(self.cert_dir),
+            "tls-cert-file": str(self.cert_dir / "apiserver.crt"),
+            "tls-private-key-file": str(self.cert_dir / "apiserver.key"),
+            "client-ca-file": str(self.cert_dir / "client-ca.crt"),
+            "service-account-issuer": f"https://127.0.0.1:{self.api_port}/",
+            "service-account-key-file": str(self.cert_dir / "sa.key"),
+            "service-account-signing-key-file": str(self.cert_dir / "sa.key"),
+            "authorization-mode": "RBAC",
+            "disable-admission-plugins": "ServiceAccount",
+            "service-cluster-ip-range": "10.0.0.0/24",
+            "allow-privileged": "true",
+            "enable-priority-and-fairness": "false",
+            "profiling": "false",
+        }
+        flags.update(self.apiserver_flags)
+        flags.update(extra)
+        return [str(self.bin_dir / "kube-apiserver")] + [f"--{k}={v}" for k, v in flags.items()]
+
+    def _kcm_args(self) -> list[str]:
+        return [
+            str(self.bin_dir / "kube-controller-manager"),
+            f"--kubeconfig={self.kubeconfig_path}",
+            f"--authentication-kubeconfig={self.kubeconfig_path}",
+            f"--authorization-kubeconfig={self.kubeconfig_path}",
+            f"--controllers={','.join(KCM_CONTROLLERS)}",
+            "--leader-elect=false",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={self.kcm_port}",
+            "--kube-api-qps=200",
+            "--kube-api-burst=400",
+            "--concurrent-gc-syncs=10",
+            "--concurrent-namespace-syncs=5",
+        ]
+
+    @property
+    def kcm_available(self) -> bool:
+        return os.access(self.bin_dir / "kube-controller-manager", os.X_OK)
+
+    def start(self) -> ControlPlane:
+        try:
+            self._start_etcd()
+            self._start_apiserver({})
+            if self.with_kcm:
+                if not self.kcm_available:
+                    raise ControlPlaneError(f"kube-controller-manager not in {self.bin_dir}")
+                self._start_kcm()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _launch(self, name: str, args: list[str]) -> _Process:
+        proc = _Process(name, args, self.work_dir / f"{name}.log")
+        self._procs[name] = proc
+        proc.start()
+        return proc
+
+    def _start_etcd(self) -> None:
+        proc = self._launch("etcd", self._etcd_args())
+        self._wait(proc, lambda: self._http_ok(f"{self.etcd_url}/health"), "etcd /health")
+
+    def _start_apiserver(self, extra: Mapping[str, str]) -> None:
+        proc = self._launch("kube-apiserver", self._apiserver_args(extra))
+        self._wait(proc, self._apiserver_ready, "kube-apiserver /readyz and namespace default")
+
+    def _start_kcm(self) -> None:
+        proc = self._launch("kube-controller-manager", self._kcm_args())
+        url = f"https://127.0.0.1:{self.kcm_port}/healthz"
+        self._wait(proc, lambda: self._http_ok(url, verify=False), "kube-controller-manager /healthz")
+
+    def _wait(self, proc: _Process, ready: Any, what: str) -> None:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if not proc.running():
+                raise ControlPlaneError(f"{proc.name} exited before {what}:\n{proc.log_tail()}")
+            if ready():
+                return
+            time.sleep(0.1)
+        raise ControlPlaneError(
+            f"{what} not ready after {START_TIMEOUT_S:.0f}s:\n{proc.log_tail()}"
+        )
+
+    def _http_ok(self, url: str, *, verify: bool = True) -> bool:
+        parsed = urllib.parse.urlsplit(url)
+        conn: http.client.HTTPConnection
+        if parsed.scheme == "https":
+            ctx = ssl.create_default_context()
+            if not verify:
+                ctx.check_hostname = False
+                ctx.verify_mode = ssl.CERT_NONE
+            conn = http.client.HTTPSConnection(parsed.netloc, timeout=2, context=ctx)
+        else:
+            conn = http.client.HTTPConnection(parsed.netloc, timeout=2)
+        try:
+            conn.request("GET", parsed.path)
+            return conn.getresponse().status == 200
+        except OSError:
+            return False
+        finally:
+            conn.close()
+
+    def _apiserver_ready(self) -> bool:
+        try:
+            status, _ = self.rest("GET", "/readyz")
+            if status != 200:
+                return False
+            status, _ = self.rest("GET", "/api/v1/namespaces/default")
+            return status == 200
+        except OSError:
+            return False
+
+    def restart_apiserver(self, extra_flags: Mapping[str, str] | None = None) -> None:
+        """Stop kube-apiserver and start it again on the same port and etcd data."""
+        old = self._procs.get("kube-apiserver")
+        if old is not None:
+            old.stop()
+        self._start_apiserver(extra_flags or {})
+
+    def stop_apiserver(self) -> None:
+        """Stop kube-apiserver only (for outage tests); `restart_apiserver()` brings it back."""
+        proc = self._procs.get("kube-apiserver")
+        if proc is not None:
+            proc.stop()
+
+    def stop(self) -> None:
+        for name in ("kube-controller-manager", "kube-apiserver", "etcd"):
+            proc = self._procs.pop(name, None)
+            if proc is not None:
+                proc.stop()
+        shutil.rmtree(self.work_dir, ignore_errors=True)
+
+    def logs(self, name: str, lines: int = 50) -> str:
+        proc = self._procs.get(name)
+        return proc.log_tail(lines) if proc else "(not running)"
+
+    # ---------------------------------------------------------------------------- REST
+
+    def ssl_context(self, creds: Credentials | None = None) -> ssl.SSLContext:
+        ctx = ssl.create_default_context(cafile=str(self.ca_path))
+        creds = creds or self.admin
+        ctx.load_cert_chain(str(creds.cert_path), str(creds.key_path))
+        return ctx
+
+    def rest(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        creds: Credentials | None = None,
+        content_type: str = "application/json",
+        timeout: float = 10.0,
+    ) -> tuple[int, Any]:
+        """One request to the apiserver; returns (status, decoded JSON or text)."""
+        conn = http.client.HTTPSConnection(
+            f"127.0.0.1:{self.api_port}", timeout=timeout, context=self.ssl_context(creds)
+        )
+        try:
+            payload = None if body is None else json.dumps(body).encode()
+            headers = {"Content-Type": content_type, "Accept": "application/json"}
+            conn.request(method, path, body=payload, headers=headers)
+            resp = conn.getresponse()
+            raw = resp.read().decode(errors="replace")
+        finally:
+            conn.close()
+        try:
+            return resp.status, json.loads(raw)
+        except json.JSONDecodeError:
+            return resp.status, raw
+
+    def create_namespace(self, name: str) -> None:
+        status, body = self.rest(
+            "POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
+        )
+        if status not in (201, 409):
+            raise ControlPlaneError(f"creating namespace {name}: {status} {body}")
+
+    def delete_namespace(self, name: str) -> None:
+        self.rest("DELETE", f"/api/v1/namespaces/{name}")
+
+    @property
+    def kubectl_path(self) -> str | None:
+        """The kubectl built beside the apiserver (same version), else the one on PATH."""
+        own = self.bin_dir / "kubectl"
+        return str(own) if os.access(own, os.X_OK) else shutil.which("kubectl")
+
+    def kubectl(self, *args: str, check: bool = True, input_text: str | None = None) -> subprocess.CompletedProcess[str]:
+        """Run kubectl against this control plane as the admin user."""
+        kubectl = self.kubectl_path
+        if kubectl is None:
+            raise ControlPlaneError("kubectl not found on PATH")
+        return subprocess.run(
+            [kubectl, f"--kubeconfig={self.kubeconfig_path}", *args],
+            capture_output=True,
+            text=True,
+            check=check,
+            input=input_text,
+            timeout=60,
+        )

@@ -1,0 +1,74 @@
+"""pytest plugin: the session control plane, a namespace per test, a task-leak guard.
+
+Fixtures:
+- `control_plane` (session): etcd + kube-apiserver + kube-controller-manager, started once.
+- `kubeconfig_path` (session): the admin kubeconfig of that control plane.
+- `namespace` (function): a fresh namespace for the test, deleted afterwards.
+- `task_leak_guard` (function, autouse for async tests): fails tests that leak tasks.
+
+Tests marked `kcm` are skipped when no kube-controller-manager binary is available (for
+example an envtest `KUBEBUILDER_ASSETS` directory).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from localcache.runtime.testing import leakguard
+from localcache.runtime.testing.controlplane import ControlPlane
+
+task_leak_guard = leakguard.task_leak_guard
+
+
+@pytest.fixture(scope="session")
+def control_plane() -> Iterator[ControlPlane]:
+    plane = ControlPlane(with_kcm=False)
+    plane.with_kcm = plane.kcm_available
+    plane.start()
+    os.environ["LOCALCACHE_TEST_KUBECONFIG"] = str(plane.kubeconfig_path)
+    try:
+        yield plane
+    finally:
+        plane.stop()
+
+
+@pytest.fixture(scope="session")
+def kubeconfig_path(control_plane: ControlPlane) -> Path:
+    return control_plane.kubeconfig_path
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")[:40].strip("-")
+
+
+@pytest.fixture
+def namespace(control_plane: ControlPlane, request: pytest.FixtureRequest) -> Iterator[str]:
+    name = f"t-{_slug(request.node.name)}-{uuid.uuid4().hex[:6]}"
+    control_plane.create_namespace(name)
+    try:
+        yield name
+    finally:
+        control_plane.delete_namespace(name)
+
+
+@pytest.fixture(autouse=True)
+async def _async_task_leak_guard(request: pytest.FixtureRequest) -> AsyncIterator[None]:
+    if not asyncio.iscoroutinefunction(getattr(request.node, "function", None)):
+        yield
+        return
+    before = set(asyncio.all_tasks())
+    yield
+    await leakguard.assert_no_leaked_tasks(before)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if "tests/integration" in str(item.path) or "tests/e2e" in str(item.path):
+            item.add_marker(pytest.mark.integration)

@@ -1,0 +1,1 @@
+"""Admission webhooks: InferenceService mutation, cache validation, self-managed certificates."""

@@ -1,0 +1,3 @@
+"""Shared pytest configuration: the control-plane fixtures live in localcache.runtime.testing."""
+
+pytest_plugins = ["localcache.runtime.testing.plugin"]
