@@ -1,19 +1,19 @@
 """The error tree of the framework. Every failure a caller can act on has a type here.
 
-    LocalcacheError
-    ├── ApiError                  the apiserver answered with an error status
-    │   ├── BadRequest            400
-    │   ├── Unauthorized          401
-    │   ├── Forbidden             403 (RBAC denial, or an admission webhook's denial)
-    │   ├── NotFound              404
-    │   ├── Conflict              409 (stale resourceVersion, or AlreadyExists: see `reason`)
-    │   ├── Gone                  410 (resourceVersion too old: relist)
-    │   ├── Invalid               422 (validation, including CEL rules)
-    │   ├── TooManyRequests       429 (back off; honour `retry_after`)
-    │   └── ServerError           5xx
-    ├── TransportError            no answer: connection refused/reset, TLS, DNS
-    │   └── ApiTimeout            the call's client-side deadline passed
-    └── TerminalError             a reconcile failure that retrying cannot fix (not requeued)
+LocalcacheError
+├── ApiError                  the apiserver answered with an error status
+│   ├── BadRequest            400
+│   ├── Unauthorized          401
+│   ├── Forbidden             403 (RBAC denial, or an admission webhook's denial)
+│   ├── NotFound              404
+│   ├── Conflict              409 (stale resourceVersion, or AlreadyExists: see `reason`)
+│   ├── Gone                  410 (resourceVersion too old: relist)
+│   ├── Invalid               422 (validation, including CEL rules)
+│   ├── TooManyRequests       429 (back off; honour `retry_after`)
+│   └── ServerError           5xx
+├── TransportError            no answer: connection refused/reset, TLS, DNS
+│   └── ApiTimeout            the call's client-side deadline passed
+└── TerminalError             a reconcile failure that retrying cannot fix (not requeued)
 """
 
 from __future__ import annotations
@@ -103,7 +103,9 @@ _BY_STATUS: dict[int, type[ApiError]] = {
 }
 
 
-def api_error(status: int, message: str, *, reason: str = "", body: dict[str, Any] | None = None) -> ApiError:
+def api_error(
+    status: int, message: str, *, reason: str = "", body: dict[str, Any] | None = None
+) -> ApiError:
     """The ApiError subclass for an HTTP status."""
     cls = _BY_STATUS.get(status) or (ServerError if status >= 500 else ApiError)
     return cls(status, message, reason=reason, body=body)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime
 import ipaddress
 import itertools
+import warnings
 from dataclasses import dataclass
 
 from cryptography import x509
@@ -116,11 +117,18 @@ class TinyCA:
 
     def client_cert(self, user: str, groups: list[str]) -> KeyPair:
         """A client certificate for `user` in `groups`, as the apiserver's X.509 authn reads it."""
-        attrs = [x509.NameAttribute(NameOID.COMMON_NAME, user)]
+        with warnings.catch_warnings():
+            # Kubernetes usernames may exceed the 64-char X.520 limit; Go parses them fine.
+            warnings.simplefilter("ignore", UserWarning)
+            attrs = [x509.NameAttribute(NameOID.COMMON_NAME, user, _validate=False)]
         attrs += [x509.NameAttribute(NameOID.ORGANIZATION_NAME, g) for g in groups]
         return self._issue(x509.Name(attrs), ExtendedKeyUsageOID.CLIENT_AUTH)
 
 
-def signing_key_pem() -> bytes:
-    """A fresh private key for signing ServiceAccount tokens."""
-    return _key_pem(ec.generate_private_key(ec.SECP256R1()))
+def signing_key_pair() -> KeyPair:
+    """A fresh ServiceAccount token signing key: `cert_pem` holds the PUBLIC key (PEM)."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    public = key.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+    return KeyPair(public, _key_pem(key))

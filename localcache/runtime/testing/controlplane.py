@@ -197,7 +197,9 @@ class ControlPlane:
         self._write("apiserver.key", serving.key_pem)
         self._write("serving-ca.crt", self.server_ca.cert_pem)
         self._write("client-ca.crt", self.client_ca.cert_pem)
-        self._write("sa.key", certs.signing_key_pem())
+        signing = certs.signing_key_pair()
+        self._write("sa.key", signing.key_pem)
+        self._write("sa.pub", signing.cert_pem)
 
     def _write(self, name: str, data: bytes) -> Path:
         path = self.cert_dir / name
@@ -254,7 +256,10 @@ class ControlPlane:
                 }
             ],
             "contexts": [
-                {"name": "localcache-test", "context": {"cluster": "localcache-test", "user": creds.user}}
+                {
+                    "name": "localcache-test",
+                    "context": {"cluster": "localcache-test", "user": creds.user},
+                }
             ],
             "current-context": "localcache-test",
         }
@@ -291,7 +296,7 @@ class ControlPlane:
             "tls-private-key-file": str(self.cert_dir / "apiserver.key"),
             "client-ca-file": str(self.cert_dir / "client-ca.crt"),
             "service-account-issuer": f"https://127.0.0.1:{self.api_port}/",
-            "service-account-key-file": str(self.cert_dir / "sa.key"),
+            "service-account-key-file": str(self.cert_dir / "sa.pub"),
             "service-account-signing-key-file": str(self.cert_dir / "sa.key"),
             "authorization-mode": "RBAC",
             "disable-admission-plugins": "ServiceAccount",
@@ -354,7 +359,9 @@ class ControlPlane:
     def _start_kcm(self) -> None:
         proc = self._launch("kube-controller-manager", self._kcm_args())
         url = f"https://127.0.0.1:{self.kcm_port}/healthz"
-        self._wait(proc, lambda: self._http_ok(url, verify=False), "kube-controller-manager /healthz")
+        self._wait(
+            proc, lambda: self._http_ok(url, verify=False), "kube-controller-manager /healthz"
+        )
 
     def _wait(self, proc: _Process, ready: Any, what: str) -> None:
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -458,7 +465,9 @@ class ControlPlane:
 
     def create_namespace(self, name: str) -> None:
         status, body = self.rest(
-            "POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
+            "POST",
+            "/api/v1/namespaces",
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}},
         )
         if status not in (201, 409):
             raise ControlPlaneError(f"creating namespace {name}: {status} {body}")
@@ -472,7 +481,9 @@ class ControlPlane:
         own = self.bin_dir / "kubectl"
         return str(own) if os.access(own, os.X_OK) else shutil.which("kubectl")
 
-    def kubectl(self, *args: str, check: bool = True, input_text: str | None = None) -> subprocess.CompletedProcess[str]:
+    def kubectl(
+        self, *args: str, check: bool = True, input_text: str | None = None
+    ) -> subprocess.CompletedProcess[str]:
         """Run kubectl against this control plane as the admin user."""
         kubectl = self.kubectl_path
         if kubectl is None:

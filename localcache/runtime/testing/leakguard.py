@@ -15,7 +15,9 @@ def leaked_tasks(before: Iterable[asyncio.Task[object]]) -> list[asyncio.Task[ob
     return [t for t in asyncio.all_tasks() if t not in known and t is not current and not t.done()]
 
 
-async def assert_no_leaked_tasks(before: Iterable[asyncio.Task[object]], *, grace: float = 1.0) -> None:
+async def assert_no_leaked_tasks(
+    before: Iterable[asyncio.Task[object]], *, grace: float = 1.0
+) -> None:
     """Give finishing tasks `grace` seconds to end, then fail naming any that are still alive."""
     before = set(before)
     leaked = leaked_tasks(before)

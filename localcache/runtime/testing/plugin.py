@@ -45,7 +45,7 @@ def kubeconfig_path(control_plane: ControlPlane) -> Path:
 
 
 def _slug(text: str) -> str:
-    return re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")[:40].strip("-")
+    return re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")[:30].strip("-")
 
 
 @pytest.fixture
