@@ -1,0 +1,148 @@
+"""LocalModelCache (cluster-scoped) and LocalModelNamespaceCache (namespaced): one model URI
+to keep on the nodes of some node groups. Both kinds share spec and status, field for field
+compatible with KServe's `serving.kserve.io/v1alpha1`, plus localcache's `status.conditions`."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Final
+
+from pydantic import Field
+
+from localcache.api import groupversion, meta
+from localcache.api.quantity import Quantity
+from localcache.api.storage import LocalModelStorageSpec
+
+FINALIZER: Final = "localmodel.kserve.io/finalizer"
+NAMESPACE_CACHE_FINALIZER: Final = "localmodelnamespacecache.kserve.io/finalizer"
+
+CONDITION_READY: Final = "Ready"
+CONDITION_DEGRADED: Final = "Degraded"
+
+
+class NodeStatus(StrEnum):
+    """Download state of the cache's model on one node (`status.nodeStatus` values)."""
+
+    UNKNOWN = ""
+    NOT_READY = "NodeNotReady"
+    DOWNLOAD_PENDING = "NodeDownloadPending"
+    DOWNLOADING = "NodeDownloading"
+    DOWNLOADED = "NodeDownloaded"
+    DOWNLOAD_ERROR = "NodeDownloadError"
+
+
+class LocalModelCacheSpec(meta.ApiModel):
+    """What to cache and where. Shared by LocalModelCache and LocalModelNamespaceCache."""
+
+    source_model_uri: str = Field(
+        description=(
+            "URI of the model to cache, for example gs://bucket/model or hf://org/model. "
+            "InferenceServices whose storageUri equals it or lies under it use the cache. "
+            "Immutable."
+        ),
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {"rule": "self == oldSelf", "message": "StorageUri is immutable"}
+            ]
+        },
+    )
+    model_size: Quantity = Field(
+        description=(
+            "Size of the model on disk. It must not exceed the disk space reserved on the "
+            "node group (its storageLimit)."
+        )
+    )
+    node_groups: list[str] = Field(
+        min_length=1,
+        description=(
+            "LocalModelNodeGroups whose nodes keep a copy. The first is the default group "
+            "for InferenceServices that do not name one."
+        ),
+    )
+    service_account_name: str | None = Field(
+        default=None,
+        description=(
+            "ServiceAccount whose secrets give the download Job its credentials; the Job "
+            "pod also runs as it."
+        ),
+    )
+    storage: LocalModelStorageSpec | None = Field(
+        default=None,
+        description=(
+            "Credentials from the storage-config secret; when key is set it is used "
+            "instead of serviceAccountName's secrets."
+        ),
+    )
+
+
+LocalModelNamespaceCacheSpec = LocalModelCacheSpec
+
+
+class ModelCopies(meta.ApiModel):
+    """Counts over the nodes of the cache's groups. Absent counts mean 0."""
+
+    available: int | None = Field(default=None, description="Nodes with the model downloaded.")
+    total: int | None = Field(default=None, description="Nodes that should hold the model.")
+    failed: int | None = Field(default=None, description="Nodes whose download failed.")
+
+
+class NamespacedName(meta.ApiModel):
+    namespace: str | None = Field(default=None, description="Namespace of the object.")
+    name: str | None = Field(default=None, description="Name of the object.")
+
+
+class LocalModelCacheStatus(meta.ApiModel):
+    """Observed state of a cache. Shared by both cache kinds."""
+
+    node_status: dict[str, NodeStatus] | None = Field(
+        default=None, description="Download state of the model on each node, keyed by node name."
+    )
+    copies: ModelCopies | None = Field(
+        default=None, description="How many nodes hold the model, should hold it, or failed."
+    )
+    inference_services: list[NamespacedName] | None = Field(
+        default=None, description="InferenceServices that use this cache."
+    )
+    llm_inference_services: list[NamespacedName] | None = Field(
+        default=None, description="LLMInferenceServices that use this cache."
+    )
+    conditions: list[meta.Condition] | None = Field(
+        default=None,
+        description=(
+            "Standard conditions: Ready when every member node has the model, Degraded "
+            "when some downloads failed or a node group is missing."
+        ),
+        json_schema_extra={
+            "x-kubernetes-list-type": "map",
+            "x-kubernetes-list-map-keys": ["type"],
+        },
+    )
+
+
+class LocalModelCache(meta.KubeObject):
+    """LocalModelCache keeps one model on the local disks of the nodes in its node groups,
+    for every namespace's InferenceServices."""
+
+    api_version: str | None = groupversion.LOCAL_MODEL_CACHE.api_version
+    kind: str | None = groupversion.LOCAL_MODEL_CACHE.kind
+    spec: LocalModelCacheSpec = Field(
+        description="The model to cache and the node groups to cache it on."
+    )
+    status: LocalModelCacheStatus | None = Field(
+        default=None, description="Where the model is downloaded, and who uses the cache."
+    )
+
+
+class LocalModelNamespaceCache(meta.KubeObject):
+    """LocalModelNamespaceCache keeps one model on the local disks of the nodes in its node
+    groups, for the InferenceServices of its own namespace, downloaded with that namespace's
+    credentials."""
+
+    api_version: str | None = groupversion.LOCAL_MODEL_NAMESPACE_CACHE.api_version
+    kind: str | None = groupversion.LOCAL_MODEL_NAMESPACE_CACHE.kind
+    spec: LocalModelCacheSpec = Field(
+        description="The model to cache and the node groups to cache it on."
+    )
+    status: LocalModelCacheStatus | None = Field(
+        default=None, description="Where the model is downloaded, and who uses the cache."
+    )

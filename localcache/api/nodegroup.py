@@ -1,0 +1,99 @@
+"""LocalModelNodeGroup: a set of nodes (selected by its PV's node affinity) with a disk budget
+and the PV/PVC templates for the volumes that expose the models. Compatible with KServe's
+kind; localcache adds optional `spec.tolerations` for download Jobs and fills in
+`status.used`/`status.available` (there is no status subresource, as in KServe).
+
+The PV and PVC specs are kept as free-form core/v1 JSON: we copy them into the objects we
+create and read only a few paths (`node_selector_terms`, `local_path`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+from pydantic import Field
+from pydantic.config import JsonDict
+
+from localcache.api import groupversion, meta
+from localcache.api.quantity import Quantity
+
+_PRESERVE: JsonDict = {"x-kubernetes-preserve-unknown-fields": True}
+
+
+class Toleration(meta.ApiModel):
+    """A core/v1 Toleration."""
+
+    key: str | None = Field(default=None, description="Taint key that the toleration applies to.")
+    operator: str | None = Field(default=None, description="Exists or Equal (the default).")
+    value: str | None = Field(default=None, description="Taint value the toleration matches.")
+    effect: str | None = Field(
+        default=None, description="Taint effect to match: NoSchedule, PreferNoSchedule, NoExecute."
+    )
+    toleration_seconds: int | None = Field(
+        default=None,
+        json_schema_extra={"format": "int64"},
+        description="How long a NoExecute taint is tolerated; unset means forever.",
+    )
+
+
+class LocalModelNodeGroupSpec(meta.ApiModel):
+    storage_limit: Quantity = Field(
+        description="Disk space each node of the group reserves for cached models."
+    )
+    persistent_volume_spec: dict[str, Any] = Field(
+        json_schema_extra=_PRESERVE,
+        description=(
+            "core/v1 PersistentVolumeSpec copied into every PV created for this group. Its "
+            "nodeAffinity.required selects the group's nodes; its local or hostPath path must "
+            "be the agent's models root."
+        ),
+    )
+    persistent_volume_claim_spec: dict[str, Any] = Field(
+        json_schema_extra=_PRESERVE,
+        description=(
+            "core/v1 PersistentVolumeClaimSpec copied into every PVC created for this group "
+            "(volumeName is set to the matching PV)."
+        ),
+    )
+    tolerations: list[Toleration] | None = Field(
+        default=None,
+        description="Tolerations added to download Jobs, so tainted nodes can cache models.",
+    )
+
+    def node_selector_terms(self) -> list[dict[str, Any]] | None:
+        """`persistentVolumeSpec.nodeAffinity.required.nodeSelectorTerms`; `None` when absent
+        (then the group matches no node)."""
+        affinity = self.persistent_volume_spec.get("nodeAffinity")
+        required = affinity.get("required") if isinstance(affinity, dict) else None
+        terms = required.get("nodeSelectorTerms") if isinstance(required, dict) else None
+        return cast("list[dict[str, Any]]", terms) if isinstance(terms, list) else None
+
+    def local_path(self) -> str | None:
+        """The host path the PV exposes (`local.path`, else `hostPath.path`), if any."""
+        for source in ("local", "hostPath"):
+            volume = self.persistent_volume_spec.get(source)
+            if isinstance(volume, dict) and isinstance(volume.get("path"), str):
+                return cast(str, volume["path"])
+        return None
+
+
+class LocalModelNodeGroupStatus(meta.ApiModel):
+    used: Quantity | None = Field(
+        default=None,
+        description="Sum of modelSize over the distinct model URIs placed on this group.",
+    )
+    available: Quantity | None = Field(default=None, description="storageLimit minus used.")
+
+
+class LocalModelNodeGroup(meta.KubeObject):
+    """LocalModelNodeGroup is a group of nodes that cache models, with their disk budget and
+    the volume templates used to expose the models to InferenceServices."""
+
+    api_version: str | None = groupversion.LOCAL_MODEL_NODE_GROUP.api_version
+    kind: str | None = groupversion.LOCAL_MODEL_NODE_GROUP.kind
+    spec: LocalModelNodeGroupSpec = Field(
+        description="The nodes of the group, their disk budget and volume templates."
+    )
+    status: LocalModelNodeGroupStatus | None = Field(
+        default=None, description="Disk space used by and left for cached models."
+    )
