@@ -1,0 +1,408 @@
+"""The model-folder protocol: promotion, crash recovery at every step, safe deletion, progress."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from localcache.agent import disk
+
+KEY = "0123456789abcdef"
+OTHER = "fedcba9876543210"
+URI = "s3://bucket/model"
+JOB = "iris-node-1-0123456789abcdef-0"
+
+
+class Crash(Exception):
+    """Stands for the agent process dying at a checkpoint."""
+
+
+def _manifest(job: str = JOB, *, key: str = KEY, uri: str = URI, size: int = 11) -> disk.Manifest:
+    return disk.Manifest(
+        storage_key=key, uri=uri, bytes=size, completed_at="2026-01-02T03:04:05Z", job=job
+    )
+
+
+def _download(d: disk.ModelDisk, job: str = JOB, *, key: str = KEY) -> Path:
+    staging = d.prepare_staging(key, job)
+    (staging / "weights").mkdir()
+    (staging / "weights" / "model.bin").write_bytes(b"x" * 7)
+    (staging / "config.json").write_bytes(b"{}{}")
+    return staging
+
+
+def _crash_at(monkeypatch: pytest.MonkeyPatch, step: str) -> None:
+    def checkpoint(reached: str) -> None:
+        if reached == step:
+            raise Crash(step)
+
+    monkeypatch.setattr(disk, "_checkpoint", checkpoint)
+
+
+def _assert_promoted(d: disk.ModelDisk, *, job: str = JOB) -> None:
+    assert d.is_complete(KEY)
+    assert (d.model_path(KEY) / "weights" / "model.bin").read_bytes() == b"x" * 7
+    assert d.manifest(KEY) == _manifest(job)
+    assert not d.staging_path(KEY, job).exists()
+    assert [p.name for p in d.manifests.iterdir()] == [f"{KEY}.json"]
+    assert list(d.trash.iterdir()) == []
+
+
+def test_layout_matches_what_kserve_pod_mutator_mounts(tmp_path: Path) -> None:
+    d = disk.ModelDisk(tmp_path)
+    assert d.model_path(KEY) == tmp_path / "models" / KEY
+    assert disk.model_subpath(KEY) == f"models/{KEY}"
+    assert disk.staging_subpath(KEY, JOB) == f".staging/{KEY}-{JOB}"
+    assert d.staging_path(KEY, JOB) == tmp_path / disk.staging_subpath(KEY, JOB)
+
+
+@pytest.mark.parametrize("bad", ["", "0123456789ABCDEF", "0123456789abcde", "../../etc", "x" * 16])
+def test_paths_refuse_names_that_are_not_storage_keys(tmp_path: Path, bad: str) -> None:
+    d = disk.ModelDisk(tmp_path)
+    with pytest.raises(disk.DiskError, match="not a storage key"):
+        d.model_path(bad)
+    with pytest.raises(disk.DiskError):
+        d.staging_path(bad, JOB)
+
+
+def test_staging_refuses_a_job_name_that_could_escape_the_folder(tmp_path: Path) -> None:
+    with pytest.raises(disk.DiskError, match="job name"):
+        disk.ModelDisk(tmp_path).staging_path(KEY, "../x")
+
+
+def test_promote_moves_the_download_into_place_and_records_the_manifest(tmp_path: Path) -> None:
+    d = disk.ModelDisk(tmp_path)
+    staging = _download(d)
+    assert not d.is_complete(KEY)
+
+    in_force = d.promote(staging, KEY, _manifest())
+
+    assert in_force == _manifest()
+    _assert_promoted(d)
+    on_disk = json.loads((d.manifests / f"{KEY}.json").read_text())
+    assert on_disk == {
+        "storageKey": KEY,
+        "uri": URI,
+        "bytes": 11,
+        "completedAt": "2026-01-02T03:04:05Z",
+        "job": JOB,
+    }
+    assert d.list_model_folders() == [KEY]
+
+
+def test_manifest_is_kept_outside_the_model_folder(tmp_path: Path) -> None:
+    d = disk.ModelDisk(tmp_path)
+    d.promote(_download(d), KEY, _manifest())
+    assert sorted(p.name for p in d.model_path(KEY).iterdir()) == ["config.json", "weights"]
+
+
+def test_promote_keeps_an_existing_complete_folder_and_discards_the_new_download(
+    tmp_path: Path,
+) -> None:
+    d = disk.ModelDisk(tmp_path)
+    d.promote(_download(d), KEY, _manifest())
+    second = _download(d, "iris-node-1-0123456789abcdef-1")
+
+    in_force = d.promote(second, KEY, _manifest("iris-node-1-0123456789abcdef-1"))
+
+    assert in_force == _manifest()
+    _assert_promoted(d)
+    assert not second.exists()
+
+
+def test_promote_replaces_a_folder_that_has_no_manifest(tmp_path: Path) -> None:
+    d = disk.ModelDisk(tmp_path)
+    partial = d.model_path(KEY)
+    partial.mkdir(parents=True)
+    (partial / "half.bin").write_bytes(b"?")
+
+    d.promote(_download(d), KEY, _manifest())
+
+    _assert_promoted(d)
+    assert not (partial / "half.bin").exists()
+
+
+def test_promote_refuses_a_manifest_for_another_key_or_a_foreign_folder(tmp_path: Path) -> None:
+    d = disk.ModelDisk(tmp_path)
+    staging = _download(d)
+    with pytest.raises(disk.DiskError, match="manifest is for"):
+        d.promote(staging, KEY, _manifest(key=OTHER))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    with pytest.raises(disk.DiskError, match="not a staging folder"):
+        d.promote(elsewhere, KEY, _manifest())
+    with pytest.raises(disk.DiskError, match="does not exist"):
+        d.promote(d.staging_path(KEY, "gone"), KEY, _manifest())
+    assert not d.is_complete(KEY)
+
+
+def test_promote_refuses_a_different_uri_under_the_same_key(tmp_path: Path) -> None:
+    d = disk.ModelDisk(tmp_path)
+    d.promote(_download(d), KEY, _manifest())
+    with pytest.raises(disk.DiskError, match="already holds"):
+        d.promote(_download(d, "other"), KEY, _manifest("other", uri="gs://other"))
+
+
+@pytest.mark.parametrize(
+    "step", ["record-written", "renamed", "manifest-written", "record-removed"]
+)
+def test_a_crash_at_any_step_of_promote_converges_on_recover(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, step: str
+) -> None:
+    d = disk.ModelDisk(tmp_path)
+    staging = _download(d)
+    _crash_at(monkeypatch, step)
+    with pytest.raises(Crash):
+        d.promote(staging, KEY, _manifest())
+    monkeypatch.setattr(disk, "_checkpoint", lambda _step: None)
+
+    restarted = disk.ModelDisk(tmp_path)
+    recovered = restarted.recover()
+
+    _assert_promoted(restarted)
+    if step == "record-removed":
+        assert recovered == []
+    else:
+        assert [r.storage_key for r in recovered] == [KEY]
+    assert restarted.recover() == []  # idempotent
+
+
+def test_a_crash_after_moving_an_incomplete_folder_aside_converges(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    d = disk.ModelDisk(tmp_path)
+    d.model_path(KEY).mkdir(parents=True)
+    staging = _download(d)
+    _crash_at(monkeypatch, "old-moved-aside")
+    with pytest.raises(Crash):
+        d.promote(staging, KEY, _manifest())
+    monkeypatch.setattr(disk, "_checkpoint", lambda _step: None)
+
+    restarted = disk.ModelDisk(tmp_path)
+    assert [r.outcome for r in restarted.recover()] == ["promoted"]
+    _assert_promoted(restarted)
+
+
+@pytest.mark.parametrize(
+    ("step", "outcome"),
+    [("record-written", "promoted"), ("renamed", "manifest-written")],
+)
+def test_recover_reports_how_each_interrupted_promotion_ended(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, step: str, outcome: disk.Outcome
+) -> None:
+    d = disk.ModelDisk(tmp_path)
+    staging = _download(d)
+    _crash_at(monkeypatch, step)
+    with pytest.raises(Crash):
+        d.promote(staging, KEY, _manifest())
+    monkeypatch.setattr(disk, "_checkpoint", lambda _step: None)
+    assert disk.ModelDisk(tmp_path).recover() == [
+        disk.Recovered(storage_key=KEY, staging=staging.name, outcome=outcome)
+    ]
+
+
+@pytest.mark.parametrize("step", ["record-written", "renamed"])
+def test_a_folder_is_never_complete_before_its_manifest_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, step: str
+) -> None:
+    d = disk.ModelDisk(tmp_path)
+    staging = _download(d)
+    _crash_at(monkeypatch, step)
+    with pytest.raises(Crash):
+        d.promote(staging, KEY, _manifest())
+    assert not d.is_complete(KEY)
+
+
+def test_recover_abandons_a_promotion_whose_download_is_gone(tmp_path: Path) -> None:
+    d = disk.ModelDisk(tmp_path)
+    d.ensure_layout()
+    record = {"staging": f"{KEY}-{JOB}", "manifest": _manifest().to_json()}
+    (d.manifests / f"{KEY}.promoting.json").write_text(json.dumps(record))
+
+    assert [r.outcome for r in d.recover()] == ["abandoned"]
+    assert not d.is_complete(KEY)
+    assert list(d.manifests.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        "not json",
+        json.dumps({"staging": "../../etc", "manifest": _manifest().to_json()}),
+        json.dumps({"staging": "..", "manifest": _manifest().to_json()}),
+        json.dumps({"staging": f"{OTHER}-{JOB}", "manifest": _manifest().to_json()}),
+        json.dumps({"staging": "x", "manifest": _manifest(key=OTHER).to_json()}),
+        json.dumps({"manifest": {}}),
+    ],
+)
+def test_recover_drops_unreadable_or_inconsistent_records(tmp_path: Path, content: str) -> None:
+    d = disk.ModelDisk(tmp_path)
+    d.ensure_layout()
+    (d.manifests / f"{KEY}.promoting.json").write_text(content)
+    (d.manifests / ".leftover.json.abc.tmp").write_text("{")
+
+    assert d.recover() == []
+    assert list(d.manifests.iterdir()) == []
+
+
+def test_incomplete_states_are_never_reported_complete(tmp_path: Path) -> None:
+    d = disk.ModelDisk(tmp_path)
+    d.ensure_layout()
+    assert not d.is_complete(KEY)  # nothing at all
+    d.model_path(KEY).mkdir()
+    assert not d.is_complete(KEY)  # folder without manifest (KServe's partial download)
+    (d.manifests / f"{KEY}.json").write_text("{broken")
+    assert not d.is_complete(KEY)  # unreadable manifest
+    (d.manifests / f"{KEY}.json").write_text(json.dumps(_manifest(key=OTHER).to_json()))
+    assert not d.is_complete(KEY)  # manifest for another key
+    (d.manifests / f"{KEY}.json").write_text(json.dumps(_manifest().to_json()))
+    assert d.is_complete(KEY)
+    d.model_path(KEY).rmdir()
+    assert not d.is_complete(KEY)  # manifest without folder
+
+
+def test_list_model_folders_only_returns_storage_key_shaped_directories(tmp_path: Path) -> None:
+    d = disk.ModelDisk(tmp_path)
+    assert d.list_model_folders() == []  # missing root
+    d.ensure_layout()
+    for name in (KEY, OTHER, "iris", "ABCDEF0123456789", "0123456789abcdef0"):
+        (d.models / name).mkdir()
+    (d.models / "1111111111111111").write_text("a file, not a folder")
+    assert d.list_model_folders() == [KEY, OTHER]
+
+
+def test_delete_unreferenced_keeps_referenced_and_foreign_folders(tmp_path: Path) -> None:
+    d = disk.ModelDisk(tmp_path)
+    d.promote(_download(d), KEY, _manifest())
+    d.promote(_download(d, key=OTHER), OTHER, _manifest(key=OTHER, uri="gs://other"))
+    (d.models / "abc123def456").mkdir()  # KServe's pre-#4887 model-name folder: not ours
+    (d.models / "legacy-model").mkdir()
+
+    deleted = d.delete_unreferenced({KEY})
+
+    assert deleted == [OTHER]
+    assert d.is_complete(KEY)
+    assert not (d.models / OTHER).exists()
+    assert d.manifest(OTHER) is None
+    assert (d.models / "abc123def456").is_dir()
+    assert (d.models / "legacy-model").is_dir()
+    assert list(d.trash.iterdir()) == []
+
+
+def test_delete_unreferenced_cleans_stale_staging_folders(tmp_path: Path) -> None:
+    d = disk.ModelDisk(tmp_path)
+    running = d.prepare_staging(KEY, "running-job")
+    finished_job_gone = d.prepare_staging(KEY, "old-job")
+    unreferenced = d.prepare_staging(OTHER, "running-other")
+    foreign = d.staging / "not-a-staging-folder"
+    foreign.mkdir()
+
+    d.delete_unreferenced({KEY})
+    assert running.exists()
+    assert finished_job_gone.exists()  # without live_jobs only unreferenced keys go
+    assert not unreferenced.exists()
+
+    d.delete_unreferenced({KEY}, live_jobs={"running-job"})
+    assert running.exists()
+    assert not finished_job_gone.exists()
+    assert foreign.exists()
+
+
+def test_delete_unreferenced_spares_a_staging_folder_awaiting_promotion(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    d = disk.ModelDisk(tmp_path)
+    staging = _download(d)
+    _crash_at(monkeypatch, "record-written")
+    with pytest.raises(Crash):
+        d.promote(staging, KEY, _manifest())
+    d.delete_unreferenced({KEY}, live_jobs=set())  # the Job has been TTL-deleted
+    assert staging.exists()
+
+
+def test_delete_unreferenced_drops_orphan_manifests_of_unreferenced_keys(tmp_path: Path) -> None:
+    d = disk.ModelDisk(tmp_path)
+    d.ensure_layout()
+    (d.manifests / f"{OTHER}.json").write_text(json.dumps(_manifest(key=OTHER).to_json()))
+    (d.manifests / f"{KEY}.json").write_text(json.dumps(_manifest().to_json()))
+    d.delete_unreferenced({KEY})
+    assert [p.name for p in d.manifests.iterdir()] == [f"{KEY}.json"]
+
+
+_NAMES = st.one_of(
+    st.text(alphabet="0123456789abcdef", min_size=16, max_size=16),
+    st.text(alphabet="0123456789abcdefABCDEF-xyz", min_size=1, max_size=20),
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(names=st.sets(_NAMES, max_size=8), data=st.data())
+def test_deletion_never_touches_referenced_or_foreign_names(
+    names: set[str], data: st.DataObject
+) -> None:
+    referenced = data.draw(st.sets(st.sampled_from(sorted(names)))) if names else set()
+    with tempfile.TemporaryDirectory() as tmp:
+        d = disk.ModelDisk(Path(tmp))
+        d.ensure_layout()
+        for name in names:
+            (d.models / name).mkdir()
+
+        d.delete_unreferenced(referenced)
+
+        left = set(os.listdir(d.models))
+        gone = {n for n in names if disk.is_storage_key(n) and n not in referenced}
+        assert left == names - gone
+
+
+def test_folder_bytes_counts_regular_files_without_following_symlinks(tmp_path: Path) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "b").mkdir()
+    (tmp_path / "x").write_bytes(b"1" * 10)
+    (tmp_path / "a" / "y").write_bytes(b"2" * 20)
+    (tmp_path / "a" / "b" / "z").write_bytes(b"3" * 30)
+    outside = tmp_path.parent / f"{tmp_path.name}-outside"
+    outside.mkdir()
+    (outside / "big").write_bytes(b"4" * 1000)
+    (tmp_path / "link").symlink_to(outside)
+    assert disk.folder_bytes(tmp_path) == 60
+    assert disk.folder_bytes(tmp_path / "missing") == 0
+
+
+@pytest.mark.parametrize(
+    ("root", "host_path", "pv_path"),
+    [
+        ("/mnt/models", "/models", "/models"),
+        ("/mnt/models", "/models", "/models/"),
+        ("/models", None, "/models"),
+    ],
+)
+def test_check_root_accepts_the_same_directory(
+    root: str, host_path: str | None, pv_path: str
+) -> None:
+    disk.ModelDisk(Path(root), host_path=host_path).check_root(pv_path)
+
+
+def test_check_root_names_both_paths_when_they_differ() -> None:
+    d = disk.ModelDisk(Path("/mnt/models"), host_path="/models")
+    with pytest.raises(disk.RootMismatch) as info:
+        d.check_root("/data/fast-disk")
+    message = str(info.value)
+    assert "/data/fast-disk" in message
+    assert "/models" in message
+    assert "mounted at /mnt/models" in message
+
+
+def test_prepare_staging_makes_a_writable_empty_folder(tmp_path: Path) -> None:
+    d = disk.ModelDisk(tmp_path)
+    path = d.prepare_staging(KEY, JOB)
+    assert path.is_dir()
+    assert path.stat().st_mode & 0o777 == 0o777
+    assert d.prepare_staging(KEY, JOB) == path  # idempotent
+    d.remove_staging(KEY, JOB)
+    assert not path.exists()
