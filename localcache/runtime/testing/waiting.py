@@ -10,7 +10,7 @@ import asyncio
 import inspect
 import time
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import TypeVar, overload
 
 T = TypeVar("T")
 
@@ -19,13 +19,33 @@ class WaitTimeout(AssertionError):
     """Raised when the awaited condition never became true."""
 
 
+@overload
 async def wait_until(
-    predicate: Callable[[], T | Awaitable[T]],
+    predicate: Callable[[], Awaitable[T]],
+    *,
+    timeout: float = ...,
+    interval: float = ...,
+    what: str,
+) -> T: ...
+
+
+@overload
+async def wait_until(
+    predicate: Callable[[], T],
+    *,
+    timeout: float = ...,
+    interval: float = ...,
+    what: str,
+) -> T: ...
+
+
+async def wait_until(
+    predicate: Callable[[], object],
     *,
     timeout: float = 30.0,
     interval: float = 0.05,
     what: str,
-) -> T:
+) -> object:
     """Return the first truthy value of `predicate()`; raise WaitTimeout naming `what`."""
     deadline = time.monotonic() + timeout
     last_error: BaseException | None = None
@@ -35,7 +55,7 @@ async def wait_until(
             if inspect.isawaitable(value):
                 value = await value
             if value:
-                return value  # type: ignore[return-value]
+                return value
         except (AssertionError, LookupError) as exc:
             last_error = exc
         if time.monotonic() >= deadline:

@@ -60,7 +60,7 @@ def widget_crd(control_plane: ControlPlane) -> str:
         "POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd
     )
     assert status in (201, 409), body
-    name = crd["metadata"]["name"]
+    name = str(crd["metadata"]["name"])
     wait_until_sync(lambda: _established(control_plane, name), timeout=30, what=f"CRD {name} Established")
     # Established is not yet served: the storage may still answer 429 "(re)initializing".
     wait_until_sync(
@@ -106,7 +106,7 @@ async def test_custom_object_is_observed_through_a_kubernetes_asyncio_watch(
             PLURAL,
             "w1",
             {"spec": {"size": 4}},
-            _content_type="application/merge-patch+json",
+            _content_type="application/merge-patch+json",  # type: ignore[call-arg]
         )
         await custom.delete_namespaced_custom_object(GROUP, "v1", namespace, PLURAL, "w1")
         await asyncio.wait_for(observer, timeout=30)

@@ -1,0 +1,103 @@
+"""The shipped webhook manifests: paths, policies and names the server and CertManager rely on."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from localcache.webhooks import certs
+
+ROOT = Path(__file__).resolve().parents[3] / "manifests" / "webhook"
+
+
+def _load(name: str) -> dict[str, Any]:
+    loaded = yaml.safe_load((ROOT / name).read_text())
+    assert isinstance(loaded, dict)
+    return loaded
+
+
+def _hooks(name: str) -> dict[str, dict[str, Any]]:
+    return {h["clientConfig"]["service"]["path"]: h for h in _load(name)["webhooks"]}
+
+
+def test_isvc_mutation_ignores_failures_and_matches_create_and_update() -> None:
+    config = _load("mutating.yaml")
+    assert config["metadata"]["name"] == certs.MUTATING_CONFIGURATION
+    hook = _hooks("mutating.yaml")["/mutate-serving-kserve-io-v1beta1-inferenceservice"]
+    assert hook["failurePolicy"] == "Ignore"
+    assert hook["rules"] == [
+        {
+            "apiGroups": ["serving.kserve.io"],
+            "apiVersions": ["v1beta1"],
+            "resources": ["inferenceservices"],
+            "operations": ["CREATE", "UPDATE"],
+            "scope": "Namespaced",
+        }
+    ]
+
+
+def test_both_cache_kinds_are_validated_and_failures_reject() -> None:
+    config = _load("validating.yaml")
+    assert config["metadata"]["name"] == certs.VALIDATING_CONFIGURATION
+    hooks = _hooks("validating.yaml")
+    cluster = hooks["/validate-serving-kserve-io-v1alpha1-localmodelcache"]
+    namespaced = hooks["/validate-serving-kserve-io-v1alpha1-localmodelnamespacecache"]
+    for hook, resource in (
+        (cluster, "localmodelcaches"),
+        (namespaced, "localmodelnamespacecaches"),
+    ):
+        assert hook["failurePolicy"] == "Fail"
+        (rule,) = hook["rules"]
+        assert rule["resources"] == [resource]
+        assert rule["operations"] == ["CREATE", "UPDATE", "DELETE"]
+    assert cluster["rules"][0]["scope"] == "Cluster"
+    assert namespaced["rules"][0]["scope"] == "Namespaced"
+
+
+def test_every_webhook_is_side_effect_free_v1_with_a_timeout_and_our_service() -> None:
+    for name in ("mutating.yaml", "validating.yaml"):
+        for hook in _load(name)["webhooks"]:
+            assert hook["sideEffects"] == "None"
+            assert hook["admissionReviewVersions"] == ["v1"]
+            assert 1 <= hook["timeoutSeconds"] <= 30
+            assert "caBundle" not in hook["clientConfig"]  # CertManager or cert-manager fills it
+            service = hook["clientConfig"]["service"]
+            assert (service["namespace"], service["name"]) == (
+                certs.DEFAULT_NAMESPACE,
+                certs.DEFAULT_SERVICE_NAME,
+            )
+
+
+def test_the_service_fronts_the_webhook_port() -> None:
+    service = _load("service.yaml")
+    assert service["metadata"]["name"] == certs.DEFAULT_SERVICE_NAME
+    assert service["metadata"]["namespace"] == certs.DEFAULT_NAMESPACE
+    assert service["spec"]["ports"][0]["port"] == 443
+
+
+def test_kustomization_lists_every_manifest() -> None:
+    assert sorted(_load("kustomization.yaml")["resources"]) == sorted(
+        ["service.yaml", "mutating.yaml", "validating.yaml"]
+    )
+    component = _load("cert-manager/kustomization.yaml")
+    assert component["kind"] == "Component"
+    listed = component["resources"] + [p["path"] for p in component["patches"]]
+    on_disk = sorted(p.name for p in (ROOT / "cert-manager").glob("*.yaml"))
+    assert sorted([*listed, "kustomization.yaml"]) == on_disk
+
+
+def test_cert_manager_component_targets_our_secret_and_injects_into_both_configurations() -> None:
+    cert = _load("cert-manager/certificate.yaml")
+    assert cert["spec"]["secretName"] == certs.DEFAULT_SECRET_NAME
+    assert cert["spec"]["dnsNames"] == certs.service_dns_names(
+        certs.DEFAULT_SERVICE_NAME, certs.DEFAULT_NAMESPACE
+    )
+    wanted = f"{certs.DEFAULT_NAMESPACE}/{cert['metadata']['name']}"
+    patched = set()
+    for name in ("inject-ca-mutating.yaml", "inject-ca-validating.yaml"):
+        patch = _load(f"cert-manager/{name}")
+        assert patch["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == wanted
+        patched.add(patch["metadata"]["name"])
+    assert patched == {certs.MUTATING_CONFIGURATION, certs.VALIDATING_CONFIGURATION}
