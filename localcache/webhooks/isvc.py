@@ -1,0 +1,318 @@
+"""InferenceService mutation: tie an InferenceService to the local model cache that serves it.
+
+`decide()` is the whole rule, pure (spec §6, reference §6.1):
+- Nothing to do (every local-model key removed when present) when the ISVC has no predictor
+  storage URI, carries `serving.kserve.io/disable-localmodel` (presence alone counts), or
+  `localModel.enabled` is false. An ISVC created that way is left untouched.
+- Candidates are the caches whose `sourceModelUri` serves the storage URI (equal or a
+  sub-path, `caching.keys.match_storage_uri`) and that are not being deleted. A candidate needs
+  a node group: the one named by `serving.kserve.io/nodegroup` when the cache lists it, else
+  the first of its `nodeGroups`; with a node-group lookup, groups that do not exist are skipped
+  (so an unknown node group gives no labels).
+- LocalModelNamespaceCaches of the ISVC's own namespace are tried first, then
+  LocalModelCaches. Among candidates the most specific wins: the longest `sourceModelUri`
+  (one trailing `/` ignored, as matching ignores it), ties by name [P23].
+- The result sets label `internal.serving.kserve.io/localmodel` (cache name), label
+  `internal.serving.kserve.io/localmodel-namespace` (cache namespace, removed for a cluster
+  cache), annotation `internal.serving.kserve.io/localmodel-sourceuri` (cache URI) and
+  annotation `internal.serving.kserve.io/localmodel-pvc-name` (`{cache}-{nodeGroup}`); with no
+  candidate all four are removed (stale labels never survive).
+- Warnings: the chosen cache has no downloaded copy yet (`copies.available` is 0 or no node
+  reports `NodeDownloaded`), or the node-group annotation excluded every cache of the URI.
+
+`IsvcMutator` is the thin admission handler: it reads caches and node groups from informer
+stores (the narrow `Lister` protocol; no API call per request) and answers with a JSON patch.
+Until those stores have synced it admits the ISVC unchanged with a warning, so an empty cache
+at start-up never strips labels. Not promised: the download state in the warning is as fresh
+as the informer cache.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final, Protocol, TypeVar
+
+import pydantic
+import structlog
+
+from localcache.api import inferenceservice as isvc_api
+from localcache.api import modelcache
+from localcache.caching import keys as cache_keys
+from localcache.runtime import admission
+from localcache.runtime import keys as runtime_keys
+
+log = structlog.get_logger(__name__)
+
+MUTATE_PATH: Final = "/mutate-serving-kserve-io-v1beta1-inferenceservice"
+
+LABEL_KEYS: Final = (isvc_api.LOCAL_MODEL_LABEL, isvc_api.LOCAL_MODEL_NAMESPACE_LABEL)
+ANNOTATION_KEYS: Final = (
+    isvc_api.LOCAL_MODEL_SOURCE_URI_ANNOTATION,
+    isvc_api.LOCAL_MODEL_PVC_NAME_ANNOTATION,
+)
+
+AnyCache = modelcache.LocalModelCache | modelcache.LocalModelNamespaceCache
+Obj = dict[str, Any]
+Objs = list[Obj]
+NodeGroupExists = Callable[[str], bool]
+M = TypeVar("M", bound=pydantic.BaseModel)
+
+
+def _kind(cache: AnyCache) -> str:
+    if isinstance(cache, modelcache.LocalModelNamespaceCache):
+        return "LocalModelNamespaceCache"
+    return "LocalModelCache"
+
+
+def describe(cache: AnyCache) -> str:
+    """`LocalModelCache name` or `LocalModelNamespaceCache ns/name`, for messages."""
+    ref = f"{cache.namespace}/{cache.name}" if cache.namespace else cache.name
+    return f"{_kind(cache)} {ref}"
+
+
+def has_downloaded_copy(cache: AnyCache) -> bool:
+    """True when the status shows a copy on some node: `copies.available` > 0 and at least one
+    node `NodeDownloaded` (absent counts are 0)."""
+    status = cache.status
+    if status is None:
+        return False
+    available = (status.copies.available if status.copies else None) or 0
+    nodes = (status.node_status or {}).values()
+    return available > 0 and any(s == modelcache.NodeStatus.DOWNLOADED for s in nodes)
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    """The cache an ISVC uses and the node group whose PVC it mounts."""
+
+    cache: AnyCache
+    node_group: str
+
+    @property
+    def pvc_name(self) -> str:
+        return f"{self.cache.name}-{self.node_group}"
+
+    @property
+    def namespace(self) -> str | None:
+        """The namespace cache's namespace; None for a cluster cache."""
+        return self.cache.namespace or None
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What the ISVC's local-model labels and annotations should be (None: absent)."""
+
+    labels: dict[str, str | None]
+    annotations: dict[str, str | None]
+    choice: Choice | None = None
+    warnings: tuple[str, ...] = field(default=())
+
+
+def _cleared(warnings: Sequence[str] = ()) -> Decision:
+    return Decision(
+        labels=dict.fromkeys(LABEL_KEYS),
+        annotations=dict.fromkeys(ANNOTATION_KEYS),
+        warnings=tuple(warnings),
+    )
+
+
+def _node_group(
+    cache: AnyCache, requested: str | None, exists: NodeGroupExists | None
+) -> str | None:
+    groups = cache.spec.node_groups
+    if requested is not None:
+        return requested if requested in groups and (exists is None or exists(requested)) else None
+    return next((g for g in groups if exists is None or exists(g)), None)
+
+
+def _specificity(choice: Choice) -> tuple[int, str]:
+    """Sort key: longest source URI first (one trailing `/` ignored), then name."""
+    return (-len(choice.cache.spec.source_model_uri.removesuffix("/")), choice.cache.name)
+
+
+def choose(
+    storage_uri: str,
+    caches: Iterable[AnyCache],
+    *,
+    node_group: str | None = None,
+    node_group_exists: NodeGroupExists | None = None,
+) -> tuple[Choice | None, bool]:
+    """The most specific cache serving `storage_uri`, and whether some cache matched the URI
+    but had no usable node group (see the module docstring)."""
+    candidates: list[Choice] = []
+    excluded = False
+    for cache in caches:
+        if cache.metadata.deletion_timestamp:
+            continue
+        if not cache_keys.match_storage_uri(cache.spec.source_model_uri, storage_uri):
+            continue
+        group = _node_group(cache, node_group, node_group_exists)
+        if group is None:
+            excluded = True
+            continue
+        candidates.append(Choice(cache, group))
+    return (min(candidates, key=_specificity) if candidates else None), excluded
+
+
+def _not_downloaded_warning(choice: Choice) -> str:
+    status = choice.cache.status
+    total = (status.copies.total if status and status.copies else None) or 0
+    return (
+        f"{describe(choice.cache)} has no downloaded copy of the model yet (0 of {total} "
+        "nodes): pods may start before the model is on their node"
+    )
+
+
+def decide(
+    isvc: isvc_api.InferenceService,
+    *,
+    namespace_caches: Iterable[modelcache.LocalModelNamespaceCache],
+    cluster_caches: Iterable[modelcache.LocalModelCache],
+    node_group_exists: NodeGroupExists | None = None,
+    enabled: bool = True,
+) -> Decision:
+    """The local-model labels and annotations `isvc` should carry (module docstring).
+
+    `namespace_caches` should be those of the ISVC's namespace; others are ignored.
+    `node_group_exists` (optional) tells whether a LocalModelNodeGroup exists.
+    """
+    uri = isvc.storage_uri
+    if not enabled or isvc.local_model_disabled or not uri:
+        return _cleared()
+    requested = isvc.node_group
+    own = [c for c in namespace_caches if c.namespace == isvc.namespace]
+    choice, excluded = choose(uri, own, node_group=requested, node_group_exists=node_group_exists)
+    if choice is None:
+        choice, excluded_cluster = choose(
+            uri, cluster_caches, node_group=requested, node_group_exists=node_group_exists
+        )
+        excluded = excluded or excluded_cluster
+    if choice is None:
+        if not excluded:
+            return _cleared()
+        if requested is not None:
+            why = f"no local model cache of {uri} is on node group {requested}"
+        else:
+            why = f"the node groups of the local model caches of {uri} do not exist"
+        return _cleared([f"{why}: not using a local model cache"])
+    warnings = () if has_downloaded_copy(choice.cache) else (_not_downloaded_warning(choice),)
+    return Decision(
+        labels={
+            isvc_api.LOCAL_MODEL_LABEL: choice.cache.name,
+            isvc_api.LOCAL_MODEL_NAMESPACE_LABEL: choice.namespace,
+        },
+        annotations={
+            isvc_api.LOCAL_MODEL_SOURCE_URI_ANNOTATION: choice.cache.spec.source_model_uri,
+            isvc_api.LOCAL_MODEL_PVC_NAME_ANNOTATION: choice.pvc_name,
+        },
+        choice=choice,
+        warnings=warnings,
+    )
+
+
+# ------------------------------------------------------------------------ admission handler
+
+
+class Lister(Protocol):
+    """The part of an informer store (`runtime.store.Reader`) the mutator reads."""
+
+    def get(self, key: runtime_keys.ObjectKey) -> Obj | None: ...
+
+    def list(self, namespace: str | None = None) -> Objs: ...
+
+
+def _serving(objs: Iterable[Obj], uri: str) -> list[Obj]:
+    """Raw cache objects whose source URI serves `uri` (cheap filter before parsing)."""
+    found = []
+    for obj in objs:
+        source = (obj.get("spec") or {}).get("sourceModelUri")
+        if isinstance(source, str) and cache_keys.match_storage_uri(source, uri):
+            found.append(obj)
+    return found
+
+
+def parse_all(model: type[M], objs: Iterable[Obj]) -> list[M]:
+    """`objs` parsed as `model`; an object that does not parse is logged and skipped."""
+    parsed: list[M] = []
+    for obj in objs:
+        try:
+            parsed.append(model.model_validate(obj))
+        except pydantic.ValidationError as exc:
+            meta = obj.get("metadata") or {}
+            log.warning(
+                "webhook.object_unreadable",
+                kind=model.__name__,
+                name=meta.get("name"),
+                object_namespace=meta.get("namespace"),
+                error=str(exc.errors()[0]["msg"]) if exc.errors() else "invalid",
+            )
+    return parsed
+
+
+class IsvcMutator:
+    """The admission handler for InferenceService CREATE/UPDATE (module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        caches: Lister,
+        namespace_caches: Lister,
+        node_groups: Lister,
+        enabled: Callable[[], bool],
+        synced: Callable[[], bool],
+    ) -> None:
+        self._caches = caches
+        self._namespace_caches = namespace_caches
+        self._node_groups = node_groups
+        self._enabled = enabled
+        self._synced = synced
+
+    def _node_group_exists(self, name: str) -> bool:
+        return self._node_groups.get(runtime_keys.ObjectKey("", name)) is not None
+
+    async def __call__(self, request: admission.Request) -> admission.Response:
+        obj = request.object
+        if obj is None or request.operation not in ("CREATE", "UPDATE"):
+            return admission.allowed()
+        if (obj.get("metadata") or {}).get("deletionTimestamp"):
+            return admission.allowed()
+        if not self._synced():
+            return admission.allowed(
+                warnings=["localcache is starting: local model labels were not updated"]
+            )
+        try:
+            isvc = isvc_api.InferenceService.from_dict(obj)
+        except pydantic.ValidationError as exc:
+            log.info("isvc_mutation.unparsable", error=str(exc))
+            return admission.allowed()
+        if not isvc.metadata.namespace and request.namespace:
+            isvc.metadata.namespace = request.namespace
+        uri = isvc.storage_uri
+        namespace_caches: list[modelcache.LocalModelNamespaceCache] = []
+        cluster_caches: list[modelcache.LocalModelCache] = []
+        if uri and self._enabled() and not isvc.local_model_disabled:
+            namespace_caches = parse_all(
+                modelcache.LocalModelNamespaceCache,
+                _serving(self._namespace_caches.list(isvc.namespace), uri),
+            )
+            cluster_caches = parse_all(
+                modelcache.LocalModelCache, _serving(self._caches.list(), uri)
+            )
+        decision = decide(
+            isvc,
+            namespace_caches=namespace_caches,
+            cluster_caches=cluster_caches,
+            node_group_exists=self._node_group_exists,
+            enabled=self._enabled(),
+        )
+        ops = admission.metadata_patch(
+            obj, labels=decision.labels, annotations=decision.annotations
+        )
+        if decision.choice is not None:
+            log.debug(
+                "isvc_mutation.cache_chosen",
+                cache=describe(decision.choice.cache),
+                node_group=decision.choice.node_group,
+            )
+        return admission.patched(ops, warnings=decision.warnings)

@@ -1,0 +1,147 @@
+"""Wiring of the admission webhooks: informers on the Manager, handlers on the AdmissionServer.
+
+`setup()` creates four informers (LocalModelCache, LocalModelNamespaceCache in all
+namespaces, LocalModelNodeGroup, InferenceService in all namespaces) with the indexes the
+handlers read, adds them to the Manager (which starts them and gates /readyz on their sync),
+and registers three handlers at the paths of `manifests/webhook/`:
+- `isvc.MUTATE_PATH`: InferenceService mutation; a handler failure is answered with an HTTP
+  error so the configuration's `failurePolicy: Ignore` admits the ISVC unchanged;
+- `validation.CACHE_PATH`, `validation.NAMESPACE_CACHE_PATH`: cache validation; a handler
+  failure is a denial (the configuration's policy is Fail anyway).
+Handlers answer from the stores only (no API call per request); until every store has synced,
+mutation admits unchanged with a warning and validation denies with 503.
+
+The InferenceService informer keeps only apiVersion, kind and metadata (the handlers read
+labels), so watching every ISVC of the cluster costs little memory. The returned `Webhooks`
+exposes the informers so the composition root may reuse them read-only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from localcache.api import groupversion
+from localcache.runtime import admission, informer, kube, reflector
+from localcache.runtime import clock as clock_mod
+from localcache.runtime import manager as manager_mod
+from localcache.webhooks import isvc, validation
+
+Obj = dict[str, Any]
+
+
+def resource(info: groupversion.KindInfo) -> kube.Resource:
+    """The `kube.Resource` of an API kind."""
+    return kube.Resource(
+        info.group, info.version, info.plural, info.kind, namespaced=info.namespaced
+    )
+
+
+def metadata_only(obj: Obj) -> Obj:
+    """Informer transform: apiVersion, kind and metadata without managedFields."""
+    meta = {k: v for k, v in (obj.get("metadata") or {}).items() if k != "managedFields"}
+    return {"apiVersion": obj.get("apiVersion"), "kind": obj.get("kind"), "metadata": meta}
+
+
+@dataclass(frozen=True)
+class Webhooks:
+    """What `setup()` built: the informers and the registered handlers."""
+
+    caches: informer.Informer
+    namespace_caches: informer.Informer
+    node_groups: informer.Informer
+    inference_services: informer.Informer
+    mutator: isvc.IsvcMutator
+    cache_validator: validation.CacheValidator
+    namespace_cache_validator: validation.CacheValidator
+
+    def synced(self) -> bool:
+        """True once every informer the handlers read has synced."""
+        return all(
+            inf.synced.is_set()
+            for inf in (
+                self.caches,
+                self.namespace_caches,
+                self.node_groups,
+                self.inference_services,
+            )
+        )
+
+
+def setup(
+    server: admission.AdmissionServer,
+    manager: manager_mod.Manager,
+    *,
+    client: kube.Kube,
+    local_model_enabled: Callable[[], bool],
+    clock: clock_mod.Clock | None = None,
+) -> Webhooks:
+    """Register the webhook handlers on `server` and their informers on `manager`.
+
+    `local_model_enabled` returns the current `localModel.enabled` of the
+    inferenceservice-config ConfigMap (read on every ISVC admission). Call before
+    `server.app()` and before `manager.run()`.
+    """
+
+    def make(
+        info: groupversion.KindInfo,
+        indexers: dict[str, Callable[[Obj], list[str]]],
+        transform: informer.Transform = informer.strip_managed_fields,
+    ) -> informer.Informer:
+        source = reflector.ListWatch(client, resource(info))
+        inf = informer.Informer(source, clock=clock, indexers=indexers, transform=transform)
+        return manager.add_informer(inf)
+
+    caches = make(
+        groupversion.LOCAL_MODEL_CACHE,
+        {validation.NODE_GROUP_INDEX: validation.node_group_index},
+    )
+    namespace_caches = make(
+        groupversion.LOCAL_MODEL_NAMESPACE_CACHE,
+        {
+            validation.NODE_GROUP_INDEX: validation.node_group_index,
+            validation.NAME_INDEX: validation.name_index,
+        },
+    )
+    node_groups = make(groupversion.LOCAL_MODEL_NODE_GROUP, {})
+    isvcs = make(
+        groupversion.INFERENCE_SERVICE,
+        {validation.USED_CACHE_INDEX: validation.used_cache_index},
+        transform=metadata_only,
+    )
+    everything = (caches, namespace_caches, node_groups, isvcs)
+
+    def synced() -> bool:
+        return all(inf.synced.is_set() for inf in everything)
+
+    mutator = isvc.IsvcMutator(
+        caches=caches.reader(),
+        namespace_caches=namespace_caches.reader(),
+        node_groups=node_groups.reader(),
+        enabled=local_model_enabled,
+        synced=synced,
+    )
+    validators = [
+        validation.CacheValidator(
+            namespaced=namespaced,
+            caches=caches.reader(),
+            namespace_caches=namespace_caches.reader(),
+            node_groups=node_groups.reader(),
+            inference_services=isvcs.reader(),
+            synced=synced,
+        )
+        for namespaced in (False, True)
+    ]
+    server.register(isvc.MUTATE_PATH, mutator, on_failure="error")
+    server.register(validation.CACHE_PATH, validators[0], on_failure="deny")
+    server.register(validation.NAMESPACE_CACHE_PATH, validators[1], on_failure="deny")
+    return Webhooks(
+        caches=caches,
+        namespace_caches=namespace_caches,
+        node_groups=node_groups,
+        inference_services=isvcs,
+        mutator=mutator,
+        cache_validator=validators[0],
+        namespace_cache_validator=validators[1],
+    )

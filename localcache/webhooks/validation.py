@@ -1,0 +1,342 @@
+"""Validation of LocalModelCache and LocalModelNamespaceCache writes (spec §3, §4, §6).
+
+Pure rules over a `Snapshot` of the cluster (`validate_write`, `validate_delete`), and the thin
+admission handler `CacheValidator` that builds the snapshot from informer stores. Every
+`Violation` names the field and the conflicting object; one denial carries all of them.
+
+Create and update (an update of an object being deleted is always allowed, as in KServe):
+- every node group in `spec.nodeGroups` exists (on update: every group added by it, so a group
+  deleted later never blocks finalizer or label updates of a live cache) [P1, P5];
+- a LocalModelCache's `sourceModelUri` is unique among LocalModelCaches (one trailing `/`
+  ignored, as URI matching ignores it) — checked on create and when the URI changes;
+- on create, a LocalModelCache may not share its name with any LocalModelNamespaceCache and
+  the reverse: their serving PVCs `{cache}-{group}` would collide [P2];
+- capacity [P13]: on each node group, the sum of `modelSize` over the distinct
+  `sourceModelUri`s of every cache (both kinds) placed on it stays within its `storageLimit`;
+  a URI already on the group adds only what its size grows. Checked on create, for groups an
+  update adds, and for all groups when an update grows `modelSize`. A write that adds nothing
+  is never denied, even on a group already over its limit.
+
+Delete: denied while a live InferenceService is labelled for the cache (label
+`internal.serving.kserve.io/localmodel` = name, plus `…/localmodel-namespace` = namespace for a
+namespace cache, none for a cluster cache). The labels are the truth the cache's
+`status.inferenceServices` is derived from, so an ISVC listed in status that no longer exists
+(or no longer carries the label) does not block [P4], and one labelled but not yet in status
+does. LLMInferenceServices are not consulted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Any, Final, Protocol
+
+import pydantic
+import structlog
+
+from localcache.api import inferenceservice as isvc_api
+from localcache.api import modelcache, nodegroup, quantity
+from localcache.caching import keys as cache_keys
+from localcache.runtime import admission
+from localcache.runtime import keys as runtime_keys
+from localcache.webhooks import isvc
+
+log = structlog.get_logger(__name__)
+
+CACHE_PATH: Final = "/validate-serving-kserve-io-v1alpha1-localmodelcache"
+NAMESPACE_CACHE_PATH: Final = "/validate-serving-kserve-io-v1alpha1-localmodelnamespacecache"
+
+NODE_GROUP_INDEX: Final = "localcache.webhooks/node-group"
+"""On both cache stores: each entry of `spec.nodeGroups`."""
+NAME_INDEX: Final = "localcache.webhooks/name"
+"""On the namespace-cache store: `metadata.name` (same-named caches across namespaces)."""
+USED_CACHE_INDEX: Final = "localcache.webhooks/used-cache"
+"""On the InferenceService store: the status key of the cache the ISVC is labelled for."""
+
+AnyCache = isvc.AnyCache
+Obj = dict[str, Any]
+Objs = list[Obj]
+
+
+def node_group_index(obj: Obj) -> list[str]:
+    groups = (obj.get("spec") or {}).get("nodeGroups")
+    return [g for g in groups if isinstance(g, str)] if isinstance(groups, list) else []
+
+
+def name_index(obj: Obj) -> list[str]:
+    name = (obj.get("metadata") or {}).get("name")
+    return [name] if isinstance(name, str) else []
+
+
+def used_cache_index(obj: Obj) -> list[str]:
+    """`name` for an ISVC labelled for a cluster cache, `ns/name` for one labelled for a
+    namespace cache of its own namespace; nothing otherwise."""
+    meta = obj.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    name = labels.get(isvc_api.LOCAL_MODEL_LABEL)
+    namespace = labels.get(isvc_api.LOCAL_MODEL_NAMESPACE_LABEL)
+    if not name or (namespace is not None and namespace != meta.get("namespace")):
+        return []
+    try:
+        return [cache_keys.status_key(name, namespace)]
+    except ValueError:
+        return []
+
+
+@dataclass(frozen=True, slots=True)
+class Violation:
+    """One broken rule: the field, and a message naming the conflicting object."""
+
+    field: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.field}: {self.message}"
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What the rules see of the cluster. Objects may include the cache under review."""
+
+    node_groups: Mapping[str, nodegroup.LocalModelNodeGroup] = field(default_factory=dict)
+    cluster_caches: Sequence[modelcache.LocalModelCache] = ()
+    namespace_caches: Sequence[modelcache.LocalModelNamespaceCache] = ()
+    users: Sequence[runtime_keys.ObjectKey] = ()
+    """Live InferenceServices labelled for the cache under review (delete only)."""
+
+
+def _ref(cache: AnyCache) -> tuple[str, str]:
+    return (cache.namespace, cache.name)
+
+
+def _same(a: AnyCache, b: AnyCache) -> bool:
+    return type(a) is type(b) and a.namespace == b.namespace and a.name == b.name
+
+
+def check_node_groups(
+    cache: AnyCache, *, old: AnyCache | None, node_groups: Mapping[str, Any]
+) -> list[Violation]:
+    before = set(old.spec.node_groups) if old is not None else set()
+    return [
+        Violation(f"spec.nodeGroups[{i}]", f"LocalModelNodeGroup {group} not found")
+        for i, group in enumerate(cache.spec.node_groups)
+        if group not in before and group not in node_groups
+    ]
+
+
+def check_unique_uri(
+    cache: AnyCache, *, old: AnyCache | None, cluster_caches: Iterable[modelcache.LocalModelCache]
+) -> list[Violation]:
+    uri = cache.spec.source_model_uri
+    if not isinstance(cache, modelcache.LocalModelCache):
+        return []
+    if old is not None and old.spec.source_model_uri == uri:
+        return []
+    for other in sorted(cluster_caches, key=_ref):
+        other_uri = other.spec.source_model_uri
+        if not _same(other, cache) and other_uri.removesuffix("/") == uri.removesuffix("/"):
+            return [
+                Violation(
+                    "spec.sourceModelUri",
+                    f"LocalModelCache {other.name} has the same StorageURI {other_uri}",
+                )
+            ]
+    return []
+
+
+def check_name(cache: AnyCache, *, old: AnyCache | None, snapshot: Snapshot) -> list[Violation]:
+    if old is not None:
+        return []  # names are immutable: checked once, on create
+    others: Sequence[AnyCache]
+    if isinstance(cache, modelcache.LocalModelCache):
+        others = snapshot.namespace_caches
+    else:
+        others = snapshot.cluster_caches
+    for other in sorted(others, key=_ref):
+        if other.name == cache.name:
+            return [
+                Violation(
+                    "metadata.name",
+                    f"{isvc.describe(other)} has the same name: a LocalModelCache and a "
+                    "LocalModelNamespaceCache may not share a name, their serving PVCs "
+                    "would collide",
+                )
+            ]
+    return []
+
+
+def _fmt(value: Fraction) -> str:
+    return quantity.Quantity.from_value(value).canonical()
+
+
+def check_capacity(cache: AnyCache, *, old: AnyCache | None, snapshot: Snapshot) -> list[Violation]:
+    size = cache.spec.model_size.value
+    if old is None or size > old.spec.model_size.value:
+        groups = list(cache.spec.node_groups)
+    else:
+        groups = [g for g in cache.spec.node_groups if g not in old.spec.node_groups]
+    others: list[AnyCache] = [*snapshot.cluster_caches, *snapshot.namespace_caches]
+    uri = cache.spec.source_model_uri
+    violations = []
+    for group in dict.fromkeys(groups):
+        node_group = snapshot.node_groups.get(group)
+        if node_group is None:
+            continue  # reported by check_node_groups
+        per_uri: dict[str, Fraction] = {}
+        for other in others:
+            if group in other.spec.node_groups and not _same(other, cache):
+                src = other.spec.source_model_uri
+                per_uri[src] = max(per_uri.get(src, Fraction(0)), other.spec.model_size.value)
+        used = sum(per_uri.values(), Fraction(0))
+        need = used - per_uri.get(uri, Fraction(0)) + max(per_uri.get(uri, Fraction(0)), size)
+        limit = node_group.spec.storage_limit
+        if need > limit.value and need > used:
+            violations.append(
+                Violation(
+                    "spec.modelSize",
+                    f"LocalModelNodeGroup {group} has storageLimit {limit}, but its models would "
+                    f"need {_fmt(need)}: {_fmt(used)} used by {len(per_uri)} other model "
+                    f"URI(s) plus {_fmt(need - used)} for {uri}",
+                )
+            )
+    return violations
+
+
+def check_in_use(cache: AnyCache, *, users: Sequence[runtime_keys.ObjectKey]) -> list[Violation]:
+    if not users:
+        return []
+    first, *rest = sorted(users)
+    more = f" (and {len(rest)} more)" if rest else ""
+    return [
+        Violation(
+            "status.inferenceServices",
+            f"{isvc.describe(cache)} is being used by InferenceService "
+            f"{first.namespace}/{first.name}{more}",
+        )
+    ]
+
+
+def validate_write(
+    cache: AnyCache, *, old: AnyCache | None = None, snapshot: Snapshot
+) -> list[Violation]:
+    """Violations of a create (`old` None) or update (module docstring)."""
+    if old is not None and cache.metadata.deletion_timestamp:
+        return []
+    return [
+        *check_node_groups(cache, old=old, node_groups=snapshot.node_groups),
+        *check_unique_uri(cache, old=old, cluster_caches=snapshot.cluster_caches),
+        *check_name(cache, old=old, snapshot=snapshot),
+        *check_capacity(cache, old=old, snapshot=snapshot),
+    ]
+
+
+def validate_delete(cache: AnyCache, *, snapshot: Snapshot) -> list[Violation]:
+    """Violations of deleting `cache`: live InferenceServices using it."""
+    if cache.metadata.deletion_timestamp:
+        return []  # already accepted once; a repeated delete changes nothing
+    return check_in_use(cache, users=snapshot.users)
+
+
+# ------------------------------------------------------------------------ admission handler
+
+
+class IndexedLister(isvc.Lister, Protocol):
+    """The part of an informer store the validator reads (`runtime.store.Reader`)."""
+
+    def by_index(self, index: str, value: str) -> Objs: ...
+
+
+class CacheValidator:
+    """The admission handler for one cache kind: CREATE, UPDATE and DELETE."""
+
+    def __init__(
+        self,
+        *,
+        namespaced: bool,
+        caches: IndexedLister,
+        namespace_caches: IndexedLister,
+        node_groups: isvc.Lister,
+        inference_services: IndexedLister,
+        synced: Callable[[], bool],
+    ) -> None:
+        self._model: type[AnyCache] = (
+            modelcache.LocalModelNamespaceCache if namespaced else modelcache.LocalModelCache
+        )
+        self._caches = caches
+        self._namespace_caches = namespace_caches
+        self._node_groups = node_groups
+        self._isvcs = inference_services
+        self._synced = synced
+
+    def _cache(self, obj: Obj | None, request: admission.Request) -> AnyCache | None:
+        if obj is None:
+            return None
+        cache = self._model.model_validate(obj)
+        if not cache.metadata.namespace and self._model is modelcache.LocalModelNamespaceCache:
+            cache.metadata.namespace = request.namespace
+        return cache
+
+    async def __call__(self, request: admission.Request) -> admission.Response:
+        if not self._synced():
+            return admission.denied(
+                "localcache's caches have not synced yet; retry in a few seconds",
+                code=503,
+                reason="ServiceUnavailable",
+            )
+        try:
+            new = self._cache(request.object, request)
+            old = self._cache(request.old_object, request)
+        except pydantic.ValidationError as exc:
+            return admission.denied(
+                f"expected a {self._model.__name__}: {exc.errors()[0]['msg']}",
+                code=400,
+                reason="BadRequest",
+            )
+        if request.operation == "DELETE":
+            if old is None:
+                return admission.allowed()
+            violations = validate_delete(old, snapshot=Snapshot(users=self._users(old)))
+        elif request.operation in ("CREATE", "UPDATE") and new is not None:
+            violations = validate_write(new, old=old, snapshot=self._snapshot(new, old))
+        else:
+            return admission.allowed()
+        if not violations:
+            return admission.allowed()
+        return admission.denied("; ".join(str(v) for v in violations), field=violations[0].field)
+
+    def _users(self, cache: AnyCache) -> list[runtime_keys.ObjectKey]:
+        key = cache_keys.status_key(cache.name, cache.namespace or None)
+        return [runtime_keys.ObjectKey.of(o) for o in self._isvcs.by_index(USED_CACHE_INDEX, key)]
+
+    def _snapshot(self, cache: AnyCache, old: AnyCache | None) -> Snapshot:
+        groups = dict.fromkeys([*cache.spec.node_groups, *(old.spec.node_groups if old else [])])
+        node_groups: dict[str, nodegroup.LocalModelNodeGroup] = {}
+        for group in groups:
+            raw = self._node_groups.get(runtime_keys.ObjectKey("", group))
+            parsed = isvc.parse_all(nodegroup.LocalModelNodeGroup, [raw] if raw else [])
+            if parsed:
+                node_groups[group] = parsed[0]
+        cluster: dict[runtime_keys.ObjectKey, Obj] = {}
+        namespaced: dict[runtime_keys.ObjectKey, Obj] = {}
+        if isinstance(cache, modelcache.LocalModelCache):
+            _collect(cluster, self._caches.list())
+        else:
+            same_name = self._caches.get(runtime_keys.ObjectKey("", cache.name))
+            _collect(cluster, [same_name] if same_name is not None else [])
+        _collect(namespaced, self._namespace_caches.by_index(NAME_INDEX, cache.name))
+        for group in groups:
+            _collect(cluster, self._caches.by_index(NODE_GROUP_INDEX, group))
+            _collect(namespaced, self._namespace_caches.by_index(NODE_GROUP_INDEX, group))
+        return Snapshot(
+            node_groups=node_groups,
+            cluster_caches=isvc.parse_all(modelcache.LocalModelCache, cluster.values()),
+            namespace_caches=isvc.parse_all(
+                modelcache.LocalModelNamespaceCache, namespaced.values()
+            ),
+        )
+
+
+def _collect(into: dict[runtime_keys.ObjectKey, Obj], objs: Iterable[Obj]) -> None:
+    for obj in objs:
+        into[runtime_keys.ObjectKey.of(obj)] = obj
