@@ -1,0 +1,158 @@
+"""Metrics: controller-runtime's names, labels and buckets, on a private registry.
+
+Matrix: the exposition holds every framework metric name of spec §7 / reference §2.4 with its
+labels; controller series are pre-initialised to 0; buckets match controller-runtime's; two
+Metrics objects do not share a registry; domain counters, gauges and histograms work with and
+without labels; process metrics are present.
+"""
+
+from __future__ import annotations
+
+import prometheus_client
+import pytest
+
+from localcache.runtime import metrics
+
+FRAMEWORK_NAMES = (
+    "controller_runtime_reconcile_total",
+    "controller_runtime_reconcile_errors_total",
+    "controller_runtime_terminal_reconcile_errors_total",
+    "controller_runtime_reconcile_timeouts_total",
+    "controller_runtime_reconcile_time_seconds",
+    "controller_runtime_max_concurrent_reconciles",
+    "controller_runtime_active_workers",
+    "workqueue_depth",
+    "workqueue_adds_total",
+    "workqueue_queue_duration_seconds",
+    "workqueue_work_duration_seconds",
+    "workqueue_retries_total",
+    "workqueue_unfinished_work_seconds",
+    "workqueue_longest_running_processor_seconds",
+    "leader_election_master_status",
+)
+
+
+def _exposition(m: metrics.Metrics) -> str:
+    body, content_type = m.render()
+    assert content_type.startswith("text/plain; version=0.0.4")
+    return body.decode()
+
+
+def test_exposition_contains_every_framework_metric_name() -> None:
+    m = metrics.Metrics()
+    m.controller("widget").set_max_concurrent_reconciles(2)
+    queue = m.workqueue("widget")
+    queue.observe_queue_duration(0.1)
+    queue.observe_work_duration(0.2)
+    m.leader_election("localcache-controller").set_master_status(True)
+    text = _exposition(m)
+    for name in FRAMEWORK_NAMES:
+        assert f"# TYPE {name} " in text, name
+    assert 'controller_runtime_reconcile_total{controller="widget",result="success"} 0.0' in text
+    assert 'workqueue_depth{controller="widget",name="widget",priority=""} 0.0' in text
+    assert 'workqueue_adds_total{controller="widget",name="widget"} 0.0' in text
+    assert 'leader_election_master_status{name="localcache-controller"} 1.0' in text
+    assert "process_resident_memory_bytes" in text
+    assert "_created" not in text, "Go's controller-runtime exports no *_created series"
+
+
+def test_controller_series_are_pre_initialised_to_zero() -> None:
+    m = metrics.Metrics()
+    m.controller("widget")
+    for result in metrics.RECONCILE_RESULTS:
+        value = m.value("controller_runtime_reconcile_total", controller="widget", result=result)
+        assert value == 0.0, result
+    for name in (
+        "controller_runtime_reconcile_errors_total",
+        "controller_runtime_terminal_reconcile_errors_total",
+        "controller_runtime_active_workers",
+    ):
+        assert m.value(name, controller="widget") == 0.0, name
+
+
+def test_recorders_move_the_series_they_name() -> None:
+    m = metrics.Metrics()
+    ctl = m.controller("widget")
+    ctl.inc_reconcile_total("requeue_after")
+    ctl.inc_reconcile_errors()
+    ctl.inc_terminal_reconcile_errors()
+    ctl.inc_active_workers()
+    ctl.observe_reconcile_time(0.3)
+    queue = m.workqueue("widget")
+    queue.set_depth(4)
+    queue.inc_adds()
+    queue.inc_retries()
+    queue.set_unfinished_work(2.5)
+    queue.set_longest_running_processor(1.5)
+    labels = {"name": "widget", "controller": "widget"}
+    assert (
+        m.value("controller_runtime_reconcile_total", controller="widget", result="requeue_after")
+        == 1
+    )
+    assert m.value("controller_runtime_reconcile_errors_total", controller="widget") == 1
+    assert m.value("controller_runtime_active_workers", controller="widget") == 1
+    assert m.value("controller_runtime_reconcile_time_seconds_sum", controller="widget") == 0.3
+    assert m.value("workqueue_depth", priority="", **labels) == 4
+    assert m.value("workqueue_adds_total", **labels) == 1
+    assert m.value("workqueue_retries_total", **labels) == 1
+    assert m.value("workqueue_unfinished_work_seconds", **labels) == 2.5
+    assert m.value("workqueue_longest_running_processor_seconds", **labels) == 1.5
+
+
+def test_buckets_match_controller_runtime() -> None:
+    assert len(metrics.RECONCILE_TIME_BUCKETS) == 40
+    assert metrics.RECONCILE_TIME_BUCKETS[0] == 0.005
+    assert metrics.RECONCILE_TIME_BUCKETS[-1] == 60.0
+    go_exponential_buckets = tuple(10.0**exp for exp in range(-8, 4))  # (10e-9, 10, 12)
+    assert go_exponential_buckets == metrics.WORKQUEUE_BUCKETS
+    m = metrics.Metrics()
+    m.controller("widget").observe_reconcile_time(0.01)
+    m.workqueue("widget").observe_work_duration(0.01)
+    text = _exposition(m)
+    assert 'controller_runtime_reconcile_time_seconds_bucket{controller="widget",le="60.0"}' in text
+    assert 'workqueue_work_duration_seconds_bucket{controller="widget",le="1e-08"' in text
+    assert 'workqueue_work_duration_seconds_bucket{controller="widget",le="1000.0"' in text
+
+
+def test_each_metrics_object_has_its_own_registry() -> None:
+    first, second = metrics.Metrics(), metrics.Metrics()
+    first.controller("widget").inc_reconcile_errors()
+    second.controller("widget")
+    assert second.value("controller_runtime_reconcile_errors_total", controller="widget") == 0
+    assert (
+        prometheus_client.REGISTRY.get_sample_value(
+            "controller_runtime_reconcile_errors_total", {"controller": "widget"}
+        )
+        is None
+    )
+
+
+def test_domain_metrics_are_made_without_importing_prometheus() -> None:
+    m = metrics.Metrics()
+    downloads = m.counter(
+        "localcache_downloads_total", "Model downloads started", labels=("result",)
+    )
+    downloads.inc(result="ok")
+    downloads.inc(2, result="ok")
+    models = m.gauge("localcache_cached_models", "Models on this node")
+    models.set(3)
+    models.dec()
+    sizes = m.gauge("localcache_model_bytes", "Bytes per model", labels=("model",))
+    sizes.set(10, model="iris")
+    sizes.remove(model="iris")
+    durations = m.histogram(
+        "localcache_download_seconds", "Download durations", buckets=(1.0, 10.0)
+    )
+    durations.observe(4.0)
+    assert m.value("localcache_downloads_total", result="ok") == 3
+    assert m.value("localcache_cached_models") == 2
+    assert m.value("localcache_model_bytes", model="iris") is None
+    assert m.value("localcache_download_seconds_bucket", le="10.0") == 1
+    assert m.value("localcache_download_seconds_bucket", le="1.0") == 0
+
+
+def test_registering_a_name_twice_is_refused() -> None:
+    m = metrics.Metrics()
+    m.counter("localcache_things_total", "Things")
+    with pytest.raises(ValueError, match="Duplicated"):
+        m.counter("localcache_things_total", "Things again")
