@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
 .PHONY: help venv lint typecheck test-unit test-integration test bench manifests run \
-        control-plane deploy undeploy clean
+        control-plane deploy undeploy clean docker-build kind-create kind-load e2e-kind
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s $$'\t'
@@ -47,11 +47,35 @@ manifests: $(PY) ## regenerate manifests/crds from the pydantic models
 run: $(PY) control-plane ## the operator against the current kubeconfig, or a local control plane
 	$(VENV)/bin/localcache run
 
-deploy: ## install into a kind cluster (needs Docker + kind)
-	@echo "make deploy needs Docker and kind" >&2; exit 2
+# ---- kind (needs a Docker engine and kind: not available on the CI machines) ----------
+KIND ?= kind
+KIND_CLUSTER ?= localcache
+IMG ?= localcache:dev
+KUBECTL_KIND = kubectl --context kind-$(KIND_CLUSTER)
 
-undeploy: ## remove from the kind cluster
-	@echo "make undeploy needs Docker and kind" >&2; exit 2
+docker-build: ## build the one image (controller + agent)
+	docker build -t $(IMG) .
+
+kind-create: ## kind: 1 control plane + 2 workers labelled kserve/localmodel=worker
+	mkdir -p /tmp/localcache-kind/worker/models /tmp/localcache-kind/worker2/models
+	chmod 0777 /tmp/localcache-kind/worker/models /tmp/localcache-kind/worker2/models
+	$(KIND) get clusters | grep -qx $(KIND_CLUSTER) || $(KIND) create cluster --name $(KIND_CLUSTER) --config hack/kind-config.yaml --wait 120s
+
+kind-load: docker-build ## load the image into the kind cluster
+	$(KIND) load docker-image $(IMG) --name $(KIND_CLUSTER)
+
+deploy: kind-load ## install into the kind cluster (needs Docker + kind)
+	$(KUBECTL_KIND) apply -k manifests/kind
+	$(KUBECTL_KIND) -n kserve rollout status deployment/kserve-localmodel-controller-manager --timeout=180s
+	$(KUBECTL_KIND) -n kserve rollout status daemonset/kserve-localmodelnode-agent --timeout=180s
+
+undeploy: ## remove from kind (caches first, while the controller can remove finalizers)
+	-$(KUBECTL_KIND) delete localmodelnamespacecaches,localmodelcaches --all --all-namespaces --timeout=120s
+	$(KUBECTL_KIND) delete -k manifests/kind --ignore-not-found
+
+e2e-kind: deploy ## end-to-end tests against the kind deployment
+	$(KIND) get kubeconfig --name $(KIND_CLUSTER) > /tmp/localcache-kind/kubeconfig
+	LOCALCACHE_E2E_KUBECONFIG=/tmp/localcache-kind/kubeconfig $(PY) -m pytest tests/e2e $(PYTEST_ARGS)
 
 clean: ## remove build output
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info

@@ -1,0 +1,143 @@
+"""Wiring of the shipped manifests that only shows at run time, checked on the kustomize builds.
+
+The Services select the right pods and ports (webhook: controller only; metrics: both, with
+the Prometheus annotations), the ServiceMonitor selects the metrics Service, the workloads
+run non-root on a read-only root with /tmp writable, their command lines parse with
+localcache's own settings parser (ports, probes, leader election, cert dir, models root agree
+with the manifests), and the ConfigMap parses to KServe's defaults with
+`localModel.enabled: true`, every key written out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pydantic
+import pytest
+
+from localcache import settings
+from localcache.caching import config
+from localcache.runtime.testing.controlplane import ControlPlane
+from tests.integration.deploy.builds import AGENT, CONFIGMAP, CONTROLLER, NS, Doc, build, one
+
+
+def test_the_services_select_the_pods_and_their_ports(control_plane: ControlPlane) -> None:
+    docs = build(control_plane, "default")
+    pods = {
+        name: one(docs, kind, name)["spec"]["template"]
+        for kind, name in (("Deployment", CONTROLLER), ("DaemonSet", AGENT))
+    }
+
+    def ports(template: Doc) -> dict[str, int]:
+        return {p["name"]: p["containerPort"] for p in template["spec"]["containers"][0]["ports"]}
+
+    webhook = one(docs, "Service", "localmodel-webhook-server-service")
+    assert webhook["spec"]["selector"].items() <= pods[CONTROLLER]["metadata"]["labels"].items()
+    assert not webhook["spec"]["selector"].items() <= pods[AGENT]["metadata"]["labels"].items()
+    assert ports(pods[CONTROLLER])["webhook-server"] == webhook["spec"]["ports"][0]["targetPort"]
+    metrics = one(docs, "Service", "localcache-metrics")
+    annotations = metrics["metadata"]["annotations"]
+    assert annotations["prometheus.io/scrape"] == "true"
+    assert annotations["prometheus.io/path"] == "/metrics"
+    for template in pods.values():
+        assert metrics["spec"]["selector"].items() <= template["metadata"]["labels"].items()
+        assert ports(template)["http-metrics"] == int(annotations["prometheus.io/port"])
+    monitor = build(control_plane, "servicemonitor")[0]
+    assert (
+        monitor["spec"]["selector"]["matchLabels"].items() <= metrics["metadata"]["labels"].items()
+    )
+    assert monitor["spec"]["endpoints"][0]["port"] == metrics["spec"]["ports"][0]["name"]
+
+
+@pytest.mark.parametrize("name", [CONTROLLER, AGENT])
+def test_the_pods_run_non_root_on_a_read_only_root(control_plane: ControlPlane, name: str) -> None:
+    docs = build(control_plane, "kind")
+    workload = next(d for d in docs if d["kind"] in ("Deployment", "DaemonSet")
+                    and d["metadata"]["name"] == name)  # fmt: skip
+    pod = workload["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert pod["serviceAccountName"] == name
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert container["securityContext"]["allowPrivilegeEscalation"] is False
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert "emptyDir" in volumes[mounts["/tmp"]]
+    assert {"requests", "limits"} <= container["resources"].keys()
+    assert container["image"] == "localcache:dev"
+    assert container["imagePullPolicy"] == "IfNotPresent"
+    env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in container["env"]}
+    if name == AGENT:
+        assert env["NODE_NAME"] == "spec.nodeName"
+        assert pod["nodeSelector"] == {"kserve/localmodel": "worker"}
+        assert volumes[mounts["/mnt/models"]]["hostPath"]["path"] == "/mnt/models"
+    else:
+        assert env["POD_NAMESPACE"] == "metadata.namespace"
+
+
+@pytest.mark.parametrize("name", [CONTROLLER, AGENT])
+def test_the_container_command_is_what_localcache_accepts(
+    control_plane: ControlPlane, name: str
+) -> None:
+    docs = build(control_plane, "default")
+    workload = next(d for d in docs if d["kind"] in ("Deployment", "DaemonSet")
+                    and d["metadata"]["name"] == name)  # fmt: skip
+    pod = workload["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    program, command = container["command"]
+    assert program == "localcache"
+    parser = argparse.ArgumentParser()
+    settings.add_arguments(parser, command)
+    downward = {"metadata.namespace": workload["metadata"]["namespace"],
+                "metadata.name": "pod-1", "spec.nodeName": "node-1"}  # fmt: skip
+    environ = {
+        e["name"]: downward[e["valueFrom"]["fieldRef"]["fieldPath"]] for e in container["env"]
+    }
+    parsed = settings.from_args(parser.parse_args(container["args"]), command, environ)
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert parsed.metrics_port == ports["http-metrics"]
+    for probe, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
+        assert container[probe]["httpGet"] == {"path": path, "port": "http-metrics"}
+    assert parsed.config_namespace == NS
+    writable = {m["mountPath"] for m in container["volumeMounts"] if not m.get("readOnly")}
+    if command == "controller":
+        assert (parsed.leader_elect, parsed.identity) == (True, "pod-1")
+        assert parsed.webhook_port == ports["webhook-server"]
+        assert any(parsed.webhook_cert_dir.is_relative_to(m) for m in writable)
+    else:
+        assert parsed.node_name == "node-1"
+        assert str(parsed.models_root) in writable
+
+
+def test_the_configmap_holds_kserve_defaults_with_local_models_enabled(
+    control_plane: ControlPlane,
+) -> None:
+    data = one(build(control_plane, "default"), "ConfigMap", CONFIGMAP)["data"]
+    shipped = config.parse_config(data)
+    defaults = config.parse_config({})
+    assert shipped.local_model.enabled is True
+    assert (
+        shipped.model_copy(
+            update={"local_model": shipped.local_model.model_copy(update={"enabled": False})}
+        )
+        == defaults
+    )
+
+    # Every key is written out (not left to the code's defaults), as in KServe's ConfigMap.
+    def aliases(model: type[pydantic.BaseModel]) -> set[str]:
+        return {f.alias or n for n, f in model.model_fields.items()}
+
+    credentials = json.loads(data[config.CREDENTIALS])
+    assert json.loads(data[config.LOCAL_MODEL]).keys() == aliases(config.LocalModelConfig)
+    assert credentials.keys() == aliases(config.CredentialsConfig)
+    assert credentials["s3"].keys() == aliases(config.S3Config)
+    assert json.loads(data[config.STORAGE_INITIALIZER]).keys() == {
+        "image",
+        "cpuRequest",
+        "cpuLimit",
+        "memoryRequest",
+        "memoryLimit",
+        "caBundleConfigMapName",
+        "caBundleVolumeMountPath",
+    }  # fmt: skip  (the keys download Jobs use; the rest concern KServe's pod mutator)
