@@ -1,0 +1,383 @@
+"""The node agent's reconciler: keeps this node's model folders in line with its own
+LocalModelNode and reports each entry's download state (spec §5, reference §4).
+
+One pass (`reconcile`), for the LocalModelNode named like this node only:
+1. finish any promotion a crash interrupted (`disk.recover`); load the config (the last
+   good one stays in force when the ConfigMap turns invalid; nothing runs before a first
+   good one; a missing ConfigMap means KServe's defaults);
+2. delete our Jobs that no spec entry wants any more (`launcher.cleanup`);
+3. per download unit (`plan.units`: same URI and credential scope; its entries share one
+   Job, folder and status): Downloaded when the complete folder (with manifest) may be
+   reused: it was downloaded without credentials, or in the unit's scope, or the unit's own
+   Job proved access earlier (recorded in `modelProgress.jobName`). Otherwise follow the
+   unit's latest Job: none → create one (or ModelDownloadError saying why not: credentials,
+   node group, PV path); running → Pending/Downloading with progress (a pod failure while
+   the Job still retries is only a message [P17]); Complete → promote the staging folder
+   (keeping an existing complete folder) or re-download when the folder was lost; Failed
+   → ModelDownloadError with the pod's message, and a new attempt after the backoff;
+4. delete folders no entry maps to, and staging folders of Jobs that no longer run;
+5. patch the owned status fields when changed, post Events for entries that became
+   Downloaded or failed, and requeue (sooner while downloading or waiting for a retry).
+
+Not promised: that entries sharing a Job keep it when the entry that created it leaves the
+spec (the Job goes with it; the others start their own).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Final
+
+import pydantic
+import structlog
+
+from localcache.agent import disk as disk_mod
+from localcache.agent import launcher, plan, report, status
+from localcache.api import modelnode
+from localcache.api import quantity as quantity_mod
+from localcache.caching import config
+from localcache.runtime import clock as clock_mod
+from localcache.runtime import errors, keys, reconcile, store
+
+log = structlog.get_logger(__name__)
+
+ModelStatus = modelnode.ModelStatus
+NO_CONFIG_RETRY_S: Final = 30.0
+MIN_REQUEUE_S: Final = 0.05
+
+
+@dataclass(frozen=True, slots=True)
+class Stores:
+    """Informer caches the agent reads (`setup.py` says what each one watches)."""
+
+    nodes: store.Reader
+    jobs: store.Reader
+    node_groups: store.Reader
+    storage_containers: store.Reader
+    config_maps: store.Reader
+    caches: store.Reader
+    namespace_caches: store.Reader
+
+
+def utcnow() -> datetime.datetime:
+    return datetime.datetime.now(datetime.UTC)
+
+
+@dataclass
+class _Pass:
+    """What one reconcile pass knows, and the staging folders it must keep."""
+
+    node: modelnode.LocalModelNode
+    cfg: config.InferenceServiceConfig
+    now: datetime.datetime
+    jobs_by_tag: dict[str, list[plan.JobRef]]
+    states: dict[str, str]
+    progress: dict[str, modelnode.ModelProgress]
+    live_jobs: set[str] = field(default_factory=set)
+
+
+class Reconciler:
+    """Reconciles the LocalModelNode named `node_name` (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        node_name: str,
+        api: launcher.Api,
+        disk: disk_mod.ModelDisk,
+        stores: Stores,
+        agent_metrics: report.AgentMetrics,
+        config_namespace: str,
+        clock: clock_mod.Clock,
+        wall_clock: Callable[[], datetime.datetime] = utcnow,
+        job_backoff_limit: int | None = None,
+        progress_interval: float = 10.0,
+    ) -> None:
+        self.node_name = node_name
+        self._disk = disk
+        self._stores = stores
+        self._metrics = agent_metrics
+        self._config_key = keys.ObjectKey(config_namespace, config.CONFIGMAP_NAME)
+        self._wall = wall_clock
+        self._progress_interval = progress_interval
+        self._jobs = launcher.JobLauncher(
+            node_name=node_name,
+            api=api,
+            disk=disk,
+            jobs_store=stores.jobs,
+            node_groups=stores.node_groups,
+            storage_containers=stores.storage_containers,
+            clock=clock,
+            backoff_limit=job_backoff_limit,
+        )
+        self._report = report.Reporter(node_name=node_name, api=api, wall_clock=wall_clock)
+        self._config: config.InferenceServiceConfig | None = None
+        self._config_version: str | None = None
+        self._config_error: str | None = None
+        self._counted_failures: set[tuple[str, str]] = set()
+        self._laid_out = False
+
+    async def reconcile(self, key: keys.ObjectKey) -> reconcile.Result:
+        if key.name != self.node_name or key.namespace:
+            log.debug("reconcile_skipped_other_node", node=str(key))
+            return reconcile.Result()
+        if not self._laid_out:
+            await asyncio.to_thread(self._disk.ensure_layout)
+            self._laid_out = True
+        await asyncio.to_thread(self._disk.recover)
+        node_obj = self._stores.nodes.get(keys.ObjectKey("", self.node_name))
+        if node_obj is None:
+            return reconcile.Result()
+        try:
+            node = modelnode.LocalModelNode.model_validate(node_obj)
+        except pydantic.ValidationError as exc:
+            raise errors.TerminalError(f"LocalModelNode {self.node_name}: {exc}") from exc
+        cfg = await self._load_config(node)
+        if cfg is None:
+            return reconcile.Result(requeue_after=NO_CONFIG_RETRY_S)
+        units = plan.units(
+            node.spec.local_models,
+            node_name=self.node_name,
+            job_namespace=cfg.local_model.job_namespace,
+        )
+        refs = await self._jobs.cleanup(units)
+        self._counted_failures &= {(r.namespace, r.name) for r in refs}
+        by_tag: dict[str, list[plan.JobRef]] = {}
+        for ref in sorted(refs, key=lambda r: r.attempt):
+            by_tag.setdefault(ref.tag, []).append(ref)
+        active = {r.name for r in refs if plan.job_state(r.obj).phase is plan.JobPhase.ACTIVE}
+        current = node_obj.get("status")
+        ctx = _Pass(
+            node=node,
+            cfg=cfg,
+            now=self._wall(),
+            jobs_by_tag=by_tag,
+            states=status.previous_states(current),
+            progress=status.previous_progress(current),
+            live_jobs=active,
+        )
+        outcomes: dict[str, status.Outcome] = {}
+        for unit in units:
+            outcome = await self._evaluate(unit, ctx)
+            outcomes.update(dict.fromkeys(unit.status_keys, outcome))
+        deleted = await asyncio.to_thread(
+            self._disk.delete_unreferenced,
+            {u.storage_key for u in units},
+            live_jobs=ctx.live_jobs,
+        )
+        if deleted:
+            log.info("model_folders_deleted", storage_keys=deleted)
+        before = await self._report.write_status(node_obj, status.desired_status(outcomes))
+        for change in status.transitions(before, outcomes):
+            await self._report.transition(node, change)
+        delays = [o.requeue_after for o in outcomes.values() if o.requeue_after]
+        freq = float(cfg.local_model.reconcilation_frequency_in_secs)
+        return reconcile.Result(requeue_after=max(MIN_REQUEUE_S, min([freq, *delays])))
+
+    async def _load_config(
+        self, node: modelnode.LocalModelNode
+    ) -> config.InferenceServiceConfig | None:
+        """The configuration in force: parsed again when the ConfigMap changed, the last good
+        one when it is invalid (logged, and an Event posted once per bad version)."""
+        cm = self._stores.config_maps.get(self._config_key)
+        version = str(((cm or {}).get("metadata") or {}).get("resourceVersion") or "absent")
+        if version == self._config_version:
+            return self._config
+        try:
+            parsed = config.parse_config((cm or {}).get("data") or {})
+        except config.ConfigError as exc:
+            if self._config_error != version:
+                self._config_error = version
+                kept = self._config is not None
+                log.error("config_invalid", error=str(exc), keeps_last_good=kept)
+                note = "the last good configuration stays in force" if kept else "waiting"
+                await self._report.event(node, "Warning", "InvalidConfiguration", f"{exc}; {note}")
+            return self._config
+        self._config, self._config_version = parsed, version
+        log.info("config_loaded", version=version)
+        return parsed
+
+    # ---- one download unit -------------------------------------------------------------
+    async def _evaluate(self, unit: plan.Unit, ctx: _Pass) -> status.Outcome:
+        key = unit.storage_key
+        complete = await asyncio.to_thread(self._disk.is_complete, key)
+        manifest = await asyncio.to_thread(self._disk.manifest, key) if complete else None
+        if manifest is not None:
+            if unit.reuses(manifest.job):
+                return _downloaded(manifest, job_name=manifest.job)
+            proof = _proof(unit, ctx)
+            if proof is not None:
+                return _downloaded(manifest, job_name=proof)
+        unit_jobs = ctx.jobs_by_tag.get(unit.tag, [])
+        if not unit_jobs:
+            return await self._launch(unit, ctx, attempt=0, message=None)
+        latest = unit_jobs[-1]
+        state = plan.job_state(latest.obj)
+        if state.phase is plan.JobPhase.ACTIVE:
+            return await self._active(unit, latest, state, ctx)
+        if state.phase is plan.JobPhase.COMPLETE:
+            return await self._complete(unit, latest, state, manifest, ctx)
+        return await self._failed(unit, latest, state, ctx)
+
+    async def _active(
+        self, unit: plan.Unit, latest: plan.JobRef, state: plan.JobState, ctx: _Pass
+    ) -> status.Outcome:
+        staging = self._disk.staging_path(unit.storage_key, latest.name)
+        size = await asyncio.to_thread(disk_mod.folder_bytes, staging)
+        message = _carried_message(unit, ctx) if latest.attempt > 0 else None
+        if state.failed_pods:
+            pod = await self._jobs.pod_message(latest, state.failed_pods)
+            where = f"{latest.namespace}/{latest.name}"
+            message = plan.clip(f"a download pod failed, Job {where} retries: {pod or '?'}")
+        progress = modelnode.ModelProgress(
+            bytes_on_disk=size,
+            percent=plan.percent(size, self._model_size(unit)),
+            attempts=latest.attempt + 1,
+            job_name=latest.name,
+            message=message,
+        )
+        downloading = state.ready > 0 or size > 0
+        phase = ModelStatus.DOWNLOADING if downloading else ModelStatus.DOWNLOAD_PENDING
+        return status.Outcome(phase, progress, self._progress_interval)
+
+    async def _complete(
+        self,
+        unit: plan.Unit,
+        latest: plan.JobRef,
+        state: plan.JobState,
+        manifest: disk_mod.Manifest | None,
+        ctx: _Pass,
+    ) -> status.Outcome:
+        key = unit.storage_key
+        staging = self._disk.staging_path(key, latest.name)
+        if not await asyncio.to_thread(staging.is_dir):
+            if manifest is not None:  # promoted earlier, or another scope's folder is there
+                return _downloaded(manifest, job_name=latest.name)
+            log.info("model_folder_lost", storage_key=key, job=latest.name)
+            return await self._launch(unit, ctx, attempt=latest.attempt + 1, message=None)
+        if not await asyncio.to_thread(lambda: any(staging.iterdir())):
+            ctx.live_jobs.add(latest.name)  # keep it: the retry waits for the backoff
+            root = self._disk.host_path or self._disk.root
+            message = (
+                f"download Job {latest.namespace}/{latest.name} succeeded but wrote nothing "
+                f"into {staging}: the node group's PV must be the agent's models root ({root})"
+            )
+            return await self._retry_or_wait(unit, latest, state, ctx, message)
+        size = await asyncio.to_thread(disk_mod.folder_bytes, staging)
+        record = disk_mod.Manifest(
+            storage_key=key,
+            uri=unit.request.uri,
+            bytes=size,
+            completed_at=plan.format_time(state.finished_at or ctx.now),
+            job=latest.name,
+        )
+        in_force = await asyncio.to_thread(self._disk.promote, staging, key, record)
+        self._metrics.succeeded.inc()
+        self._metrics.bytes.inc(size)
+        if state.started_at and state.finished_at:
+            seconds = (state.finished_at - state.started_at).total_seconds()
+            self._metrics.duration.observe(max(0.0, seconds))
+        kept = in_force.job != latest.name
+        log.info("model_promoted", storage_key=key, job=latest.name, kept_existing=kept)
+        return _downloaded(in_force, job_name=latest.name)
+
+    async def _failed(
+        self, unit: plan.Unit, latest: plan.JobRef, state: plan.JobState, ctx: _Pass
+    ) -> status.Outcome:
+        ident = (latest.namespace, latest.name)
+        if ident not in self._counted_failures:
+            self._counted_failures.add(ident)
+            self._metrics.failed.inc()
+        pod = await self._jobs.pod_message(latest, state.failed_pods)
+        why = pod or state.message or state.reason or "no message"
+        message = plan.clip(f"download Job {latest.namespace}/{latest.name} failed: {why}")
+        return await self._retry_or_wait(unit, latest, state, ctx, message)
+
+    async def _retry_or_wait(
+        self,
+        unit: plan.Unit,
+        latest: plan.JobRef,
+        state: plan.JobState,
+        ctx: _Pass,
+        message: str,
+    ) -> status.Outcome:
+        """A new attempt once the backoff after `latest` has passed; until then an error."""
+        local = ctx.cfg.local_model
+        delay = plan.retry_delay(
+            latest.attempt,
+            base=local.download_retry_backoff_in_secs,
+            cap=local.download_retry_max_backoff_in_secs,
+        )
+        retry_at = (state.finished_at or ctx.now) + datetime.timedelta(seconds=delay)
+        wait = (retry_at - ctx.now).total_seconds()
+        if wait <= 0:
+            log.info("download_retried", job=latest.name, attempt=latest.attempt + 1)
+            return await self._launch(unit, ctx, attempt=latest.attempt + 1, message=message)
+        progress = modelnode.ModelProgress(
+            attempts=latest.attempt + 1,
+            job_name=latest.name,
+            message=message,
+            next_retry_time=plan.format_time(retry_at),
+        )
+        return status.Outcome(ModelStatus.DOWNLOAD_ERROR, progress, wait)
+
+    async def _launch(
+        self, unit: plan.Unit, ctx: _Pass, *, attempt: int, message: str | None
+    ) -> status.Outcome:
+        result = await self._jobs.launch(unit, node=ctx.node, cfg=ctx.cfg, attempt=attempt)
+        if isinstance(result, launcher.NotLaunched):
+            progress = modelnode.ModelProgress(message=result.message)
+            retry = float(ctx.cfg.local_model.reconcilation_frequency_in_secs)
+            return status.Outcome(ModelStatus.DOWNLOAD_ERROR, progress, retry)
+        ctx.live_jobs.add(result.name)
+        self._metrics.started.inc()
+        progress = modelnode.ModelProgress(
+            bytes_on_disk=0, attempts=attempt + 1, job_name=result.name, message=message
+        )
+        return status.Outcome(ModelStatus.DOWNLOAD_PENDING, progress, self._progress_interval)
+
+    def _model_size(self, unit: plan.Unit) -> int | None:
+        """The cache's `modelSize` in bytes (first entry of the unit that has one)."""
+        for entry in unit.entries:
+            reader = self._stores.namespace_caches if entry.namespace else self._stores.caches
+            cache = reader.get(keys.ObjectKey(entry.namespace or "", entry.model_name))
+            size = ((cache or {}).get("spec") or {}).get("modelSize")
+            if size is not None:
+                try:
+                    return int(quantity_mod.Quantity(size))
+                except ValueError:
+                    continue
+        return None
+
+
+def _downloaded(manifest: disk_mod.Manifest, *, job_name: str) -> status.Outcome:
+    progress = modelnode.ModelProgress(
+        bytes_on_disk=manifest.bytes,
+        percent=100,
+        job_name=job_name,
+        completion_time=manifest.completed_at,
+    )
+    return status.Outcome(ModelStatus.DOWNLOADED, progress)
+
+
+def _proof(unit: plan.Unit, ctx: _Pass) -> str | None:
+    """A Job of the unit's scope that downloaded the URI before, as the status recorded it
+    for one of the unit's entries (TTL may have removed the Job since)."""
+    for key in unit.status_keys:
+        progress = ctx.progress.get(key)
+        downloaded = ctx.states.get(key) == ModelStatus.DOWNLOADED.value
+        if downloaded and progress is not None and unit.reuses(progress.job_name):
+            return progress.job_name
+    return None
+
+
+def _carried_message(unit: plan.Unit, ctx: _Pass) -> str | None:
+    """The failure message an earlier attempt left in status (kept while retrying)."""
+    for key in unit.status_keys:
+        progress = ctx.progress.get(key)
+        if progress is not None and progress.message:
+            return progress.message
+    return None

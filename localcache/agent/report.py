@@ -1,0 +1,128 @@
+"""What the agent tells the world: the LocalModelNode's status, Events, and its metrics.
+
+- `Reporter.write_status` patches the status subresource with the RFC 7386 diff of the owned
+  fields (`status.py`), only when something changed, carrying the object's resourceVersion;
+  on a conflict it re-reads the status and diffs again (a few times, then raises).
+- `Reporter.event` posts a core/v1 Event about the LocalModelNode (in `default`, as for every
+  cluster-scoped object); failing to post is logged, never raised.
+- `AgentMetrics` are the agent's own series (downloads started, succeeded, failed, bytes,
+  durations), made with the runtime's metric factories.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Callable
+from typing import Any, Final
+
+import structlog
+
+from localcache.agent import launcher, plan, status
+from localcache.api import groupversion, modelnode
+from localcache.runtime import errors, kube, metrics
+
+log = structlog.get_logger(__name__)
+
+LMN = groupversion.LOCAL_MODEL_NODE
+LMN_RESOURCE: Final = kube.Resource(LMN.group, LMN.version, LMN.plural, LMN.kind, namespaced=False)
+EVENT_SOURCE: Final = "localcache-agent"
+EVENT_NAMESPACE: Final = "default"
+STATUS_WRITE_ATTEMPTS: Final = 5
+
+
+class AgentMetrics:
+    """The agent's own series, made with the runtime's factories."""
+
+    def __init__(self, registry: metrics.Metrics) -> None:
+        self.started = registry.counter(
+            "localcache_agent_downloads_started_total", "Download Jobs created by the agent"
+        )
+        self.succeeded = registry.counter(
+            "localcache_agent_downloads_succeeded_total", "Downloads promoted into place"
+        )
+        self.failed = registry.counter(
+            "localcache_agent_downloads_failed_total", "Download Jobs that failed for good"
+        )
+        self.bytes = registry.counter(
+            "localcache_agent_downloaded_bytes_total", "Bytes of the downloads promoted"
+        )
+        self.duration = registry.histogram(
+            "localcache_agent_download_duration_seconds",
+            "Time from a download Job's start to its completion",
+            buckets=(1, 5, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200, 14400),
+        )
+
+
+class Reporter:
+    """Status writes and Events for one node's LocalModelNode."""
+
+    def __init__(
+        self,
+        *,
+        node_name: str,
+        api: launcher.Api,
+        wall_clock: Callable[[], datetime.datetime],
+    ) -> None:
+        self._node_name = node_name
+        self._api = api
+        self._wall = wall_clock
+
+    async def write_status(
+        self, node_obj: dict[str, Any], desired: dict[str, Any]
+    ) -> dict[str, str]:
+        """Patch the owned status fields to `desired` when they differ; returns `modelStatus`
+        as it was just before (from the object the final diff was made against)."""
+        obj = node_obj
+        for _ in range(STATUS_WRITE_ATTEMPTS):
+            current = status.owned(obj.get("status"))
+            before = status.previous_states(current)
+            patch = status.merge_patch(current, desired)
+            if not patch:
+                return before
+            version = (obj.get("metadata") or {}).get("resourceVersion")
+            body = {"metadata": {"resourceVersion": version}, "status": patch}
+            try:
+                await self._api.patch_status(LMN_RESOURCE, self._node_name, body)
+            except errors.Conflict:
+                log.debug("status_conflict_rereading")
+                obj = await self._api.get_status(LMN_RESOURCE, self._node_name)
+                continue
+            log.debug("status_patched", fields=sorted(patch))
+            return before
+        raise errors.Conflict(409, f"LocalModelNode {self._node_name}: status kept changing")
+
+    async def transition(self, node: modelnode.LocalModelNode, change: status.Transition) -> None:
+        """The Event for an entry that became Downloaded or failed."""
+        if change.status is modelnode.ModelStatus.DOWNLOADED:
+            message = f"model {change.status_key} is downloaded"
+            await self.event(node, "Normal", "ModelDownloaded", message)
+        else:
+            message = f"model {change.status_key}: {change.message}"
+            await self.event(node, "Warning", "ModelDownloadFailed", message)
+
+    async def event(
+        self, node: modelnode.LocalModelNode, kind: str, reason: str, message: str
+    ) -> None:
+        now = plan.format_time(self._wall())
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{self._node_name}.", "namespace": EVENT_NAMESPACE},
+            "involvedObject": {
+                "apiVersion": LMN.api_version,
+                "kind": LMN.kind,
+                "name": self._node_name,
+                "uid": node.metadata.uid or "",
+            },
+            "reason": reason,
+            "message": plan.clip(message),
+            "type": kind,
+            "source": {"component": EVENT_SOURCE, "host": self._node_name},
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        try:
+            await self._api.create(kube.EVENTS, event, namespace=EVENT_NAMESPACE)
+        except errors.LocalcacheError as exc:
+            log.warning("event_not_posted", reason=reason, error=str(exc))

@@ -1,0 +1,192 @@
+"""Wiring of the node agent onto a runtime Manager: informers filtered to this node, the
+work queue, the controller and the reconciler.
+
+What the agent watches (all read through informer caches; nothing else is listed):
+- its own LocalModelNode, by field selector `metadata.name=<NODE_NAME>`;
+- its download Jobs, in every namespace, by label selector `node=<node label value>`;
+- LocalModelNodeGroups and (unless disabled) KServe's ClusterStorageContainers;
+- the `inferenceservice-config` ConfigMap in the config namespace (by field selector);
+- LocalModelCaches and LocalModelNamespaceCaches, for `modelSize` (progress percent).
+ServiceAccounts and Secrets are read with GET when a Job is created, never cached.
+
+Events that enqueue the node's key: spec, label or annotation changes of the LocalModelNode
+(status-only changes are ignored: the agent writes status itself), any change of one of its
+Jobs, node groups, storage containers and the ConfigMap. The reconciler requeues itself.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+from localcache.agent import disk, jobs, reconciler, report
+from localcache.api import groupversion
+from localcache.caching import config
+from localcache.runtime import clock as clock_mod
+from localcache.runtime import (
+    controller,
+    handlers,
+    informer,
+    keys,
+    predicates,
+    reflector,
+    store,
+    workqueue,
+)
+from localcache.runtime import kube as kube_mod
+from localcache.runtime import manager as manager_mod
+from localcache.runtime import metrics as metrics_mod
+
+CONTROLLER_NAME: Final = "localmodelnode-agent"
+ENV_NODE_NAME: Final = "NODE_NAME"
+ENV_POD_NAMESPACE: Final = "POD_NAMESPACE"
+ENV_MODELS_ROOT: Final = "LOCALCACHE_MODELS_ROOT"
+ENV_MODELS_HOST_PATH: Final = "LOCALCACHE_MODELS_HOST_PATH"
+
+
+@dataclass(frozen=True, slots=True)
+class AgentSettings:
+    """How one agent runs. `models_root` is where the agent sees the node group's PV
+    (`/mnt/models`); `host_path` is the node directory mounted there, when it differs
+    (compared with the node group's PV path); `job_backoff_limit` is the Jobs' own pod
+    retry count (None: Kubernetes' default, 6); `progress_interval` how often a running
+    download's progress is refreshed, in seconds."""
+
+    node_name: str
+    models_root: Path = disk.DEFAULT_ROOT
+    host_path: str | None = None
+    config_namespace: str = config.DEFAULT_NAMESPACE
+    job_backoff_limit: int | None = None
+    progress_interval: float = 10.0
+    watch_storage_containers: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.node_name:
+            raise ValueError(f"the agent needs its node's name (set {ENV_NODE_NAME})")
+        if self.progress_interval <= 0:
+            raise ValueError("progress_interval must be positive")
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> AgentSettings:
+        """`NODE_NAME`, `POD_NAMESPACE` (config namespace), `LOCALCACHE_MODELS_ROOT` and
+        `LOCALCACHE_MODELS_HOST_PATH` from the environment."""
+        env = os.environ if env is None else env
+        return cls(
+            node_name=env.get(ENV_NODE_NAME, ""),
+            models_root=Path(env.get(ENV_MODELS_ROOT) or disk.DEFAULT_ROOT),
+            host_path=env.get(ENV_MODELS_HOST_PATH) or None,
+            config_namespace=env.get(ENV_POD_NAMESPACE) or config.DEFAULT_NAMESPACE,
+        )
+
+
+def _resource(info: groupversion.KindInfo) -> kube_mod.Resource:
+    return kube_mod.Resource(info.group, info.version, info.plural, info.kind, info.namespaced)
+
+
+def setup(
+    manager: manager_mod.Manager,
+    *,
+    kube: kube_mod.Kube,
+    settings: AgentSettings,
+    metrics: metrics_mod.Metrics,
+    clock: clock_mod.Clock | None = None,
+) -> None:
+    """Register the agent's informers and its controller (no leader election: one agent
+    per node) on `manager`. `metrics` gets the controller, queue and download series."""
+    clock = clock or clock_mod.SystemClock()
+    node = settings.node_name
+
+    def watch(
+        res: kube_mod.Resource,
+        *,
+        namespace: str | None = None,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+    ) -> informer.Informer:
+        source = reflector.ListWatch(
+            kube,
+            res,
+            namespace=namespace,
+            label_selector=label_selector,
+            field_selector=field_selector,
+        )
+        return manager.add_informer(informer.Informer(source, clock=clock))
+
+    nodes = watch(_resource(groupversion.LOCAL_MODEL_NODE), field_selector=f"metadata.name={node}")
+    job_informer = watch(
+        kube_mod.JOBS, label_selector=f"{jobs.LABEL_NODE}={jobs.label_value(node)}"
+    )
+    groups = watch(_resource(groupversion.LOCAL_MODEL_NODE_GROUP))
+    config_maps = watch(
+        kube_mod.CONFIG_MAPS,
+        namespace=settings.config_namespace,
+        field_selector=f"metadata.name={config.CONFIGMAP_NAME}",
+    )
+    caches = watch(_resource(groupversion.LOCAL_MODEL_CACHE))
+    namespace_caches = watch(_resource(groupversion.LOCAL_MODEL_NAMESPACE_CACHE))
+    containers: informer.Informer | None = None
+    if settings.watch_storage_containers:
+        containers = watch(_resource(groupversion.CLUSTER_STORAGE_CONTAINER))
+
+    queue = workqueue.WorkQueue(
+        CONTROLLER_NAME, clock=clock, metrics=metrics.workqueue(CONTROLLER_NAME)
+    )
+    own_key = keys.ObjectKey("", node)
+    nodes.add_handler(
+        handlers.enqueue_self(
+            queue,
+            predicates.any_of(
+                predicates.generation_changed,
+                predicates.labels_changed,
+                predicates.annotations_changed,
+            ),
+        )
+    )
+    job_informer.add_handler(
+        handlers.enqueue_owner(
+            queue,
+            owner_api_version=groupversion.LOCAL_MODEL_NODE.api_version,
+            owner_kind=groupversion.LOCAL_MODEL_NODE.kind,
+            owner_namespaced=False,
+        )
+    )
+    for inf in (groups, config_maps, containers):
+        if inf is not None:
+            inf.add_handler(
+                handlers.enqueue_mapped(
+                    queue, lambda _obj: [own_key], predicates.resource_version_changed
+                )
+            )
+
+    rec = reconciler.Reconciler(
+        node_name=node,
+        api=kube,
+        disk=disk.ModelDisk(settings.models_root, host_path=settings.host_path),
+        stores=reconciler.Stores(
+            nodes=nodes.reader(),
+            jobs=job_informer.reader(),
+            node_groups=groups.reader(),
+            storage_containers=containers.reader() if containers else store.Store().view(),
+            config_maps=config_maps.reader(),
+            caches=caches.reader(),
+            namespace_caches=namespace_caches.reader(),
+        ),
+        agent_metrics=report.AgentMetrics(metrics),
+        config_namespace=settings.config_namespace,
+        clock=clock,
+        job_backoff_limit=settings.job_backoff_limit,
+        progress_interval=settings.progress_interval,
+    )
+    ctl = controller.Controller(
+        CONTROLLER_NAME,
+        rec,
+        queue,
+        clock=clock,
+        workers=1,
+        metrics=metrics.controller(CONTROLLER_NAME),
+    )
+    manager.add_controller(ctl, needs_leader=False)
+    queue.add(own_key)

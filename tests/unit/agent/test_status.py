@@ -1,0 +1,116 @@
+"""The agent's status writes: owned fields, RFC 7386 diffs, summaries and transitions."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from localcache.agent import status
+from localcache.api import modelnode
+
+Progress = modelnode.ModelProgress
+S = modelnode.ModelStatus
+
+
+def _apply(target: Any, patch: Any) -> Any:
+    """RFC 7386 MergePatch, as the apiserver applies it."""
+    if not isinstance(patch, dict):
+        return patch
+    result = copy.deepcopy(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = _apply(result.get(key), value)
+    return result
+
+
+_json = st.recursive(
+    st.one_of(st.booleans(), st.integers(), st.text(max_size=5)),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=3), inner, max_size=3)
+    ),
+    max_leaves=12,
+)
+_objects = st.dictionaries(st.text(max_size=3), _json, max_size=4)
+
+
+@given(_objects, _objects)
+def test_merge_patch_turns_current_into_desired(current: Any, desired: Any) -> None:
+    assert _apply(current, status.merge_patch(current, desired)) == desired
+
+
+@given(_objects)
+def test_no_patch_when_nothing_changed(current: Any) -> None:
+    assert status.merge_patch(current, copy.deepcopy(current)) == {}
+
+
+def test_removed_status_keys_become_null_and_changed_fields_are_diffed() -> None:
+    current = {
+        "modelStatus": {"iris": "ModelDownloading", "gone": "ModelDownloaded"},
+        "modelProgress": {"iris": {"bytesOnDisk": 5, "message": "retrying"}},
+    }
+    desired = {
+        "modelStatus": {"iris": "ModelDownloaded"},
+        "modelProgress": {"iris": {"bytesOnDisk": 9}},
+    }
+    assert status.merge_patch(current, desired) == {
+        "modelStatus": {"iris": "ModelDownloaded", "gone": None},
+        "modelProgress": {"iris": {"bytesOnDisk": 9, "message": None}},
+    }
+
+
+def test_only_owned_fields_are_compared() -> None:
+    current = {"modelStatus": {}, "somethingElse": {"kept": True}, "summary": None}
+    assert status.owned(current) == {"modelStatus": {}}
+    assert status.owned(None) == {}
+
+
+def test_desired_status_has_states_progress_and_summary() -> None:
+    done = status.Outcome(S.DOWNLOADED, Progress(bytes_on_disk=3, percent=100, job_name="j-0"))
+    failed = status.Outcome(S.DOWNLOAD_ERROR, Progress(message="boom"))
+    desired = status.desired_status({"a": done, "ns/b": done, "c": failed})
+    assert desired == {
+        "modelStatus": {
+            "a": "ModelDownloaded",
+            "ns/b": "ModelDownloaded",
+            "c": "ModelDownloadError",
+        },
+        "modelProgress": {
+            "a": {"bytesOnDisk": 3, "percent": 100, "jobName": "j-0"},
+            "ns/b": {"bytesOnDisk": 3, "percent": 100, "jobName": "j-0"},
+            "c": {"message": "boom"},
+        },
+        "summary": {"total": 3, "downloaded": 2, "failed": 1},
+    }
+    assert status.desired_status({}) == {
+        "modelStatus": {},
+        "modelProgress": {},
+        "summary": {"total": 0, "downloaded": 0, "failed": 0},
+    }
+
+
+def test_transitions_are_new_final_states_only() -> None:
+    before = {"a": "ModelDownloaded", "b": "ModelDownloading", "c": "ModelDownloadError"}
+    outcomes = {
+        "a": status.Outcome(S.DOWNLOADED, Progress()),
+        "b": status.Outcome(S.DOWNLOADED, Progress()),
+        "c": status.Outcome(S.DOWNLOAD_PENDING, Progress()),
+        "d": status.Outcome(S.DOWNLOAD_ERROR, Progress(message="no secret")),
+    }
+    assert status.transitions(before, outcomes) == [
+        status.Transition("b", S.DOWNLOADED, ""),
+        status.Transition("d", S.DOWNLOAD_ERROR, "no secret"),
+    ]
+
+
+def test_previous_progress_skips_unreadable_entries() -> None:
+    found = status.previous_progress(
+        {"modelProgress": {"ok": {"jobName": "j-1"}, "bad": {"percent": 400}}}
+    )
+    assert list(found) == ["ok"]
+    assert found["ok"].job_name == "j-1"
+    assert status.previous_states(None) == {}
