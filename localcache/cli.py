@@ -1,10 +1,26 @@
-"""Command line: `localcache controller|agent|run|download`, each with `--help`."""
+"""Command line: `localcache controller|agent|run|download`, each with `--help`.
+
+Flags and their environment variables are defined once in `localcache.settings`.
+"""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import sys
 from collections.abc import Sequence
+
+from localcache import downloader
+from localcache import settings as settings_mod
+
+_DESCRIPTIONS = {
+    "controller": "Run the LocalModelCache and LocalModelNamespaceCache reconcilers and the "
+    "admission webhook server (InferenceService mutation, cache validation).",
+    "agent": "Run the node agent for one node: download Jobs, model folders, per-model status.",
+    "run": "Run controller, webhooks and agent in one process. With a reachable kubeconfig it "
+    "runs against that cluster (the agent only with --node-name); with none it starts a local "
+    "control plane with two demo nodes, applies a sample cache and prints how to watch it.",
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -16,20 +32,57 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    sub.add_parser("controller", help="cache reconcilers + admission webhook server")
-    sub.add_parser("agent", help="per-node agent: download Jobs and model folders")
-    sub.add_parser(
-        "run",
-        help="everything in one process: against the current kubeconfig, or a local control plane",
+    for command in ("controller", "agent", "run"):
+        help_text = _DESCRIPTIONS[command].split(":")[0].split(".")[0]
+        cmd = sub.add_parser(command, help=help_text, description=_DESCRIPTIONS[command])
+        settings_mod.add_arguments(cmd, command)
+        if command == "run":
+            cmd.add_argument(
+                "--local",
+                action="store_true",
+                help="always start a local control plane, even when a kubeconfig is reachable",
+            )
+            cmd.add_argument(
+                "--exit-when-ready",
+                action="store_true",
+                help="(local mode) stop once the sample cache is Ready instead of running on",
+            )
+    download = sub.add_parser(
+        "download",
+        help="download a file:// or http(s):// model URI atomically",
+        description="Download a model URI into a directory; writes are atomic.",
     )
-    sub.add_parser("download", help="download a file:// or http(s):// model URI atomically")
+    downloader.add_arguments(download)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    print(f"localcache {args.command}: not implemented yet", file=sys.stderr)
-    return 2
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "download":
+        return downloader.run(args)
+    try:
+        settings = settings_mod.from_args(args, args.command)
+    except settings_mod.SettingsError as exc:
+        parser.error(str(exc))
+    # Imported here so `--help` and `download` stay fast and light.
+    from localcache import app
+
+    app.configure_logging(settings)
+    try:
+        if args.command == "controller":
+            return asyncio.run(app.run_controller(settings))
+        if args.command == "agent":
+            return asyncio.run(app.run_agent(settings))
+        from localcache import local
+
+        return asyncio.run(
+            local.run(settings, force_local=args.local, exit_when_ready=args.exit_when_ready)
+        )
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:  # start-up failures become an exit code and a one-line log
+        return app.exit_code_for(exc)
 
 
 if __name__ == "__main__":

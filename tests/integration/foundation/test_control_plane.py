@@ -48,7 +48,9 @@ def _widget_crd() -> dict[str, Any]:
 
 
 def _established(plane: ControlPlane, name: str) -> bool:
-    status, body = plane.rest("GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
+    status, body = plane.rest(
+        "GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}"
+    )
     conditions = body.get("status", {}).get("conditions", []) if status == 200 else []
     return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
 
@@ -61,7 +63,9 @@ def widget_crd(control_plane: ControlPlane) -> str:
     )
     assert status in (201, 409), body
     name = str(crd["metadata"]["name"])
-    wait_until_sync(lambda: _established(control_plane, name), timeout=30, what=f"CRD {name} Established")
+    wait_until_sync(
+        lambda: _established(control_plane, name), timeout=30, what=f"CRD {name} Established"
+    )
     # Established is not yet served: the storage may still answer 429 "(re)initializing".
     wait_until_sync(
         lambda: control_plane.rest("GET", f"/apis/{GROUP}/v1/{PLURAL}")[0] == 200,
@@ -97,7 +101,12 @@ async def test_custom_object_is_observed_through_a_kubernetes_asyncio_watch(
                         return
 
         observer = asyncio.create_task(observe(), name="widget-watch")
-        body = {"apiVersion": f"{GROUP}/v1", "kind": "Widget", "metadata": {"name": "w1"}, "spec": {"size": 3}}
+        body = {
+            "apiVersion": f"{GROUP}/v1",
+            "kind": "Widget",
+            "metadata": {"name": "w1"},
+            "spec": {"size": 3},
+        }
         await custom.create_namespaced_custom_object(GROUP, "v1", namespace, PLURAL, body)
         await custom.patch_namespaced_custom_object(
             GROUP,
@@ -130,7 +139,12 @@ async def test_owned_object_is_garbage_collected_after_its_owner_is_deleted(
         "metadata": {
             "name": "dependent",
             "ownerReferences": [
-                {"apiVersion": "v1", "kind": "ConfigMap", "name": "owner", "uid": owner["metadata"]["uid"]}
+                {
+                    "apiVersion": "v1",
+                    "kind": "ConfigMap",
+                    "name": "owner",
+                    "uid": owner["metadata"]["uid"],
+                }
             ],
         },
     }
@@ -182,7 +196,11 @@ async def test_rbac_denies_a_service_account_until_a_role_binding_allows_it(
             "apiVersion": "rbac.authorization.k8s.io/v1",
             "kind": "RoleBinding",
             "metadata": {"name": "pod-reader"},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "pod-reader"},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "Role",
+                "name": "pod-reader",
+            },
             "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": namespace}],
         },
     )

@@ -5,10 +5,19 @@ from __future__ import annotations
 from localcache.runtime.testing.controlplane import ControlPlane
 
 
-def test_restarted_apiserver_keeps_port_and_data(control_plane: ControlPlane, namespace: str) -> None:
+def test_restarted_apiserver_keeps_port_and_data(
+    control_plane: ControlPlane, namespace: str
+) -> None:
     base = f"/api/v1/namespaces/{namespace}/configmaps"
     status, body = control_plane.rest(
-        "POST", base, {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "survivor"}, "data": {"a": "1"}}
+        "POST",
+        base,
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": "survivor"},
+            "data": {"a": "1"},
+        },
     )
     assert status == 201, body
     port = control_plane.api_port

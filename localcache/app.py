@@ -1,0 +1,303 @@
+"""The composition root: builds every component explicitly and runs it under one Manager.
+
+The only module that imports both the framework (`runtime`) and every domain package. Three
+entry points, one per process shape:
+
+- `run_controller`: the cache reconcilers plus the admission server (self-managed
+  certificates by default), behind a Lease when `--leader-elect` is on;
+- `run_agent`: the node agent for `--node-name`;
+- `run_components`: any of them in one process, on one Manager (what `localcache run` uses).
+
+Each returns the Manager's exit code: 0 after a requested stop (SIGTERM/SIGINT), non-zero when
+the lease was lost, a cache did not sync or a component failed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import structlog
+
+from localcache import settings as settings_mod
+from localcache.agent import setup as agent_setup
+from localcache.api import groupversion
+from localcache.caching import config as config_mod
+from localcache.controllers import setup as controllers_setup
+from localcache.runtime import (
+    admission,
+    errors,
+    httpserver,
+    informer,
+    kube,
+    leaderelection,
+    manager,
+    metrics,
+    reflector,
+    store,
+)
+from localcache.runtime import logging as logging_mod
+from localcache.runtime.keys import ObjectKey
+from localcache.webhooks import certs
+from localcache.webhooks import setup as webhooks_setup
+
+_log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class Components:
+    """What one process runs. `agent_nodes` lists (node name, models root) pairs."""
+
+    controller: bool = False
+    webhooks: bool = False
+    agent_nodes: tuple[tuple[str, Path], ...] = ()
+    extra_cert_names: tuple[str, ...] = ()
+
+
+class LiveConfig:
+    """The `inferenceservice-config` in force: re-parsed when the ConfigMap changes; when it
+    is invalid the last good configuration stays in force and the error is logged once per
+    bad version (KServe's defaults apply until a good one was seen)."""
+
+    def __init__(self, reader: store.Reader, key: ObjectKey) -> None:
+        self._reader = reader
+        self._key = key
+        self._version: str | None = None
+        self._config = config_mod.parse_config({})
+        self.error: str | None = None
+
+    def __call__(self) -> config_mod.InferenceServiceConfig:
+        obj = self._reader.get(self._key)
+        version = str(((obj or {}).get("metadata") or {}).get("resourceVersion") or "absent")
+        if version == self._version:
+            return self._config
+        self._version = version
+        try:
+            self._config = config_mod.parse_config((obj or {}).get("data") or {})
+            self.error = None
+            _log.info("config_loaded", configmap=str(self._key), version=version)
+        except config_mod.ConfigError as exc:
+            self.error = str(exc)
+            _log.error(
+                "config_invalid", configmap=str(self._key), error=str(exc), keeps_last_good=True
+            )
+        return self._config
+
+
+class KubeCertStore:
+    """`certs.CertStore` over the Kube client: Secrets and webhook configurations."""
+
+    def __init__(self, client: kube.Kube) -> None:
+        self._kube = client
+
+    async def get_secret(self, namespace: str, name: str) -> dict[str, Any]:
+        return await self._kube.get(kube.SECRETS, name, namespace=namespace)
+
+    async def create_secret(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        return await self._kube.create(kube.SECRETS, body, namespace=namespace)
+
+    async def replace_secret(
+        self, namespace: str, name: str, body: dict[str, Any]
+    ) -> dict[str, Any]:
+        del name  # the body's metadata names the Secret
+        return await self._kube.replace(kube.SECRETS, body, namespace=namespace)
+
+    async def get_webhook_configuration(self, kind: str, name: str) -> dict[str, Any]:
+        return await self._kube.get(_webhook_resource(kind), name)
+
+    async def patch_webhook_configuration(
+        self, kind: str, name: str, ops: list[dict[str, Any]]
+    ) -> dict[str, Any]:
+        return await self._kube.patch(_webhook_resource(kind), name, ops, patch_type="json")
+
+
+def _webhook_resource(kind: str) -> kube.Resource:
+    if kind == "mutating":
+        return kube.MUTATING_WEBHOOK_CONFIGURATIONS
+    return kube.VALIDATING_WEBHOOK_CONFIGURATIONS
+
+
+async def _served(client: kube.Kube, info: groupversion.KindInfo) -> bool:
+    """Whether the apiserver serves `info`'s kind (KServe's ClusterStorageContainer CRD is
+    optional: without it, download Jobs use `storageInitializer.image`)."""
+    res = kube.Resource(info.group, info.version, info.plural, info.kind, info.namespaced)
+    try:
+        await client.list(res, limit=1)
+    except errors.NotFound:
+        _log.info("kind_not_served", kind=info.kind, consequence="not watched")
+        return False
+    return True
+
+
+async def connect(settings: settings_mod.Settings) -> kube.Kube:
+    """The API client: the kubeconfig named in settings, else in-cluster or the current one."""
+    if settings.kubeconfig:
+        return await kube.Kube.from_kubeconfig(settings.kubeconfig)
+    return await kube.Kube.auto()
+
+
+def _config_source(
+    mgr: manager.Manager, client: kube.Kube, settings: settings_mod.Settings
+) -> LiveConfig:
+    inf = mgr.add_informer(
+        informer.Informer(
+            reflector.ListWatch(
+                client,
+                kube.CONFIG_MAPS,
+                namespace=settings.config_namespace,
+                field_selector=f"metadata.name={settings.config_map}",
+            )
+        )
+    )
+    return LiveConfig(inf.reader(), ObjectKey(settings.config_namespace, settings.config_map))
+
+
+@contextlib.asynccontextmanager
+async def _webhook_server(
+    app: Any, cert_manager: certs.CertManager | None, settings: settings_mod.Settings
+) -> AsyncIterator[int]:
+    """Serve the admission app over TLS with hot reload. With self-managed certificates the
+    certificate is ensured first; otherwise cert-manager's files in the cert dir are used."""
+    cert_dir = settings.webhook_cert_dir
+    if cert_manager is not None:
+        await cert_manager.ensure()
+    tls = admission.ReloadableTLS(cert_dir / "tls.crt", cert_dir / "tls.key")
+    if cert_manager is not None:
+
+        def reload(_bundle: certs.CertBundle) -> None:
+            tls.reload()
+
+        cert_manager.on_change = reload
+    async with admission.serve(
+        app, host=settings.bind_address, port=settings.webhook_port, ssl_context=tls.context
+    ) as port:
+        yield port
+
+
+async def run_components(
+    settings: settings_mod.Settings,
+    components: Components,
+    *,
+    client: kube.Kube | None = None,
+    on_manager: Any = None,
+) -> int:
+    """Build the Manager for `components` and run it until stopped; returns the exit code.
+    `on_manager(manager)` is called once everything is registered (used by `localcache run`
+    to add its own runnables)."""
+    own_client = client is None
+    api = client or await connect(settings)
+    try:
+        registry = metrics.Metrics()
+        http = httpserver.HttpServer(
+            host=settings.bind_address, port=settings.metrics_port, metrics=registry
+        )
+        elector = None
+        if components.controller and settings.leader_elect:
+            elector = leaderelection.LeaderElector(
+                api,
+                leaderelection.LeaderElectionConfig(
+                    namespace=settings.config_namespace,
+                    name=settings.lease_name,
+                    identity=settings.identity,
+                ),
+                metrics=registry.leader_election(settings.lease_name),
+            )
+        server = None
+        webhook_cm = None
+        cert_manager: certs.CertManager | None = None
+        if components.webhooks and settings.webhook_port:
+            server = admission.AdmissionServer(metrics=registry)
+            if settings.self_managed_certs:
+                cert_manager = certs.CertManager(
+                    KubeCertStore(api),
+                    certs.CertSettings(
+                        cert_dir=settings.webhook_cert_dir,
+                        namespace=settings.config_namespace,
+                        service_name=settings.webhook_service,
+                        secret_name=settings.webhook_secret,
+                        extra_names=components.extra_cert_names,
+                    ),
+                )
+            webhook_cm = _webhook_server(server.app(), cert_manager, settings)
+        mgr = manager.Manager(
+            http_server=http,
+            webhook_server=webhook_cm,
+            elector=elector,
+            shutdown_timeout=settings.shutdown_timeout,
+        )
+        live_config: LiveConfig | None = None
+        if components.controller or components.webhooks:
+            live_config = _config_source(mgr, api, settings)
+        if components.controller and live_config is not None:
+            controllers_setup.setup(
+                mgr, kube=api, config=live_config, metrics=registry, workers=settings.workers
+            )
+        if server is not None and live_config is not None:
+            source = live_config
+            webhooks_setup.setup(
+                server,
+                mgr,
+                client=api,
+                local_model_enabled=lambda: source().local_model.enabled,
+            )
+            if cert_manager is not None:
+                mgr.add_runnable("webhook-cert-rotation", cert_manager, needs_leader=False)
+        watch_storage_containers = bool(components.agent_nodes) and await _served(
+            api, groupversion.CLUSTER_STORAGE_CONTAINER
+        )
+        for node_name, root in components.agent_nodes:
+            agent_setup.setup(
+                mgr,
+                kube=api,
+                settings=agent_setup.AgentSettings(
+                    node_name=node_name,
+                    models_root=root,
+                    host_path=str(settings.host_models_root)
+                    if settings.host_models_root != settings.models_root
+                    else None,
+                    config_namespace=settings.config_namespace,
+                    watch_storage_containers=watch_storage_containers,
+                ),
+                metrics=registry,
+            )
+        if on_manager is not None:
+            on_manager(mgr)
+        return await mgr.run()
+    finally:
+        if own_client:
+            await api.close()
+
+
+async def run_controller(settings: settings_mod.Settings) -> int:
+    return await run_components(settings, Components(controller=True, webhooks=True))
+
+
+async def run_agent(settings: settings_mod.Settings) -> int:
+    nodes = ((settings.node_name, settings.models_root),)
+    return await run_components(settings, Components(agent_nodes=nodes))
+
+
+def configure_logging(settings: settings_mod.Settings) -> None:
+    renderer: Literal["json", "console"] = "console" if settings.log_format == "console" else "json"
+    logging_mod.configure(level=settings.log_level, renderer=renderer)
+
+
+def exit_code_for(exc: BaseException) -> int:
+    """Map a start-up failure onto an exit code with a one-line log (no traceback for the
+    expected ones: unreachable apiserver, bad kubeconfig)."""
+    if isinstance(exc, errors.TransportError | errors.ApiError):
+        _log.error("startup_failed", error=str(exc))
+        return 1
+    raise exc
+
+
+__all__: Sequence[str] = (
+    "Components",
+    "LiveConfig",
+    "run_agent",
+    "run_components",
+    "run_controller",
+)
