@@ -71,3 +71,10 @@ def test_readme_table_lists_every_flag() -> None:
     for flag in settings.FLAGS:
         assert f"`{flag.flag}`" in table
         assert f"`{flag.env}`" in table
+
+
+def test_readme_carries_the_generated_flag_table() -> None:
+    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
+    assert settings.markdown_table() in readme, (
+        "README.md's flag table is stale: paste `python -m localcache.settings --markdown`"
+    )
