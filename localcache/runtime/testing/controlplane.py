@@ -51,6 +51,8 @@ KCM_CONTROLLERS = (
     "ttl-after-finished-controller",
     "serviceaccount-controller",
     "persistentvolume-binder-controller",
+    "persistentvolume-protection-controller",
+    "persistentvolumeclaim-protection-controller",
     "pod-garbage-collector-controller",
 )
 

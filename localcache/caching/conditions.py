@@ -1,0 +1,230 @@
+"""A cache's status from its member nodes: `nodeStatus`, `copies`, `Ready`/`Degraded`, events.
+
+Pure rules, no I/O. Inputs are the cache's current member nodes (with readiness) and the
+download state its status key has on each node's LocalModelNode.
+
+- `nodeStatus` has exactly one entry per current member node [P7]: `NodeNotReady` for a
+  node that is not Ready, whatever it had before [P8]; otherwise the LocalModelNode's
+  state mapped one to one (missing or unknown → `NodeDownloadPending`).
+- `copies` counts over those entries only: `total` members, `available` downloaded, `failed`
+  download errors. All three are written, zeros included.
+- Conditions (metav1.Condition shape): `Ready` is True when there is at least one member,
+  every member has the model and no node group is missing. `Degraded` is True when a node
+  group is missing [P5] or some download failed. `lastTransitionTime` changes only when a
+  condition's status changes; reason and message may change without it.
+- `events` lists what deserves a Kubernetes Event when the status moves from `old` to `new`:
+  a node finishing or failing its download, and `Ready`/`Degraded` changing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Final, Literal
+
+from localcache.api import meta, modelcache, modelnode
+
+NodeStatus = modelcache.NodeStatus
+ModelStatus = modelnode.ModelStatus
+
+READY: Final = modelcache.CONDITION_READY
+DEGRADED: Final = modelcache.CONDITION_DEGRADED
+
+# Reasons (CamelCase, as metav1.Condition requires).
+REASON_DOWNLOADED: Final = "ModelDownloaded"
+REASON_NODE_GROUP_NOT_FOUND: Final = "NodeGroupNotFound"
+REASON_NO_NODES: Final = "NoMemberNodes"
+REASON_DOWNLOAD_FAILED: Final = "DownloadFailed"
+REASON_NODES_NOT_READY: Final = "NodesNotReady"
+REASON_DOWNLOADING: Final = "DownloadInProgress"
+REASON_AS_EXPECTED: Final = "AsExpected"
+
+MAX_NAMES_IN_MESSAGE: Final = 5
+
+_FROM_MODEL_STATUS: Final = {
+    ModelStatus.DOWNLOAD_PENDING: NodeStatus.DOWNLOAD_PENDING,
+    ModelStatus.DOWNLOADING: NodeStatus.DOWNLOADING,
+    ModelStatus.DOWNLOADED: NodeStatus.DOWNLOADED,
+    ModelStatus.DOWNLOAD_ERROR: NodeStatus.DOWNLOAD_ERROR,
+}
+
+
+def node_status(*, ready: bool, model_status: str | None) -> NodeStatus:
+    """One member node's entry in `status.nodeStatus`."""
+    if not ready:
+        return NodeStatus.NOT_READY
+    try:
+        return _FROM_MODEL_STATUS.get(ModelStatus(model_status or ""), NodeStatus.DOWNLOAD_PENDING)
+    except ValueError:
+        return NodeStatus.DOWNLOAD_PENDING
+
+
+def copies(statuses: Mapping[str, NodeStatus]) -> modelcache.ModelCopies:
+    values = list(statuses.values())
+    return modelcache.ModelCopies(
+        total=len(values),
+        available=values.count(NodeStatus.DOWNLOADED),
+        failed=values.count(NodeStatus.DOWNLOAD_ERROR),
+    )
+
+
+def _names(names: Sequence[str]) -> str:
+    shown = ", ".join(names[:MAX_NAMES_IN_MESSAGE])
+    extra = len(names) - MAX_NAMES_IN_MESSAGE
+    return f"{shown} and {extra} more" if extra > 0 else shown
+
+
+def _with(statuses: Mapping[str, NodeStatus], wanted: NodeStatus) -> list[str]:
+    return sorted(node for node, state in statuses.items() if state == wanted)
+
+
+def _group_message(missing: Sequence[str]) -> str:
+    noun = "node group" if len(missing) == 1 else "node groups"
+    return f"{noun} {_names(missing)} not found"
+
+
+def _ready(statuses: Mapping[str, NodeStatus], missing: Sequence[str]) -> tuple[bool, str, str]:
+    total = len(statuses)
+    downloaded = len(_with(statuses, NodeStatus.DOWNLOADED))
+    if missing:
+        return False, REASON_NODE_GROUP_NOT_FOUND, _group_message(missing)
+    if total == 0:
+        return False, REASON_NO_NODES, "no node belongs to the cache's node groups"
+    if downloaded == total:
+        return True, REASON_DOWNLOADED, f"model downloaded on all {total} member nodes"
+    progress = f"model downloaded on {downloaded} of {total} member nodes"
+    failed = _with(statuses, NodeStatus.DOWNLOAD_ERROR)
+    if failed:
+        return False, REASON_DOWNLOAD_FAILED, f"{progress}; download failed on {_names(failed)}"
+    not_ready = _with(statuses, NodeStatus.NOT_READY)
+    if not_ready:
+        return False, REASON_NODES_NOT_READY, f"{progress}; not ready: {_names(not_ready)}"
+    return False, REASON_DOWNLOADING, progress
+
+
+def _degraded(statuses: Mapping[str, NodeStatus], missing: Sequence[str]) -> tuple[bool, str, str]:
+    failed = _with(statuses, NodeStatus.DOWNLOAD_ERROR)
+    parts = []
+    if missing:
+        parts.append(_group_message(missing))
+    if failed:
+        parts.append(f"download failed on {_names(failed)}")
+    if not parts:
+        return False, REASON_AS_EXPECTED, "no download failed and every node group exists"
+    reason = REASON_NODE_GROUP_NOT_FOUND if missing else REASON_DOWNLOAD_FAILED
+    return True, reason, "; ".join(parts)
+
+
+def set_condition(
+    previous: Sequence[meta.Condition],
+    *,
+    type_: str,
+    status: bool,
+    reason: str,
+    message: str,
+    generation: int | None,
+    now: str,
+) -> meta.Condition:
+    """The condition to write: `lastTransitionTime` kept when the status did not change
+    (apimachinery's `SetStatusCondition`)."""
+    new_status = meta.ConditionStatus.TRUE if status else meta.ConditionStatus.FALSE
+    old = next((c for c in previous if c.type == type_), None)
+    since = old.last_transition_time if old is not None and old.status == new_status else now
+    return meta.Condition(
+        type=type_,
+        status=new_status,
+        observed_generation=generation,
+        last_transition_time=since,
+        reason=reason,
+        message=message,
+    )
+
+
+def conditions(
+    statuses: Mapping[str, NodeStatus],
+    *,
+    missing_groups: Sequence[str],
+    previous: Sequence[meta.Condition] | None,
+    generation: int | None,
+    now: str,
+) -> list[meta.Condition]:
+    """`Ready` then `Degraded`, followed by any other condition types already present."""
+    prior = list(previous or [])
+    out = []
+    for type_, (status, reason, message) in (
+        (READY, _ready(statuses, missing_groups)),
+        (DEGRADED, _degraded(statuses, missing_groups)),
+    ):
+        out.append(
+            set_condition(
+                prior,
+                type_=type_,
+                status=status,
+                reason=reason,
+                message=message,
+                generation=generation,
+                now=now,
+            )
+        )
+    out.extend(c for c in prior if c.type not in (READY, DEGRADED))
+    return out
+
+
+# ------------------------------------------------------------------------ events
+
+
+@dataclass(frozen=True, slots=True)
+class EventSpec:
+    """A Kubernetes Event to record on the cache."""
+
+    type: Literal["Normal", "Warning"]
+    reason: str
+    message: str
+
+
+def _status_of(conds: Sequence[meta.Condition], type_: str) -> meta.Condition | None:
+    return next((c for c in conds if c.type == type_), None)
+
+
+def events(
+    *,
+    old_nodes: Mapping[str, NodeStatus],
+    new_nodes: Mapping[str, NodeStatus],
+    old_conditions: Sequence[meta.Condition],
+    new_conditions: Sequence[meta.Condition],
+    failure_messages: Mapping[str, str] | None = None,
+) -> list[EventSpec]:
+    """Events for a status change: downloads completed or failed on a node (only when the
+    node's state changed to that), and `Ready`/`Degraded` transitions. `failure_messages`
+    (node → text) adds the agent's reason to a failure event."""
+    out: list[EventSpec] = []
+    details = failure_messages or {}
+    for node in sorted(new_nodes):
+        state = new_nodes[node]
+        if old_nodes.get(node) == state:
+            continue
+        if state == NodeStatus.DOWNLOADED:
+            out.append(EventSpec("Normal", REASON_DOWNLOADED, f"model downloaded on node {node}"))
+        elif state == NodeStatus.DOWNLOAD_ERROR:
+            text = f"model download failed on node {node}"
+            if details.get(node):
+                text += f": {details[node]}"
+            out.append(EventSpec("Warning", REASON_DOWNLOAD_FAILED, text))
+    for type_ in (READY, DEGRADED):
+        old = _status_of(old_conditions, type_)
+        new = _status_of(new_conditions, type_)
+        if new is None or (old is not None and old.status == new.status):
+            continue
+        if old is None and new.status != meta.ConditionStatus.TRUE:
+            continue  # the first status of a new cache is not news
+        kind, reason = _TRANSITION_EVENTS[(type_, new.status == meta.ConditionStatus.TRUE)]
+        out.append(EventSpec(kind, reason, f"{new.reason}: {new.message}"))
+    return out
+
+
+_TRANSITION_EVENTS: Final[dict[tuple[str, bool], tuple[Literal["Normal", "Warning"], str]]] = {
+    (READY, True): ("Normal", "Ready"),
+    (READY, False): ("Warning", "NotReady"),
+    (DEGRADED, True): ("Warning", "Degraded"),
+    (DEGRADED, False): ("Normal", "Recovered"),
+}

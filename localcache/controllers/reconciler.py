@@ -1,0 +1,246 @@
+"""The cache reconciler: one implementation for both cache kinds, parameterised by a Scope.
+
+A reconcile of cache C (level-based, reading informer stores, writing only what differs):
+
+1. C gone → nothing. C being deleted → finalize (below) and stop.
+2. Add the finalizer if missing (merge patch guarded by resourceVersion).
+3. LocalModelNodes: every member node of C's groups, and every node whose LocalModelNode
+   still lists C, gets its desired entry list (`nodes.LocalModelNodes`: the list covers all
+   caches and is computed at write time).
+4. Volumes: the download pair per existing group and, when InferenceServices are watched and
+   `disableVolumeManagement` is off, a serving pair per (ISVC namespace, node group)
+   (`volumes.reconcile_volumes`).
+5. Status: `nodeStatus`, `copies`, `conditions` and `inferenceServices`, patched only when
+   they differ; Events for downloads completed or failed and condition changes.
+Failures of steps 3 and 4 do not stop the others; the first is raised at the end (retry with
+backoff), after the status was written.
+
+Finalize (C has a deletionTimestamp and our finalizer): wait for LocalModelNode writes in
+flight, then remove C's entry from every LocalModelNode found by a fresh LIST (so entries
+written moments ago are not missed; entries on nodes no longer known are dropped alone);
+delete C's ownerless PVs (namespace caches); then remove the finalizer, only if all of that
+succeeded. Nothing here needs C's node groups to exist [P5]. Owned PVCs (and a cluster
+cache's PVs) go through garbage collection.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pydantic
+import structlog
+
+from localcache.api import inferenceservice, modelcache
+from localcache.caching import conditions, placement
+from localcache.controllers import nodes, scope, state, status, volumes
+from localcache.runtime import errors, reconcile
+from localcache.runtime import keys as runtime_keys
+
+_log = structlog.get_logger(__name__)
+
+Obj = dict[str, Any]
+
+
+def serving_pairs(cache: scope.CacheModel, isvcs: list[Obj]) -> set[tuple[str, str]]:
+    """(ISVC namespace, node group) for each InferenceService: its `serving.kserve.io/
+    nodegroup` annotation when that is one of the cache's groups, else the first group."""
+    pairs = set()
+    for isvc in isvcs:
+        meta = isvc.get("metadata") or {}
+        wanted = (meta.get("annotations") or {}).get(inferenceservice.NODE_GROUP_ANNOTATION)
+        if wanted and wanted not in cache.spec.node_groups:
+            _log.info("isvc_node_group_not_in_cache", isvc=meta.get("name"), node_group=wanted)
+            continue
+        pairs.add((str(meta.get("namespace") or ""), wanted or cache.spec.node_groups[0]))
+    return pairs
+
+
+def _tracked(isvcs: list[Obj]) -> list[Obj]:
+    refs = {
+        (
+            str((i.get("metadata") or {}).get("namespace")),
+            str((i.get("metadata") or {}).get("name")),
+        )
+        for i in isvcs
+    }
+    return [{"namespace": ns, "name": name} for ns, name in sorted(refs)]
+
+
+class CacheReconciler:
+    """Reconciles one cache kind (see the module docstring)."""
+
+    def __init__(
+        self,
+        sc: scope.Scope,
+        *,
+        api: state.Api,
+        reader: state.StateReader,
+        config: state.ConfigSource,
+        recorder: status.EventRecorder,
+        writer: nodes.LocalModelNodes,
+        now: Callable[[], str] = status.now_rfc3339,
+    ) -> None:
+        self.scope = sc
+        self._api = api
+        self._reader = reader
+        self._stores = reader.stores
+        self._config = config
+        self._recorder = recorder
+        self._now = now
+        self._nodes = writer
+
+    async def reconcile(self, key: runtime_keys.ObjectKey) -> reconcile.Result:
+        raw = self.scope.store(self._stores).get(key)
+        if raw is None:
+            return reconcile.Result()
+        try:
+            cache = self.scope.parse(raw)
+        except pydantic.ValidationError as exc:
+            raise errors.TerminalError(f"{self.scope.kind.kind} {key} is invalid: {exc}") from exc
+        if cache.metadata.deletion_timestamp:
+            await self._finalize(cache)
+            return reconcile.Result()
+        await self._ensure_finalizer(cache)
+        cfg = self._config().local_model
+        snap = self._reader.snapshot()
+        members = snap.members(cache.spec.node_groups)
+        failures: list[errors.LocalcacheError] = []
+        try:
+            await self._sync_nodes(cache, snap, members)
+        except errors.LocalcacheError as exc:
+            failures.append(exc)
+        manage_serving = (
+            self._stores.inference_services is not None and not cfg.disable_volume_management
+        )
+        isvcs = self.scope.isvcs_of(self._stores, cache)
+        pairs = volumes.plan(
+            self.scope,
+            cache,
+            groups=snap.groups,
+            serving=serving_pairs(cache, isvcs) if manage_serving else (),
+            job_namespace=cfg.job_namespace,
+        )
+        try:
+            await volumes.reconcile_volumes(
+                self._api,
+                stores=self._stores,
+                owner=self.scope.owner_id(cache),
+                pairs=pairs,
+                manage_serving=manage_serving,
+            )
+        except errors.LocalcacheError as exc:
+            failures.append(exc)
+        await self._write_status(raw, cache, snap, members, isvcs)
+        if failures:
+            raise failures[0]
+        return reconcile.Result()
+
+    # ------------------------------------------------------------------- steps
+
+    async def _ensure_finalizer(self, cache: scope.CacheModel) -> None:
+        finalizers = list(cache.metadata.finalizers or [])
+        if self.scope.finalizer in finalizers:
+            return
+        await self._api.patch(
+            self.scope.resource,
+            cache.name,
+            {
+                "metadata": {
+                    "finalizers": [*finalizers, self.scope.finalizer],
+                    "resourceVersion": cache.metadata.resource_version,
+                }
+            },
+            namespace=cache.namespace or None,
+        )
+        _log.info("finalizer_added")
+
+    def _lmn(self, name: str) -> Obj | None:
+        return self._stores.local_model_nodes.get(runtime_keys.ObjectKey("", name))
+
+    async def _sync_nodes(
+        self, cache: scope.CacheModel, snap: placement.Snapshot, members: dict[str, str]
+    ) -> None:
+        key = self.scope.status_key(cache)
+        holders = {
+            state.name_of(o) for o in self._stores.local_model_nodes.by_index(state.BY_ENTRY, key)
+        }
+        await self._nodes.sync(set(members) | holders, snap)
+
+    async def _write_status(
+        self,
+        raw: Obj,
+        cache: scope.CacheModel,
+        snap: placement.Snapshot,
+        members: dict[str, str],
+        isvcs: list[Obj],
+    ) -> None:
+        key = self.scope.status_key(cache)
+        node_status: dict[str, conditions.NodeStatus] = {}
+        failure_messages: dict[str, str] = {}
+        for node in sorted(members):
+            node_obj = self._lmn(node)
+            lmn_status = (node_obj or {}).get("status") or {}
+            node_status[node] = conditions.node_status(
+                ready=snap.is_ready(node),
+                model_status=(lmn_status.get("modelStatus") or {}).get(key),
+            )
+            progress = (lmn_status.get("modelProgress") or {}).get(key) or {}
+            if progress.get("message"):
+                failure_messages[node] = str(progress["message"])
+        old = cache.status or modelcache.LocalModelCacheStatus()
+        conds = conditions.conditions(
+            node_status,
+            missing_groups=snap.missing_groups(cache.spec.node_groups),
+            previous=old.conditions,
+            generation=cache.metadata.generation,
+            now=self._now(),
+        )
+        desired: Obj = {
+            "nodeStatus": {node: str(state_) for node, state_ in node_status.items()},
+            "copies": conditions.copies(node_status).to_dict(),
+            "conditions": [c.to_dict() for c in conds],
+        }
+        if self._stores.inference_services is not None:
+            desired["inferenceServices"] = _tracked(isvcs)
+        if not await status.write_status(self._api, self.scope, current=raw, desired=desired):
+            return
+        for event in conditions.events(
+            old_nodes=old.node_status or {},
+            new_nodes=node_status,
+            old_conditions=old.conditions or [],
+            new_conditions=conds,
+            failure_messages=failure_messages,
+        ):
+            await self._recorder.record(self.scope, cache, event)
+
+    async def _finalize(self, cache: scope.CacheModel) -> None:
+        finalizers = list(cache.metadata.finalizers or [])
+        if self.scope.finalizer not in finalizers:
+            return
+        key = self.scope.status_key(cache)
+        await self._nodes.settled()
+        listed = await self._api.list(state.LOCAL_MODEL_NODES)
+        holders = [o for o in listed.items if key in state.index_entries(o)]
+        snap = self._reader.snapshot()
+        present = {state.name_of(o): o for o in holders if state.name_of(o) in snap.nodes}
+        await self._nodes.sync(present, snap, listed=present)
+        for orphan in holders:
+            if state.name_of(orphan) not in snap.nodes:
+                await self._nodes.drop_entry(orphan, (cache.namespace, cache.name))
+        if not self.scope.pvs_owned:
+            await volumes.delete_pvs(
+                self._api, volumes.ownerless_pvs(self.scope, cache, stores=self._stores)
+            )
+        await self._api.patch(
+            self.scope.resource,
+            cache.name,
+            {
+                "metadata": {
+                    "finalizers": [f for f in finalizers if f != self.scope.finalizer],
+                    "resourceVersion": cache.metadata.resource_version,
+                }
+            },
+            namespace=cache.namespace or None,
+        )
+        _log.info("finalizer_removed")

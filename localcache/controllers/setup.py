@@ -1,0 +1,366 @@
+"""Wiring of the cache controllers on a runtime Manager: informers, indexes, watches, mappings.
+
+`setup(manager, kube=..., config=..., metrics=...)` registers one informer per resource read
+(both cache kinds, LocalModelNodes, LocalModelNodeGroups, Nodes, PVs, PVCs and, unless
+`disableVolumeManagement` is on at start-up, InferenceServices) and three controllers:
+`localmodelcache`, `localmodelnamespacecache` (the shared `CacheReconciler` with each
+kind's Scope) and `localmodelnodegroup` (group usage). Each cache controller is fed by:
+
+    event source          passes when                              enqueues
+    its own kind          added, deleted, generation/finalizers/   the cache
+                          deletionTimestamp changed
+    Node                  added, deleted, labels or Ready changed  caches of EVERY group the
+                                                                   node matches, before or
+                                                                   after the change [P6]
+    LocalModelNode        deleted, status changed                  caches named by its status
+                                                                   keys and entries
+    InferenceService      added, deleted, localmodel labels or     the cache its labels name
+                          node-group annotation changed [P12]      (old and new)
+    PV, PVC               deleted, turned Released/Failed/Lost,    the owning cache (our
+                          deletion started                         annotation or ownerRef)
+    LocalModelNodeGroup   added, deleted, spec changed             caches listing the group
+
+Status-only changes of a cache do not trigger it (its own status writes would loop).
+`CacheControllers.resync()` enqueues every cache and group, the "forced resync".
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from localcache.api import inferenceservice
+from localcache.caching import config as config_mod
+from localcache.caching import placement
+from localcache.controllers import (
+    clustercache,
+    namespacecache,
+    nodegroups,
+    nodes,
+    reconciler,
+    scope,
+    state,
+    status,
+    volumes,
+)
+from localcache.runtime import clock as clock_mod
+from localcache.runtime import (
+    controller,
+    handlers,
+    informer,
+    keys,
+    manager,
+    metrics,
+    predicates,
+    reconcile,
+    reflector,
+    workqueue,
+)
+from localcache.runtime import kube as kube_api
+
+Obj = dict[str, Any]
+DEFAULT_WORKERS = 2
+
+
+@dataclass(frozen=True)
+class CacheControllers:
+    """What `setup` registered, for the composition root and tests."""
+
+    cluster: controller.Controller
+    namespaced: controller.Controller
+    node_groups: controller.Controller
+    informers: dict[str, informer.Informer]
+    stores: state.Stores
+
+    def resync(self) -> int:
+        """Enqueue every cache of both kinds and every node group; returns how many keys."""
+        count = 0
+        for ctl, reader in (
+            (self.cluster, self.stores.caches),
+            (self.namespaced, self.stores.namespace_caches),
+            (self.node_groups, self.stores.node_groups),
+        ):
+            for key in list(reader.keys()):  # a Reader, not a dict
+                ctl.queue.add(key)
+                count += 1
+        return count
+
+
+# ------------------------------------------------------------------------ predicates
+
+
+def _meta(obj: Obj) -> dict[str, Any]:
+    return obj.get("metadata") or {}
+
+
+def _cache_changed(old: Obj, new: Obj) -> bool:
+    a, b = _meta(old), _meta(new)
+    return any(a.get(f) != b.get(f) for f in ("generation", "deletionTimestamp", "finalizers"))
+
+
+def _spec_changed(old: Obj, new: Obj) -> bool:
+    return old.get("spec") != new.get("spec") or _cache_changed(old, new)
+
+
+def _ready(node: Obj) -> bool:
+    return placement.node_is_ready(node)
+
+
+def _node_changed(old: Obj, new: Obj) -> bool:
+    return _meta(old).get("labels") != _meta(new).get("labels") or _ready(old) != _ready(new)
+
+
+def _isvc_changed(old: Obj, new: Obj) -> bool:
+    def relevant(obj: Obj) -> tuple[Any, ...]:
+        labels = _meta(obj).get("labels") or {}
+        annotations = _meta(obj).get("annotations") or {}
+        return (
+            labels.get(inferenceservice.LOCAL_MODEL_LABEL),
+            labels.get(inferenceservice.LOCAL_MODEL_NAMESPACE_LABEL),
+            annotations.get(inferenceservice.NODE_GROUP_ANNOTATION),
+        )
+
+    return relevant(old) != relevant(new)
+
+
+def _volume_changed(old: Obj, new: Obj) -> bool:
+    """A PV/PVC turned broken (Released, Failed, Lost) or started terminating."""
+    phase = (new.get("status") or {}).get("phase")
+    broke = phase != (old.get("status") or {}).get("phase") and phase in _BROKEN_PHASES
+    deleting = bool(_meta(new).get("deletionTimestamp"))
+    return broke or deleting != bool(_meta(old).get("deletionTimestamp"))
+
+
+_BROKEN_PHASES = volumes.BROKEN_PV_PHASES | volumes.BROKEN_PVC_PHASES
+
+
+def _lmn_changed(old: Obj, new: Obj) -> bool:
+    return old.get("status") != new.get("status")
+
+
+# ------------------------------------------------------------------------ transforms
+
+
+def _slim_node(obj: Obj) -> Obj:
+    """Nodes carry large statuses (images, addresses); we need labels and conditions."""
+    meta = _meta(obj)
+    conditions = (obj.get("status") or {}).get("conditions") or []
+    return {
+        "apiVersion": obj.get("apiVersion"),
+        "kind": obj.get("kind"),
+        "metadata": {k: meta[k] for k in ("name", "uid", "resourceVersion", "labels") if k in meta},
+        "status": {"conditions": [c for c in conditions if c.get("type") == "Ready"]},
+    }
+
+
+def _metadata_only(obj: Obj) -> Obj:
+    meta = dict(_meta(obj))
+    meta.pop("managedFields", None)
+    return {"apiVersion": obj.get("apiVersion"), "kind": obj.get("kind"), "metadata": meta}
+
+
+# ------------------------------------------------------------------------ mappings
+
+
+def _map_node(sc: scope.Scope, reader: state.StateReader) -> handlers.MapFunc:
+    def keys_of(node: Obj) -> list[keys.ObjectKey]:
+        caches = sc.store(reader.stores)
+        found: list[keys.ObjectKey] = []
+        for group in placement.groups_of(node, reader.groups()):
+            found.extend(keys.ObjectKey.of(c) for c in caches.by_index(state.BY_NODE_GROUP, group))
+        return found
+
+    return keys_of
+
+
+def _map_lmn(sc: scope.Scope) -> handlers.MapFunc:
+    def keys_of(lmn: Obj) -> list[keys.ObjectKey]:
+        status_keys = set(((lmn.get("status") or {}).get("modelStatus") or {}).keys())
+        status_keys.update(state.index_entries(lmn))
+        return [k for sk in status_keys if (k := sc.key_of_status_key(sk)) is not None]
+
+    return keys_of
+
+
+def _map_isvc(sc: scope.Scope) -> handlers.MapFunc:
+    def keys_of(isvc: Obj) -> list[keys.ObjectKey]:
+        key = sc.cache_key_of_isvc(isvc)
+        return [key] if key is not None else []
+
+    return keys_of
+
+
+def _map_volume(sc: scope.Scope) -> handlers.MapFunc:
+    def keys_of(obj: Obj) -> list[keys.ObjectKey]:
+        return [k for o in state.index_owner(obj) if (k := sc.key_of_owner_id(o)) is not None]
+
+    return keys_of
+
+
+def _map_group(sc: scope.Scope, reader: state.StateReader) -> handlers.MapFunc:
+    def keys_of(group: Obj) -> list[keys.ObjectKey]:
+        name = str(_meta(group).get("name") or "")
+        caches = sc.store(reader.stores).by_index(state.BY_NODE_GROUP, name)
+        return [keys.ObjectKey.of(c) for c in caches]
+
+    return keys_of
+
+
+def _groups_of_cache(cache: Obj) -> Iterable[keys.ObjectKey]:
+    return [keys.ObjectKey("", g) for g in state.index_node_groups(cache)]
+
+
+# ------------------------------------------------------------------------ setup
+
+
+def _informer(
+    client: kube_api.Kube,
+    res: kube_api.Resource,
+    clock: clock_mod.Clock,
+    *,
+    indexers: Any = None,
+    transform: Callable[[Obj], Obj] | None = informer.strip_managed_fields,
+) -> informer.Informer:
+    return informer.Informer(
+        reflector.ListWatch(client, res), clock=clock, indexers=indexers, transform=transform
+    )
+
+
+def _controller(
+    name: str,
+    rec: reconcile.Reconciler,
+    *,
+    clock: clock_mod.Clock,
+    workers: int,
+    registry: metrics.Metrics,
+) -> controller.Controller:
+    queue = workqueue.WorkQueue(name, clock=clock, metrics=registry.workqueue(name))
+    return controller.Controller(
+        name, rec, queue, clock=clock, workers=workers, metrics=registry.controller(name)
+    )
+
+
+def setup(
+    manager: manager.Manager,
+    *,
+    kube: kube_api.Kube,
+    config: config_mod.InferenceServiceConfig | state.ConfigSource,
+    metrics: metrics.Metrics,
+    clock: clock_mod.Clock | None = None,
+    workers: int = DEFAULT_WORKERS,
+) -> CacheControllers:
+    """Register the informers and the cache controllers on `manager` (module docstring).
+    `config` is the configuration or a function returning the one in force."""
+    clk = clock or clock_mod.SystemClock()
+    source: state.ConfigSource = (
+        (lambda: config) if isinstance(config, config_mod.InferenceServiceConfig) else config
+    )
+    watch_isvcs = not source().local_model.disable_volume_management
+    informers = {
+        "caches": _informer(kube, state.LOCAL_MODEL_CACHES, clk, indexers=state.CACHE_INDEXERS),
+        "namespace_caches": _informer(
+            kube, state.LOCAL_MODEL_NAMESPACE_CACHES, clk, indexers=state.CACHE_INDEXERS
+        ),
+        "local_model_nodes": _informer(
+            kube, state.LOCAL_MODEL_NODES, clk, indexers=state.LOCAL_MODEL_NODE_INDEXERS
+        ),
+        "node_groups": _informer(kube, state.LOCAL_MODEL_NODE_GROUPS, clk),
+        "nodes": _informer(kube, kube_api.NODES, clk, transform=_slim_node),
+        "persistent_volumes": _informer(
+            kube, kube_api.PERSISTENT_VOLUMES, clk, indexers=state.VOLUME_INDEXERS
+        ),
+        "persistent_volume_claims": _informer(
+            kube, kube_api.PERSISTENT_VOLUME_CLAIMS, clk, indexers=state.VOLUME_INDEXERS
+        ),
+    }
+    if watch_isvcs:
+        informers["inference_services"] = _informer(
+            kube,
+            state.INFERENCE_SERVICES,
+            clk,
+            indexers=state.ISVC_INDEXERS,
+            transform=_metadata_only,
+        )
+    for inf in informers.values():
+        manager.add_informer(inf)
+    stores = state.Stores(
+        caches=informers["caches"].reader(),
+        namespace_caches=informers["namespace_caches"].reader(),
+        nodes=informers["nodes"].reader(),
+        local_model_nodes=informers["local_model_nodes"].reader(),
+        node_groups=informers["node_groups"].reader(),
+        persistent_volumes=informers["persistent_volumes"].reader(),
+        persistent_volume_claims=informers["persistent_volume_claims"].reader(),
+        inference_services=(informers["inference_services"].reader() if watch_isvcs else None),
+    )
+    reader = state.StateReader(stores)
+    recorder = status.EventRecorder(kube, instance=socket.gethostname())
+    writer = nodes.LocalModelNodes(kube, store=stores.local_model_nodes, snapshot=reader.snapshot)
+    built: dict[str, controller.Controller] = {}
+    for sc, own in (
+        (clustercache.SCOPE, informers["caches"]),
+        (namespacecache.SCOPE, informers["namespace_caches"]),
+    ):
+        rec = reconciler.CacheReconciler(
+            sc, api=kube, reader=reader, config=source, recorder=recorder, writer=writer
+        )
+        ctl = _controller(sc.name, rec, clock=clk, workers=workers, registry=metrics)
+        _wire_cache_controller(sc, ctl.queue, informers, reader)
+        own.add_handler(handlers.enqueue_self(ctl.queue, predicates.funcs(updated=_cache_changed)))
+        built[sc.name] = manager.add_controller(ctl)
+    usage = _controller(
+        "localmodelnodegroup",
+        nodegroups.NodeGroupUsageReconciler(api=kube, reader=reader),
+        clock=clk,
+        workers=1,
+        registry=metrics,
+    )
+    informers["node_groups"].add_handler(
+        handlers.enqueue_self(usage.queue, predicates.funcs(updated=_spec_changed))
+    )
+    for name in ("caches", "namespace_caches"):
+        informers[name].add_handler(
+            handlers.enqueue_mapped(
+                usage.queue, _groups_of_cache, predicates.funcs(updated=_spec_changed)
+            )
+        )
+    manager.add_controller(usage)
+    return CacheControllers(
+        cluster=built[clustercache.SCOPE.name],
+        namespaced=built[namespacecache.SCOPE.name],
+        node_groups=usage,
+        informers=informers,
+        stores=stores,
+    )
+
+
+def _wire_cache_controller(
+    sc: scope.Scope,
+    queue: workqueue.WorkQueue,
+    informers: dict[str, informer.Informer],
+    reader: state.StateReader,
+) -> None:
+    fn = predicates.funcs
+    informers["nodes"].add_handler(
+        handlers.enqueue_mapped(queue, _map_node(sc, reader), fn(updated=_node_changed))
+    )
+    informers["local_model_nodes"].add_handler(
+        handlers.enqueue_mapped(
+            queue, _map_lmn(sc), fn(added=lambda _: False, updated=_lmn_changed)
+        )
+    )
+    informers["node_groups"].add_handler(
+        handlers.enqueue_mapped(queue, _map_group(sc, reader), fn(updated=_spec_changed))
+    )
+    for name in ("persistent_volumes", "persistent_volume_claims"):
+        informers[name].add_handler(
+            handlers.enqueue_mapped(
+                queue, _map_volume(sc), fn(added=lambda _: False, updated=_volume_changed)
+            )
+        )
+    if "inference_services" in informers:
+        informers["inference_services"].add_handler(
+            handlers.enqueue_mapped(queue, _map_isvc(sc), fn(updated=_isvc_changed))
+        )

@@ -1,0 +1,138 @@
+"""What differs between the two cache kinds: names, keys, owners, InferenceService matching."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from localcache.api import inferenceservice, modelcache
+from localcache.controllers import clustercache, namespacecache, reconciler, state
+from localcache.runtime.keys import ObjectKey
+
+SPEC = {"sourceModelUri": "s3://b/m", "modelSize": "1Gi", "nodeGroups": ["gpu1", "gpu2"]}
+
+
+def _cluster() -> modelcache.LocalModelCache:
+    return modelcache.LocalModelCache.from_dict(
+        {"metadata": {"name": "iris", "uid": "u1"}, "spec": SPEC}
+    )
+
+
+def _namespaced() -> modelcache.LocalModelNamespaceCache:
+    return modelcache.LocalModelNamespaceCache.from_dict(
+        {"metadata": {"name": "iris", "namespace": "team", "uid": "u2"}, "spec": SPEC}
+    )
+
+
+def _isvc(namespace: str, labels: dict[str, str], **annotations: str) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": "svc",
+            "namespace": namespace,
+            "labels": labels,
+            "annotations": annotations,
+        }
+    }
+
+
+def test_volume_names_follow_the_spec_for_each_kind() -> None:
+    sc, cache = clustercache.SCOPE, _cluster()
+    assert sc.download_pv_name(cache, "gpu1") == "iris-gpu1-download"
+    assert sc.download_pvc(cache, "gpu1", job_namespace="jobs") == ("jobs", "iris-gpu1")
+    assert sc.serving_pv_name(cache, "gpu1", "prod") == "iris-gpu1-prod"
+    assert sc.serving_pvc_name(cache, "gpu1") == "iris-gpu1"
+    assert sc.pvs_owned
+    ns, ncache = namespacecache.SCOPE, _namespaced()
+    assert ns.download_pv_name(ncache, "gpu1") == "iris-gpu1-team-download"
+    assert ns.download_pvc(ncache, "gpu1", job_namespace="jobs") == ("team", "iris-gpu1-download")
+    assert ns.serving_pv_name(ncache, "gpu1", "team") == "iris-gpu1-team"
+    assert ns.serving_pvc_name(ncache, "gpu1") == "iris-gpu1"
+    assert not ns.pvs_owned
+
+
+def test_finalizers_and_status_keys_per_kind() -> None:
+    assert clustercache.SCOPE.finalizer == "localmodel.kserve.io/finalizer"
+    assert namespacecache.SCOPE.finalizer == "localmodelnamespacecache.kserve.io/finalizer"
+    assert clustercache.SCOPE.status_key(_cluster()) == "iris"
+    assert namespacecache.SCOPE.status_key(_namespaced()) == "team/iris"
+    assert clustercache.SCOPE.key_of_status_key("iris") == ObjectKey("", "iris")
+    assert clustercache.SCOPE.key_of_status_key("team/iris") is None
+    assert namespacecache.SCOPE.key_of_status_key("team/iris") == ObjectKey("team", "iris")
+    assert namespacecache.SCOPE.key_of_status_key("iris") is None
+
+
+def test_owner_ids_round_trip_to_keys_of_their_kind_only() -> None:
+    cluster_id = clustercache.SCOPE.owner_id(_cluster())
+    namespaced_id = namespacecache.SCOPE.owner_id(_namespaced())
+    assert cluster_id == "LocalModelCache/iris"
+    assert namespaced_id == "LocalModelNamespaceCache/team/iris"
+    assert clustercache.SCOPE.key_of_owner_id(cluster_id) == ObjectKey("", "iris")
+    assert clustercache.SCOPE.key_of_owner_id(namespaced_id) is None
+    assert namespacecache.SCOPE.key_of_owner_id(namespaced_id) == ObjectKey("team", "iris")
+    assert namespacecache.SCOPE.key_of_owner_id(cluster_id) is None
+
+
+def test_volume_index_reads_our_annotation_and_kserve_owner_references() -> None:
+    pvc = {
+        "metadata": {
+            "namespace": "team",
+            "annotations": {state.OWNER_ANNOTATION: "LocalModelCache/a"},
+            "ownerReferences": [
+                {
+                    "apiVersion": "serving.kserve.io/v1alpha1",
+                    "kind": "LocalModelNamespaceCache",
+                    "name": "b",
+                    "uid": "x",
+                },
+                {"apiVersion": "apps/v1", "kind": "LocalModelCache", "name": "c", "uid": "y"},
+            ],
+        }
+    }
+    assert state.index_owner(pvc) == ["LocalModelCache/a", "LocalModelNamespaceCache/team/b"]
+
+
+@pytest.mark.parametrize(
+    ("isvc", "cluster_key", "namespaced_key"),
+    [
+        (_isvc("prod", {inferenceservice.LOCAL_MODEL_LABEL: "iris"}), ObjectKey("", "iris"), None),
+        (
+            _isvc(
+                "team",
+                {
+                    inferenceservice.LOCAL_MODEL_LABEL: "iris",
+                    inferenceservice.LOCAL_MODEL_NAMESPACE_LABEL: "team",
+                },
+            ),
+            None,
+            ObjectKey("team", "iris"),
+        ),
+        (
+            _isvc(
+                "elsewhere",
+                {
+                    inferenceservice.LOCAL_MODEL_LABEL: "iris",
+                    inferenceservice.LOCAL_MODEL_NAMESPACE_LABEL: "team",
+                },
+            ),
+            None,
+            None,
+        ),
+        (_isvc("prod", {}), None, None),
+    ],
+)
+def test_inference_services_resolve_to_the_cache_their_labels_name(
+    isvc: dict[str, Any], cluster_key: ObjectKey | None, namespaced_key: ObjectKey | None
+) -> None:
+    assert clustercache.SCOPE.cache_key_of_isvc(isvc) == cluster_key
+    assert namespacecache.SCOPE.cache_key_of_isvc(isvc) == namespaced_key
+
+
+def test_serving_pairs_use_the_annotated_group_or_the_first() -> None:
+    cache = _cluster()
+    isvcs = [
+        _isvc("a", {}),
+        _isvc("b", {}, **{inferenceservice.NODE_GROUP_ANNOTATION: "gpu2"}),
+        _isvc("c", {}, **{inferenceservice.NODE_GROUP_ANNOTATION: "unknown"}),
+    ]
+    assert reconciler.serving_pairs(cache, isvcs) == {("a", "gpu1"), ("b", "gpu2")}

@@ -1,0 +1,72 @@
+"""Volume plans: names, owners, pre-binding and annotations per cache kind."""
+
+from __future__ import annotations
+
+from localcache.api import modelcache, nodegroup
+from localcache.controllers import clustercache, namespacecache, state, volumes
+
+GROUP = nodegroup.LocalModelNodeGroup.from_dict(
+    {
+        "metadata": {"name": "gpu1"},
+        "spec": {
+            "storageLimit": "10Gi",
+            "persistentVolumeSpec": {
+                "hostPath": {"path": "/models"},
+                "capacity": {"storage": "1Gi"},
+            },
+            "persistentVolumeClaimSpec": {"storageClassName": "standard"},
+        },
+    }
+)
+SPEC = {"sourceModelUri": "s3://b/m", "modelSize": "1Gi", "nodeGroups": ["gpu1", "missing"]}
+
+
+def test_cluster_cache_plan_owns_everything_and_pre_binds_each_pv() -> None:
+    cache = modelcache.LocalModelCache.from_dict(
+        {"metadata": {"name": "iris", "uid": "u1"}, "spec": SPEC}
+    )
+    pairs = volumes.plan(
+        clustercache.SCOPE,
+        cache,
+        groups={"gpu1": GROUP},
+        serving=[("prod", "gpu1"), ("prod", "missing")],
+        job_namespace="jobs",
+    )
+    assert [(p.role, p.pv_name, str(p.pvc_key)) for p in pairs] == [
+        ("download", "iris-gpu1-download", "jobs/iris-gpu1"),
+        ("serving", "iris-gpu1-prod", "prod/iris-gpu1"),
+    ]
+    download = pairs[0]
+    assert download.pv["spec"]["claimRef"]["name"] == "iris-gpu1"
+    assert download.pv["spec"]["claimRef"]["namespace"] == "jobs"
+    assert download.pv["spec"]["hostPath"] == {"path": "/models"}
+    assert download.pvc["spec"] == {
+        "storageClassName": "standard",
+        "volumeName": "iris-gpu1-download",
+    }
+    assert download.pv["metadata"]["ownerReferences"][0]["uid"] == "u1"
+    assert download.pvc["metadata"]["annotations"] == {
+        state.OWNER_ANNOTATION: "LocalModelCache/iris",
+        state.ROLE_ANNOTATION: "download",
+    }
+    assert "claimRef" not in GROUP.spec.persistent_volume_spec, "the template is not mutated"
+
+
+def test_namespace_cache_plan_keeps_pvs_ownerless_and_pvcs_in_its_namespace() -> None:
+    cache = modelcache.LocalModelNamespaceCache.from_dict(
+        {"metadata": {"name": "iris", "namespace": "team", "uid": "u2"}, "spec": SPEC}
+    )
+    pairs = volumes.plan(
+        namespacecache.SCOPE,
+        cache,
+        groups={"gpu1": GROUP},
+        serving=[("team", "gpu1")],
+        job_namespace="jobs",
+    )
+    assert [(p.pv_name, str(p.pvc_key)) for p in pairs] == [
+        ("iris-gpu1-team-download", "team/iris-gpu1-download"),
+        ("iris-gpu1-team", "team/iris-gpu1"),
+    ]
+    for pair in pairs:
+        assert "ownerReferences" not in pair.pv["metadata"]
+        assert pair.pvc["metadata"]["ownerReferences"][0]["kind"] == "LocalModelNamespaceCache"
