@@ -123,9 +123,8 @@ def _webhook_resource(kind: str) -> kube.Resource:
 async def _served(client: kube.Kube, info: groupversion.KindInfo) -> bool:
     """Whether the apiserver serves `info`'s kind (KServe's ClusterStorageContainer CRD is
     optional: without it, download Jobs use `storageInitializer.image`)."""
-    res = kube.Resource(info.group, info.version, info.plural, info.kind, info.namespaced)
     try:
-        await client.list(res, limit=1)
+        await client.list(info.api, limit=1)
     except errors.NotFound:
         _log.info("kind_not_served", kind=info.kind, consequence="not watched")
         return False

@@ -82,10 +82,6 @@ class AgentSettings:
         )
 
 
-def _resource(info: groupversion.KindInfo) -> kube_mod.Resource:
-    return kube_mod.Resource(info.group, info.version, info.plural, info.kind, info.namespaced)
-
-
 def setup(
     manager: manager_mod.Manager,
     *,
@@ -115,21 +111,21 @@ def setup(
         )
         return manager.add_informer(informer.Informer(source, clock=clock))
 
-    nodes = watch(_resource(groupversion.LOCAL_MODEL_NODE), field_selector=f"metadata.name={node}")
+    nodes = watch(groupversion.LOCAL_MODEL_NODE.api, field_selector=f"metadata.name={node}")
     job_informer = watch(
         kube_mod.JOBS, label_selector=f"{jobs.LABEL_NODE}={jobs.label_value(node)}"
     )
-    groups = watch(_resource(groupversion.LOCAL_MODEL_NODE_GROUP))
+    groups = watch(groupversion.LOCAL_MODEL_NODE_GROUP.api)
     config_maps = watch(
         kube_mod.CONFIG_MAPS,
         namespace=settings.config_namespace,
         field_selector=f"metadata.name={config.CONFIGMAP_NAME}",
     )
-    caches = watch(_resource(groupversion.LOCAL_MODEL_CACHE))
-    namespace_caches = watch(_resource(groupversion.LOCAL_MODEL_NAMESPACE_CACHE))
+    caches = watch(groupversion.LOCAL_MODEL_CACHE.api)
+    namespace_caches = watch(groupversion.LOCAL_MODEL_NAMESPACE_CACHE.api)
     containers: informer.Informer | None = None
     if settings.watch_storage_containers:
-        containers = watch(_resource(groupversion.CLUSTER_STORAGE_CONTAINER))
+        containers = watch(groupversion.CLUSTER_STORAGE_CONTAINER.api)
 
     queue = workqueue.WorkQueue(
         CONTROLLER_NAME, clock=clock, metrics=metrics.workqueue(CONTROLLER_NAME)

@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final
 
+from localcache.runtime import apitypes
+
 GROUP: Final = "serving.kserve.io"
 VERSION: Final = "v1alpha1"
 API_VERSION: Final = f"{GROUP}/{VERSION}"
@@ -41,6 +43,13 @@ class KindInfo:
     def crd_name(self) -> str:
         """`metadata.name` of the CustomResourceDefinition: `<plural>.<group>`."""
         return f"{self.plural}.{self.group}"
+
+    @property
+    def api(self) -> apitypes.Resource:
+        """The runtime's record of where this kind lives, for watches and API calls."""
+        return apitypes.Resource(
+            self.group, self.version, self.plural, self.kind, namespaced=self.namespaced
+        )
 
     @property
     def resource(self) -> str:

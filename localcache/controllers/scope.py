@@ -44,7 +44,7 @@ class Scope:
 
     @property
     def resource(self) -> kube.Resource:
-        return state.resource(self.kind)
+        return self.kind.api
 
     @property
     def name(self) -> str:

@@ -48,15 +48,11 @@ BY_OWNER: Final = "cache-owner"
 """PVs and PVCs by owning cache id (our annotation, or an ownerReference to a cache kind)."""
 
 
-def resource(info: groupversion.KindInfo) -> kube.Resource:
-    return kube.Resource(info.group, info.version, info.plural, info.kind, info.namespaced)
-
-
-LOCAL_MODEL_CACHES: Final = resource(groupversion.LOCAL_MODEL_CACHE)
-LOCAL_MODEL_NAMESPACE_CACHES: Final = resource(groupversion.LOCAL_MODEL_NAMESPACE_CACHE)
-LOCAL_MODEL_NODES: Final = resource(groupversion.LOCAL_MODEL_NODE)
-LOCAL_MODEL_NODE_GROUPS: Final = resource(groupversion.LOCAL_MODEL_NODE_GROUP)
-INFERENCE_SERVICES: Final = resource(groupversion.INFERENCE_SERVICE)
+LOCAL_MODEL_CACHES: Final = groupversion.LOCAL_MODEL_CACHE.api
+LOCAL_MODEL_NAMESPACE_CACHES: Final = groupversion.LOCAL_MODEL_NAMESPACE_CACHE.api
+LOCAL_MODEL_NODES: Final = groupversion.LOCAL_MODEL_NODE.api
+LOCAL_MODEL_NODE_GROUPS: Final = groupversion.LOCAL_MODEL_NODE_GROUP.api
+INFERENCE_SERVICES: Final = groupversion.INFERENCE_SERVICE.api
 
 
 def owner_id(kind: str, namespace: str, name: str) -> str:

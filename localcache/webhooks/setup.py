@@ -31,13 +31,6 @@ from localcache.webhooks import isvc, validation
 Obj = dict[str, Any]
 
 
-def resource(info: groupversion.KindInfo) -> kube.Resource:
-    """The `kube.Resource` of an API kind."""
-    return kube.Resource(
-        info.group, info.version, info.plural, info.kind, namespaced=info.namespaced
-    )
-
-
 def metadata_only(obj: Obj) -> Obj:
     """Informer transform: apiVersion, kind and metadata without managedFields."""
     meta = {k: v for k, v in (obj.get("metadata") or {}).items() if k != "managedFields"}
@@ -89,7 +82,7 @@ def setup(
         indexers: dict[str, Callable[[Obj], list[str]]],
         transform: informer.Transform = informer.strip_managed_fields,
     ) -> informer.Informer:
-        source = reflector.ListWatch(client, resource(info))
+        source = reflector.ListWatch(client, info.api)
         inf = informer.Informer(source, clock=clock, indexers=indexers, transform=transform)
         return manager.add_informer(inf)
 

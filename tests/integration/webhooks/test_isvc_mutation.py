@@ -40,10 +40,10 @@ MANIFESTS = Path(__file__).resolve().parents[3] / "manifests" / "webhook"
 SCOPE_LABEL = "localcache.test/webhook-scope"
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
 
-LMC = webhook_setup.resource(groupversion.LOCAL_MODEL_CACHE)
-LMNC = webhook_setup.resource(groupversion.LOCAL_MODEL_NAMESPACE_CACHE)
-LMNG = webhook_setup.resource(groupversion.LOCAL_MODEL_NODE_GROUP)
-ISVC = webhook_setup.resource(groupversion.INFERENCE_SERVICE)
+LMC = groupversion.LOCAL_MODEL_CACHE.api
+LMNC = groupversion.LOCAL_MODEL_NAMESPACE_CACHE.api
+LMNG = groupversion.LOCAL_MODEL_NODE_GROUP.api
+ISVC = groupversion.INFERENCE_SERVICE.api
 DOWNLOADED = {"copies": {"available": 1, "total": 1}, "nodeStatus": {"node-1": "NodeDownloaded"}}
 
 Obj = dict[str, Any]
