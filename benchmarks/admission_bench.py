@@ -1,12 +1,13 @@
 """Admission throughput and latency over TLS on loopback, beside a bare aiohttp baseline.
 
 Two servers run in the same process and the same run, each behind a TLS site with a TinyCA
-certificate: the `AdmissionServer` with a pluggable handler (by default a mutation-like one:
-longest-prefix match of the ISVC storage URI over a set of caches, then a metadata JSON patch),
-and a bare aiohttp handler that reads the body and returns a fixed allowed AdmissionReview.
-A keep-alive client sends realistic InferenceService AdmissionReviews with a fixed concurrency,
-bounded by a request count and a wall-clock limit, and reports requests per second and
-p50/p99 latency for each. Client and servers share one event loop (and this machine's cores),
+certificate: the `AdmissionServer` with the production InferenceService mutation handler
+(`webhooks.isvc.IsvcMutator` over in-memory stores of 60 caches: longest matching URI, labels,
+annotations, the no-copy-yet warning), and a bare aiohttp handler that reads the body and
+returns a fixed allowed AdmissionReview. A keep-alive client sends realistic InferenceService
+AdmissionReviews with a fixed concurrency, bounded by a request count and a wall-clock limit,
+and reports requests per second and p50/p99 latency for each. Client and servers share one
+event loop (and this machine's cores),
 so absolute numbers are a floor; the ratio between the two rows is the point.
 """
 
@@ -27,36 +28,54 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from localcache.runtime import admission, metrics
+from localcache.runtime import admission, metrics, store
 from localcache.runtime import logging as logging_mod
 from localcache.runtime.testing import certs
+from localcache.webhooks import isvc
 
-PATH = "/mutate-serving-kserve-io-v1beta1-inferenceservice"
-CACHES = {f"cache-{i}": f"s3://models/team-{i % 7}/model-{i}" for i in range(50)}
-LABEL = "internal.serving.kserve.io/localmodel"
-SOURCE = "internal.serving.kserve.io/localmodel-sourceuri"
-PVC = "internal.serving.kserve.io/localmodel-pvc-name"
+PATH = isvc.MUTATE_PATH
+GROUP = "gpu"
 
 
-async def mutation_like(req: admission.Request) -> admission.Response:
-    """Stand-in for the ISVC mutation: longest matching cache URI, then labels/annotations."""
-    obj = req.object or {}
-    uri = (((obj.get("spec") or {}).get("predictor") or {}).get("model") or {}).get("storageUri")
-    best = ""
-    if isinstance(uri, str):
-        for name, cached in CACHES.items():
-            if (uri == cached or uri.startswith(cached.rstrip("/") + "/")) and len(cached) > len(
-                CACHES.get(best, "")
-            ):
-                best = name
-    if not best:
-        return admission.patched(admission.metadata_patch(obj, labels={LABEL: None}))
-    ops = admission.metadata_patch(
-        obj,
-        labels={LABEL: best},
-        annotations={SOURCE: CACHES[best], PVC: f"{best}-gpu"},
+def _cache(name: str, uri: str, namespace: str | None = None) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "uid": f"uid-{name}", "resourceVersion": "1"}
+    kind = "LocalModelCache"
+    if namespace:
+        meta["namespace"] = namespace
+        kind = "LocalModelNamespaceCache"
+    return {
+        "apiVersion": "serving.kserve.io/v1alpha1",
+        "kind": kind,
+        "metadata": meta,
+        "spec": {"sourceModelUri": uri, "modelSize": "1Gi", "nodeGroups": [GROUP]},
+        "status": {"copies": {"available": 0, "total": 2}},
+    }
+
+
+def real_mutator() -> isvc.IsvcMutator:
+    """The production ISVC mutation handler over in-memory stores: 50 cluster caches, 10
+    namespace caches in the ISVCs' namespace, one node group (what an informer would hold)."""
+    caches, namespace_caches, groups = store.Store(), store.Store(), store.Store()
+    for i in range(50):
+        caches.upsert(_cache(f"cache-{i}", f"s3://models/team-{i % 7}/model-{i}"))
+    for i in range(10):
+        uri = f"s3://models/team-{i % 7}/model-{i}/v1"
+        namespace_caches.upsert(_cache(f"ns-cache-{i}", uri, namespace="models"))
+    groups.upsert(
+        {
+            "apiVersion": "serving.kserve.io/v1alpha1",
+            "kind": "LocalModelNodeGroup",
+            "metadata": {"name": GROUP},
+            "spec": {"storageLimit": "100Gi"},
+        }
     )
-    return admission.patched(ops, warnings=[f"LocalModelCache {best} has no downloaded copy yet"])
+    return isvc.IsvcMutator(
+        caches=caches.view(),
+        namespace_caches=namespace_caches.view(),
+        node_groups=groups.view(),
+        enabled=lambda: True,
+        synced=lambda: True,
+    )
 
 
 def isvc_review(i: int) -> bytes:
@@ -199,7 +218,7 @@ async def _tls_site(app: web.Application, cert_dir: Path) -> AsyncIterator[int]:
 
 
 async def run(
-    handler: admission.Handler = mutation_like,
+    handler: admission.Handler | None = None,
     *,
     requests: int = 3000,
     concurrency: int = 8,
@@ -209,7 +228,7 @@ async def run(
     ca = certs.TinyCA("localcache-bench-ca")
     pair = ca.serving_cert(["127.0.0.1"])
     server = admission.AdmissionServer(metrics=metrics.Metrics())
-    server.register(PATH, handler)
+    server.register(PATH, handler or real_mutator())
     bare = web.Application()
     bare.router.add_post(PATH, _bare)
     with tempfile.TemporaryDirectory(prefix="localcache-bench-") as tmp:
@@ -223,7 +242,7 @@ async def run(
         }
         async with _tls_site(server.app(), cert_dir) as port:
             url = f"https://127.0.0.1:{port}{PATH}"
-            ours = await measure("admission (mutation-like handler)", url, ca.cert_pem, **bounds)
+            ours = await measure("admission (ISVC mutation)", url, ca.cert_pem, **bounds)
         async with _tls_site(bare, cert_dir) as port:
             url = f"https://127.0.0.1:{port}{PATH}"
             baseline = await measure("bare aiohttp TLS (fixed allow)", url, ca.cert_pem, **bounds)

@@ -156,10 +156,14 @@ def _config_source(
 
 @contextlib.asynccontextmanager
 async def _webhook_server(
-    app: Any, cert_manager: certs.CertManager | None, settings: settings_mod.Settings
+    server: admission.AdmissionServer,
+    cert_manager: certs.CertManager | None,
+    settings: settings_mod.Settings,
 ) -> AsyncIterator[int]:
-    """Serve the admission app over TLS with hot reload. With self-managed certificates the
-    certificate is ensured first; otherwise cert-manager's files in the cert dir are used."""
+    """Serve the admission app over TLS with hot reload. The aiohttp app is built here, when
+    the Manager enters this context, so every handler registered during set-up is routed.
+    With self-managed certificates the certificate is ensured first; otherwise cert-manager's
+    files in the cert dir are used."""
     cert_dir = settings.webhook_cert_dir
     if cert_manager is not None:
         await cert_manager.ensure()
@@ -171,7 +175,10 @@ async def _webhook_server(
 
         cert_manager.on_change = reload
     async with admission.serve(
-        app, host=settings.bind_address, port=settings.webhook_port, ssl_context=tls.context
+        server.app(),
+        host=settings.bind_address,
+        port=settings.webhook_port,
+        ssl_context=tls.context,
     ) as port:
         yield port
 
@@ -220,7 +227,7 @@ async def run_components(
                         extra_names=components.extra_cert_names,
                     ),
                 )
-            webhook_cm = _webhook_server(server.app(), cert_manager, settings)
+            webhook_cm = _webhook_server(server, cert_manager, settings)
         mgr = manager.Manager(
             http_server=http,
             webhook_server=webhook_cm,
@@ -259,6 +266,11 @@ async def run_components(
                     else None,
                     config_namespace=settings.config_namespace,
                     watch_storage_containers=watch_storage_containers,
+                    controller_name=(
+                        f"{agent_setup.CONTROLLER_NAME}-{node_name}"
+                        if len(components.agent_nodes) > 1
+                        else agent_setup.CONTROLLER_NAME
+                    ),
                 ),
                 metrics=registry,
             )

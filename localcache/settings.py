@@ -13,6 +13,7 @@ import argparse
 import os
 import socket
 import sys
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -117,7 +118,7 @@ FLAGS: tuple[Flag, ...] = (
         "--identity",
         "POD_NAME",
         "",
-        "this replica's identity in the Lease (default: hostname)",
+        "this replica's identity in the Lease (default: hostname + random suffix)",
         "str",
         _CONTROLLER,
     ),
@@ -290,7 +291,9 @@ def from_args(
         workers=max(1, int(str(raw["workers"]))),
         leader_elect=bool(raw["leader_elect"]),
         lease_name=str(raw["lease_name"]),
-        identity=str(raw["identity"]) or socket.gethostname(),
+        # Two processes on one host must never share a Lease identity (client-go appends a
+        # UUID to the hostname for the same reason); in a pod POD_NAME is already unique.
+        identity=str(raw["identity"]) or f"{socket.gethostname()}_{uuid.uuid4().hex[:12]}",
         webhook_port=int(str(raw["webhook_port"])),
         webhook_cert_dir=Path(str(raw["webhook_cert_dir"])),
         webhook_service=str(raw["webhook_service"]),

@@ -62,6 +62,8 @@ class AgentSettings:
     job_backoff_limit: int | None = None
     progress_interval: float = 10.0
     watch_storage_containers: bool = True
+    controller_name: str = CONTROLLER_NAME
+    """Distinct per agent when several agents share one process (`localcache run`)."""
 
     def __post_init__(self) -> None:
         if not self.node_name:
@@ -128,7 +130,9 @@ def setup(
         containers = watch(groupversion.CLUSTER_STORAGE_CONTAINER.api)
 
     queue = workqueue.WorkQueue(
-        CONTROLLER_NAME, clock=clock, metrics=metrics.workqueue(CONTROLLER_NAME)
+        settings.controller_name,
+        clock=clock,
+        metrics=metrics.workqueue(settings.controller_name),
     )
     own_key = keys.ObjectKey("", node)
     nodes.add_handler(
@@ -177,12 +181,12 @@ def setup(
         progress_interval=settings.progress_interval,
     )
     ctl = controller.Controller(
-        CONTROLLER_NAME,
+        settings.controller_name,
         rec,
         queue,
         clock=clock,
         workers=1,
-        metrics=metrics.controller(CONTROLLER_NAME),
+        metrics=metrics.controller(settings.controller_name),
     )
     manager.add_controller(ctl, needs_leader=False)
     queue.add(own_key)

@@ -101,7 +101,8 @@ class CacheReconciler:
         if cache.metadata.deletion_timestamp:
             await self._finalize(cache)
             return reconcile.Result()
-        await self._ensure_finalizer(cache)
+        if not await self._ensure_finalizer(cache):
+            return reconcile.Result()
         cfg = self._config().local_model
         snap = self._reader.snapshot()
         members = snap.members(cache.spec.node_groups)
@@ -138,22 +139,35 @@ class CacheReconciler:
 
     # ------------------------------------------------------------------- steps
 
-    async def _ensure_finalizer(self, cache: scope.CacheModel) -> None:
+    async def _patch_finalizers(self, cache: scope.CacheModel, finalizers: list[str]) -> bool:
+        """Set the cache's finalizers (guarded by resourceVersion); False when the cache is
+        already gone, which a store lagging behind a deletion makes a normal outcome."""
+        try:
+            await self._api.patch(
+                self.scope.resource,
+                cache.name,
+                {
+                    "metadata": {
+                        "finalizers": finalizers,
+                        "resourceVersion": cache.metadata.resource_version,
+                    }
+                },
+                namespace=cache.namespace or None,
+            )
+        except errors.NotFound:
+            _log.debug("cache_already_gone")
+            return False
+        return True
+
+    async def _ensure_finalizer(self, cache: scope.CacheModel) -> bool:
+        """Add our finalizer if missing; False when the cache no longer exists."""
         finalizers = list(cache.metadata.finalizers or [])
         if self.scope.finalizer in finalizers:
-            return
-        await self._api.patch(
-            self.scope.resource,
-            cache.name,
-            {
-                "metadata": {
-                    "finalizers": [*finalizers, self.scope.finalizer],
-                    "resourceVersion": cache.metadata.resource_version,
-                }
-            },
-            namespace=cache.namespace or None,
-        )
+            return True
+        if not await self._patch_finalizers(cache, [*finalizers, self.scope.finalizer]):
+            return False
         _log.info("finalizer_added")
+        return True
 
     def _lmn(self, name: str) -> Obj | None:
         return self._stores.local_model_nodes.get(runtime_keys.ObjectKey("", name))
@@ -232,15 +246,6 @@ class CacheReconciler:
             await volumes.delete_pvs(
                 self._api, volumes.ownerless_pvs(self.scope, cache, stores=self._stores)
             )
-        await self._api.patch(
-            self.scope.resource,
-            cache.name,
-            {
-                "metadata": {
-                    "finalizers": [f for f in finalizers if f != self.scope.finalizer],
-                    "resourceVersion": cache.metadata.resource_version,
-                }
-            },
-            namespace=cache.namespace or None,
-        )
-        _log.info("finalizer_removed")
+        remaining = [f for f in finalizers if f != self.scope.finalizer]
+        if await self._patch_finalizers(cache, remaining):
+            _log.info("finalizer_removed")

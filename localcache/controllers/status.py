@@ -61,9 +61,16 @@ async def write_status(
     diff = merge_diff(current.get("status") or {}, desired)
     if not diff:
         return False
-    await api.patch_status(
-        sc.resource, str(meta["name"]), {"status": diff}, namespace=meta.get("namespace") or None
-    )
+    try:
+        await api.patch_status(
+            sc.resource,
+            str(meta["name"]),
+            {"status": diff},
+            namespace=meta.get("namespace") or None,
+        )
+    except errors.NotFound:
+        _log.debug("cache_already_gone")  # deleted since the store's copy was taken
+        return False
     _log.info("cache_status_updated", fields=sorted(diff))
     return True
 

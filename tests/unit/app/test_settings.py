@@ -78,3 +78,10 @@ def test_readme_carries_the_generated_flag_table() -> None:
     assert settings.markdown_table() in readme, (
         "README.md's flag table is stale: paste `python -m localcache.settings --markdown`"
     )
+
+
+def test_default_lease_identities_differ_between_processes_on_one_host() -> None:
+    first = _parse("controller", [], {}).identity
+    second = _parse("controller", [], {}).identity
+    assert first != second
+    assert _parse("controller", [], {"POD_NAME": "ctl-0"}).identity == "ctl-0"

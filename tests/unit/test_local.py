@@ -1,0 +1,310 @@
+"""Pure parts of `localcache run` (localcache/local.py) and of the local Job runner
+(localcache/runtime/testing/jobrunner.py): no network, no processes."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from localcache import local
+from localcache import settings as settings_mod
+from localcache.runtime.testing import jobrunner
+
+MANIFESTS = Path(__file__).resolve().parents[2] / "manifests"
+Obj = dict[str, Any]
+
+
+def _settings(**changes: Any) -> settings_mod.Settings:
+    base = settings_mod.from_args(argparse.Namespace(), "run", environ={})
+    return dataclasses.replace(base, **changes)
+
+
+def _shipped(path: str) -> Obj:
+    doc: Obj = yaml.safe_load((MANIFESTS / path).read_text())
+    return doc
+
+
+# ------------------------------------------------------------------ which cluster
+
+
+def test_kubeconfig_flag_wins_over_the_environment(tmp_path: Path) -> None:
+    flag, env = tmp_path / "flag", tmp_path / "env"
+    flag.write_text("x")
+    env.write_text("x")
+    found = local.kubeconfig_candidate(
+        _settings(kubeconfig=str(flag)), {"KUBECONFIG": str(env)}, tmp_path
+    )
+    assert found == flag
+
+
+def test_first_kubeconfig_of_the_environment_is_used(tmp_path: Path) -> None:
+    first = tmp_path / "first"
+    first.write_text("x")
+    environ = {"KUBECONFIG": f":{first}:{tmp_path / 'second'}"}
+    assert local.kubeconfig_candidate(_settings(), environ, tmp_path) == first
+
+
+def test_home_kubeconfig_is_the_fallback(tmp_path: Path) -> None:
+    home_config = tmp_path / ".kube" / "config"
+    home_config.parent.mkdir()
+    home_config.write_text("x")
+    assert local.kubeconfig_candidate(_settings(), {}, tmp_path) == home_config
+
+
+def test_missing_kubeconfig_means_local_mode(tmp_path: Path) -> None:
+    environ = {"KUBECONFIG": str(tmp_path / "absent")}
+    assert local.kubeconfig_candidate(_settings(), environ, tmp_path) is None
+    assert local.kubeconfig_candidate(_settings(), {}, tmp_path) is None
+
+
+# ------------------------------------------------------------------ local settings
+
+
+def test_local_settings_use_free_ports_loopback_and_the_run_dir(tmp_path: Path) -> None:
+    result = local.local_settings(
+        _settings(),
+        run_dir=tmp_path,
+        kubeconfig=tmp_path / "kc",
+        pv_path="/mnt/models",
+        pick_port=lambda: 41234,
+    )
+    assert result.kubeconfig == str(tmp_path / "kc")
+    assert (result.metrics_port, result.webhook_port) == (0, 41234)
+    assert result.bind_address == "127.0.0.1"
+    assert result.webhook_cert_dir == tmp_path / "webhook-certs"
+    assert result.models_root == tmp_path / "nodes"
+    assert result.host_models_root == Path("/mnt/models")
+
+
+def test_local_settings_keep_what_the_user_chose(tmp_path: Path) -> None:
+    chosen = _settings(
+        metrics_port=9090, webhook_port=9444, bind_address="::1", webhook_cert_dir=Path("/c")
+    )
+    result = local.local_settings(
+        chosen, run_dir=tmp_path, kubeconfig=tmp_path / "kc", pv_path="/p", pick_port=lambda: 1
+    )
+    assert (result.metrics_port, result.webhook_port) == (9090, 9444)
+    assert result.bind_address == "::1"
+    assert result.webhook_cert_dir == Path("/c")
+
+
+def test_disabled_webhooks_stay_disabled(tmp_path: Path) -> None:
+    result = local.local_settings(
+        _settings(webhook_port=0), run_dir=tmp_path, kubeconfig=tmp_path, pv_path="/p"
+    )
+    assert result.webhook_port == 0
+
+
+# ------------------------------------------------------------------ shipped objects
+
+
+def test_local_config_map_enables_local_models_and_keeps_the_other_sections() -> None:
+    shipped = _shipped("base/config.yaml")
+    result = local.local_config_map(shipped, namespace="ns", name="cm")
+    assert (result["metadata"]["namespace"], result["metadata"]["name"]) == ("ns", "cm")
+    section = json.loads(result["data"]["localModel"])
+    assert section["enabled"] is True
+    assert section["reconcilationFrequencyInSecs"] <= 10
+    assert section["jobNamespace"] == json.loads(shipped["data"]["localModel"])["jobNamespace"]
+    assert result["data"]["storageInitializer"] == shipped["data"]["storageInitializer"]
+    assert json.loads(shipped["data"]["localModel"])["reconcilationFrequencyInSecs"] == 60
+
+
+@pytest.mark.parametrize("name", ["mutating.yaml", "validating.yaml"])
+def test_webhook_configurations_call_the_local_server_by_url(name: str) -> None:
+    shipped = _shipped(f"webhook/{name}")
+    result = local.local_webhook_configuration(shipped, port=8443)
+    assert result["metadata"]["name"] == shipped["metadata"]["name"]  # caBundle patched by name
+    for before, after in zip(shipped["webhooks"], result["webhooks"], strict=True):
+        path = before["clientConfig"]["service"]["path"]
+        assert after["clientConfig"] == {"url": f"https://127.0.0.1:8443{path}"}
+        assert after["rules"] == before["rules"]
+    assert "url" not in shipped["webhooks"][0]["clientConfig"]
+
+
+def test_demo_nodes_join_the_sample_node_group() -> None:
+    group = _shipped("samples/nodegroup.yaml")
+    terms = group["spec"]["persistentVolumeSpec"]["nodeAffinity"]["required"]["nodeSelectorTerms"]
+    node = local.demo_node("demo-node-1")
+    labels = node["metadata"]["labels"]
+    assert labels[jobrunner.HOSTNAME_LABEL] == "demo-node-1"
+    assert any(
+        all(labels.get(e["key"]) in e["values"] for e in term["matchExpressions"]) for term in terms
+    )
+    status = local.node_ready_status(datetime.datetime(2030, 1, 2, tzinfo=datetime.UTC))
+    assert status["status"]["conditions"][0]["status"] == "True"
+    assert status["status"]["conditions"][0]["lastHeartbeatTime"] == "2030-01-02T00:00:00Z"
+
+
+def test_watch_commands_name_the_kubeconfig_and_the_cache() -> None:
+    lines = local.watch_commands("kubectl", Path("/k"), name="m", namespace="ns")
+    assert "kubectl --kubeconfig /k get lmnc -A -w" in lines
+    assert "kubectl --kubeconfig /k get lmn" in lines
+    assert any("wait --for=condition=Ready lmnc/m -n ns" in line for line in lines)
+    assert "kubectl --kubeconfig /k describe lmnc m -n ns" in lines
+
+
+def test_ready_line_reports_copies_and_nodes() -> None:
+    obj = {
+        "metadata": {"name": "m", "namespace": "ns"},
+        "status": {
+            "copies": {"available": 2, "total": 2},
+            "nodeStatus": {"b": "NodeDownloaded", "a": "NodeDownloaded"},
+            "conditions": [{"type": "Ready", "status": "True"}],
+        },
+    }
+    assert local.cache_ready(obj)
+    line = local.ready_line(obj)
+    assert "ns/m is Ready: copies available 2/2" in line
+    assert line.endswith("(a: NodeDownloaded, b: NodeDownloaded)")
+
+
+def test_a_cache_without_a_true_ready_condition_is_not_ready() -> None:
+    assert not local.cache_ready(None)
+    assert not local.cache_ready({"status": {"conditions": [{"type": "Ready", "status": "False"}]}})
+
+
+# ------------------------------------------------------------------ the local Job runner
+
+
+def _pod(**changes: Any) -> Obj:
+    pod: Obj = {
+        "metadata": {
+            "name": "p",
+            "namespace": "ns",
+            "uid": "u1",
+            "ownerReferences": [{"kind": "Job", "name": "j"}],
+        },
+        "spec": {
+            "nodeSelector": {jobrunner.HOSTNAME_LABEL: "n1"},
+            "containers": [
+                {
+                    "name": "dl",
+                    "image": "img",
+                    "args": ["file:///m", "/mnt/models"],
+                    "env": [{"name": "A", "value": "1"}, {"name": "B", "valueFrom": {}}],
+                    "volumeMounts": [
+                        {"name": "other", "mountPath": "/mnt"},
+                        {"name": "src", "mountPath": "/mnt/models", "subPath": ".staging/k-j"},
+                    ],
+                }
+            ],
+            "volumes": [
+                {"name": "src", "persistentVolumeClaim": {"claimName": "c"}},
+                {"name": "other", "emptyDir": {}},
+            ],
+        },
+        "status": {"phase": "Pending"},
+    }
+    for key, value in changes.items():
+        section, _, field = key.partition("__")
+        pod[section][field] = value
+    return pod
+
+
+NODES = {"n1": Path("/host/n1")}
+
+
+def test_a_pending_job_pod_pinned_to_a_played_node_is_run() -> None:
+    assert jobrunner.target_node(_pod(), NODES) == "n1"
+    assert jobrunner.target_node(_pod(spec__nodeName="n1"), NODES) == "n1"
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"spec__nodeSelector": {jobrunner.HOSTNAME_LABEL: "n2"}},
+        {"spec__nodeSelector": {}},
+        {"spec__nodeName": "n2"},
+        {"status__phase": "Running"},
+        {"status__phase": "Succeeded"},
+        {"metadata__deletionTimestamp": "2030-01-01T00:00:00Z"},
+        {"metadata__ownerReferences": [{"kind": "ReplicaSet", "name": "r"}]},
+    ],
+)
+def test_other_pods_are_left_alone(changes: dict[str, Any]) -> None:
+    assert jobrunner.target_node(_pod(**changes), NODES) is None
+
+
+def test_the_plan_follows_the_mount_that_holds_the_destination() -> None:
+    plan = jobrunner.plan_download(_pod())
+    assert (plan.uri, plan.claim, plan.sub_path, plan.relative) == (
+        "file:///m",
+        "c",
+        ".staging/k-j",
+        "",
+    )
+    assert (plan.container, plan.image, plan.env) == ("dl", "img", (("A", "1"),))
+
+
+def test_a_destination_below_the_mount_keeps_its_rest() -> None:
+    pod = _pod()
+    pod["spec"]["containers"][0]["args"] = ["s3://b/m", "/mnt/models/sub/dir"]
+    assert jobrunner.plan_download(pod).relative == "sub/dir"
+
+
+@pytest.mark.parametrize(
+    ("args", "error"),
+    [
+        (["only-uri"], "expected args"),
+        (["u", "/elsewhere"], "no volume mount holds /elsewhere"),
+        (["u", "/mnt/x"], "'other' is not a PersistentVolumeClaim"),
+    ],
+)
+def test_a_pod_that_cannot_be_planned_says_why(args: list[str], error: str) -> None:
+    pod = _pod()
+    pod["spec"]["containers"][0]["args"] = args
+    with pytest.raises(jobrunner.PodError, match=error):
+        jobrunner.plan_download(pod)
+
+
+def _pv(path: str, kind: str = "local") -> Obj:
+    return {"metadata": {"name": "pv"}, "spec": {kind: {"path": path}}}
+
+
+def test_the_host_destination_is_the_node_folder_plus_subpath() -> None:
+    plan = jobrunner.plan_download(_pod())
+    dest = jobrunner.host_destination(
+        plan, _pv("/mnt/models"), host_root=Path("/host/n1"), pv_path="/mnt/models/"
+    )
+    assert dest == Path("/host/n1/.staging/k-j")
+    assert jobrunner.host_destination(plan, _pv("/any", "hostPath"), host_root=Path("/h")) == Path(
+        "/h/.staging/k-j"
+    )
+
+
+def test_a_pv_elsewhere_than_the_node_volume_is_refused() -> None:
+    plan = jobrunner.plan_download(_pod())
+    with pytest.raises(jobrunner.PodError, match="not the node's local volume"):
+        jobrunner.host_destination(plan, _pv("/other"), host_root=Path("/h"), pv_path="/mnt")
+    with pytest.raises(jobrunner.PodError, match="not a local or hostPath volume"):
+        jobrunner.host_destination(plan, {"spec": {"nfs": {}}}, host_root=Path("/h"))
+
+
+@pytest.mark.parametrize("sub_path", ["../escape", "/abs", "a/../../b"])
+def test_a_subpath_cannot_leave_the_volume(sub_path: str) -> None:
+    plan = dataclasses.replace(jobrunner.plan_download(_pod()), sub_path=sub_path)
+    with pytest.raises(jobrunner.PodError, match="leaves the volume"):
+        jobrunner.host_destination(plan, _pv("/p"), host_root=Path("/h"))
+
+
+def test_finished_status_reports_success_and_failure() -> None:
+    stamps = {"started_at": "t0", "finished_at": "t1"}
+    ok = jobrunner.finished_status(container="c", image="i", exit_code=0, message="", **stamps)
+    assert ok["status"]["phase"] == "Succeeded"
+    terminated = ok["status"]["containerStatuses"][0]["state"]["terminated"]
+    assert (terminated["exitCode"], terminated["reason"]) == (0, "Completed")
+    bad = jobrunner.finished_status(
+        container="c", image="i", exit_code=2, message="line one\nno such file\n", **stamps
+    )
+    assert (bad["status"]["phase"], bad["status"]["message"]) == ("Failed", "no such file")
+    terminated = bad["status"]["containerStatuses"][0]["state"]["terminated"]
+    assert (terminated["exitCode"], terminated["reason"]) == (2, "Error")
+    assert "no such file" in terminated["message"]
