@@ -18,6 +18,7 @@ Contract:
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import fcntl
 import http.client
@@ -93,7 +94,20 @@ def _port_lock_dir() -> Iterator[Path]:
     yield lock_dir
 
 
-_held_port_locks: list[Any] = []
+_held_port_locks: dict[int, Any] = {}
+
+
+def release_port(port: int) -> None:
+    """Give up the reservation `free_port` took for `port`."""
+    lock_file = _held_port_locks.pop(port, None)
+    if lock_file is not None:
+        lock_file.close()
+
+
+@atexit.register
+def _release_all_ports() -> None:
+    for port in list(_held_port_locks):
+        release_port(port)
 
 
 def free_port() -> int:
@@ -109,7 +123,7 @@ def free_port() -> int:
             except BlockingIOError:
                 lock_file.close()
                 continue
-            _held_port_locks.append(lock_file)
+            _held_port_locks[port] = lock_file
             return port
     raise ControlPlaneError("no free loopback port after 100 tries")
 
@@ -424,6 +438,8 @@ class ControlPlane:
             proc = self._procs.pop(name, None)
             if proc is not None:
                 proc.stop()
+        for port in (self.etcd_port, self.etcd_peer_port, self.api_port, self.kcm_port):
+            release_port(port)
         shutil.rmtree(self.work_dir, ignore_errors=True)
 
     def logs(self, name: str, lines: int = 50) -> str:
