@@ -15,7 +15,7 @@ the lease was lost, a cache did not sync or a component failed.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -188,11 +188,13 @@ async def run_components(
     components: Components,
     *,
     client: kube.Kube | None = None,
-    on_manager: Any = None,
+    on_manager: Callable[[manager.Manager], None] | None = None,
+    handle_signals: bool = True,
 ) -> int:
     """Build the Manager for `components` and run it until stopped; returns the exit code.
     `on_manager(manager)` is called once everything is registered (used by `localcache run`
-    to add its own runnables)."""
+    to add its own runnables, and by tests to stop it); `handle_signals=False` leaves
+    SIGTERM/SIGINT alone (several managers in one process)."""
     own_client = client is None
     api = client or await connect(settings)
     try:
@@ -233,6 +235,7 @@ async def run_components(
             webhook_server=webhook_cm,
             elector=elector,
             shutdown_timeout=settings.shutdown_timeout,
+            handle_signals=handle_signals,
         )
         live_config: LiveConfig | None = None
         if components.controller or components.webhooks:

@@ -92,6 +92,8 @@ ACCESS: dict[str, list[A]] = {
         A("update", f"localmodelnodes.{SERVING}/finalizers"),
         A("get list watch", f"localmodelnodegroups.{SERVING}"),
         A("get list watch", f"clusterstoragecontainers.{SERVING}"),
+        A("get list watch", f"localmodelcaches.{SERVING}"),
+        A("get list watch", f"localmodelnamespacecaches.{SERVING}", TENANT),
         A("get list watch create delete", "jobs.batch", JOBS_NS),
         A("get list watch create delete", "jobs.batch", TENANT),
         A("get list watch", "pods", TENANT),
@@ -320,7 +322,7 @@ def test_real_requests_with_the_service_accounts_credentials(
     assert control_plane.rest("GET", configmap, creds=agent)[0] == 200
     assert control_plane.rest("GET", secret, creds=controller)[0] == 403
     assert control_plane.rest("DELETE", f"{LMC}/any-cache", creds=agent)[0] == 403
-    assert control_plane.rest("GET", LMC, creds=agent)[0] == 403
+    assert control_plane.rest("GET", LMC, creds=agent)[0] == 200  # modelSize, for progress %
     assert control_plane.rest("GET", LMC, creds=controller)[0] == 200
 
 
