@@ -2,7 +2,8 @@
 
 The worker loop is controller-runtime's (`pkg/internal/controller/controller.go`): `get()` a
 key, reconcile it under a per-reconcile timeout with `controller`, `key` and a fresh
-`reconcile_id` bound into the structlog context, then a four-way switch on the outcome:
+`reconcile_id` bound into the structlog context (through `structlog.contextvars`, so every
+line logged during the reconcile carries them), then a four-way switch on the outcome:
 
     outcome                              queue                          result label
     raised errors.TerminalError          forget (no requeue)            error  (+ terminal)
@@ -15,6 +16,12 @@ counts in `controller_runtime_reconcile_timeouts_total`. `done(key)` is always c
 key added during its reconcile runs again afterwards. An ExceptionGroup whose members are all
 TerminalErrors is terminal; any other member makes it a retryable error.
 
+The loop is a hot path (a no-op reconcile must cost little next to decoding its watch event),
+hence: a reconcile id is a per-controller random prefix plus a counter (UUID-shaped, unique
+like a uuid4, at the cost of one format); the logger is resolved once per `run()`, after
+`logging.configure()`, so a debug line below the level costs one no-op call; and one timer per
+worker enforces the timeout (`_Deadline`) instead of one `asyncio.timeout` per reconcile.
+
 Lifecycle: `run()` starts the queue's delay loop and the workers as named tasks of one
 TaskGroup. It returns when the queue has been shut down and emptied; when cancelled it
 cancels in-flight reconciles, shuts the queue down and re-raises. Either way no task is
@@ -25,19 +32,23 @@ idempotent), or any ordering between keys.
 from __future__ import annotations
 
 import asyncio
+import itertools
+import math
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
 import structlog
+from structlog import contextvars as log_context
 
 from localcache.runtime import clock as clock_mod
 from localcache.runtime import errors, keys, reconcile, workqueue
-from localcache.runtime import logging as log_setup
 
 #: Default per-reconcile timeout in seconds (`None` disables the timeout).
 DEFAULT_RECONCILE_TIMEOUT = 120.0
+#: A reconcile may be timed out this much before its deadline (absorbs timer granularity).
+_DEADLINE_SLACK = 1e-3
 
 _log = structlog.get_logger(__name__)
 
@@ -76,6 +87,67 @@ class ControllerStats:
     running: bool
 
 
+class _Deadline:
+    """The per-reconcile timeout of one worker task, on the event loop's clock.
+
+    Like `asyncio.timeout`: when a reconcile outlives its deadline the task is cancelled, and
+    `stop()` withdraws that cancellation and says the reconcile timed out (unless someone else
+    cancelled the task too). Unlike it, one timer serves every reconcile of the worker: armed
+    once, it re-arms itself for the reconcile in flight when it fires early, and lapses when
+    the worker is idle; so a fast reconcile schedules and cancels no timer of its own.
+    `start()` and `stop()` bracket the reconcile's await in one task step each, so the timer
+    only ever cancels the task while it is suspended inside a reconcile.
+    """
+
+    __slots__ = ("_cancelling", "_deadline", "_expired", "_handle", "_loop", "_task", "_timeout")
+
+    def __init__(self, timeout: float) -> None:
+        task = asyncio.current_task()
+        if task is None:
+            raise RuntimeError("a reconcile deadline belongs to a worker task")
+        self._loop = asyncio.get_running_loop()
+        self._task = task
+        self._timeout = timeout
+        self._deadline = math.inf  # loop time the reconcile in flight must end by
+        self._handle: asyncio.TimerHandle | None = None
+        self._cancelling = 0  # the task's pending cancellations when the reconcile began
+        self._expired = False
+
+    def start(self) -> None:
+        """A reconcile begins now."""
+        self._deadline = self._loop.time() + self._timeout
+        self._cancelling = self._task.cancelling()
+        self._expired = False
+        if self._handle is None:
+            self._handle = self._loop.call_at(self._deadline, self._fire)
+
+    def stop(self) -> bool:
+        """The reconcile ended: True if it was cancelled for its deadline and by nothing else
+        (its CancelledError then means "timed out"). The deadline's own cancellation is
+        withdrawn either way."""
+        self._deadline = math.inf
+        if not self._expired:
+            return False
+        self._expired = False
+        return self._task.uncancel() <= self._cancelling
+
+    def close(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+    def _fire(self) -> None:
+        self._handle = None
+        if self._deadline == math.inf:
+            return  # idle: the next start() arms a timer
+        if self._loop.time() + _DEADLINE_SLACK < self._deadline:
+            self._handle = self._loop.call_at(self._deadline, self._fire)
+            return
+        self._deadline = math.inf
+        self._expired = True
+        self._task.cancel()
+
+
 class Controller:
     """Runs `reconciler` for keys from `queue` on `workers` concurrent workers."""
 
@@ -105,6 +177,10 @@ class Controller:
         self._terminal = 0
         self._timeouts = 0
         self._running = False
+        self._log = _log
+        # Reconcile ids: UUID-shaped, random per controller in the first 74 bits, then a count.
+        self._id_prefix = str(uuid.uuid4())[:24]
+        self._ids = itertools.count(1)
 
     async def run(self) -> None:
         """Run the queue's delay loop and the workers until the queue is shut down and
@@ -112,9 +188,11 @@ class Controller:
         if self._running:
             raise RuntimeError(f"controller {self.name} is already running")
         self._running = True
+        # Resolve the logger once (after logging.configure()): the worker loop logs with it.
+        self._log = _log.bind()
         if self._metrics is not None:
             self._metrics.set_max_concurrent_reconciles(self._workers)
-        _log.info("controller_started", controller=self.name, workers=self._workers)
+        self._log.info("controller_started", controller=self.name, workers=self._workers)
         try:
             async with asyncio.TaskGroup() as tg:
                 tg.create_task(self.queue.run(), name=f"controller-{self.name}-queue")
@@ -125,7 +203,7 @@ class Controller:
         finally:
             await self.queue.shutdown()  # no drain: never suspends, safe while cancelled
             self._running = False
-            _log.info("controller_stopped", controller=self.name)
+            self._log.info("controller_stopped", controller=self.name)
 
     def stats(self) -> ControllerStats:
         now = self._clock.now()
@@ -159,51 +237,70 @@ class Controller:
     # -- the worker loop -----------------------------------------------------------------
 
     async def _worker(self, index: int) -> None:
-        while True:
-            try:
-                key = await self.queue.get()
-            except workqueue.ShutDown:
-                return
-            try:
-                await self._process(index, key)
-            finally:
-                self.queue.done(key)
+        queue = self.queue
+        deadline = None if self._timeout is None else _Deadline(self._timeout)
+        try:
+            while True:
+                key = queue.try_get()  # no coroutine while keys are waiting
+                if key is None:
+                    try:
+                        key = await queue.get()
+                    except workqueue.ShutDown:
+                        return
+                try:
+                    await self._process(index, key, deadline)
+                finally:
+                    queue.done(key)
+        finally:
+            if deadline is not None:
+                deadline.close()
 
-    async def _process(self, index: int, key: keys.ObjectKey) -> None:
+    async def _process(self, index: int, key: keys.ObjectKey, deadline: _Deadline | None) -> None:
+        metrics = self._metrics
         started = self._clock.now()
         self._in_flight[index] = started
-        if self._metrics is not None:
-            self._metrics.inc_active_workers()
+        if metrics is not None:
+            metrics.inc_active_workers()
+        tokens = log_context.bind_contextvars(
+            controller=self.name,
+            key=str(key),
+            reconcile_id=f"{self._id_prefix}{next(self._ids):012x}",
+        )
         try:
-            with log_setup.reconcile_context(
-                controller=self.name, key=key, reconcile_id=str(uuid.uuid4())
-            ):
-                await self._reconcile_handler(key)
+            if deadline is not None:
+                deadline.start()
+            try:
+                result = await self._reconciler.reconcile(key)
+            except asyncio.CancelledError:
+                if deadline is None or not deadline.stop():
+                    raise
+                timeout = TimeoutError(f"reconcile exceeded its {self._timeout:g}s timeout")
+                self._on_error(key, timeout, timed_out=True)
+            except Exception as exc:
+                expired = deadline is not None and deadline.stop()
+                self._on_error(key, exc, timed_out=expired and isinstance(exc, TimeoutError))
+            else:
+                if deadline is not None:
+                    deadline.stop()
+                self._on_result(key, result)
         finally:
+            log_context.reset_contextvars(**tokens)
             del self._in_flight[index]
             self._reconciles += 1
-            if self._metrics is not None:
-                self._metrics.dec_active_workers()
-                self._metrics.observe_reconcile_time(max(0.0, self._clock.now() - started))
+            if metrics is not None:
+                metrics.dec_active_workers()
+                metrics.observe_reconcile_time(max(0.0, self._clock.now() - started))
 
-    async def _reconcile_handler(self, key: keys.ObjectKey) -> None:
-        deadline = asyncio.timeout(self._timeout)
-        try:
-            async with deadline:
-                result = await self._reconciler.reconcile(key)
-        except Exception as exc:
-            timed_out = isinstance(exc, TimeoutError) and deadline.expired()
-            self._on_error(key, exc, timed_out=timed_out)
-            return
+    def _on_result(self, key: keys.ObjectKey, result: reconcile.Result) -> None:
+        self.queue.forget(key)
         if result.requeue_after:
-            self.queue.forget(key)
             self.queue.add_after(key, result.requeue_after)
             self._count("requeue_after")
-            _log.debug("reconcile_requeue_after", requeue_after=result.requeue_after)
+            self._log.debug("reconcile_requeue_after", requeue_after=result.requeue_after)
         else:
-            self.queue.forget(key)
-            self._count("success")
-            _log.debug("reconcile_succeeded")
+            if self._metrics is not None:
+                self._metrics.inc_reconcile_total("success")
+            self._log.debug("reconcile_succeeded")
 
     def _on_error(self, key: keys.ObjectKey, exc: Exception, *, timed_out: bool) -> None:
         self._errors += 1
@@ -215,7 +312,9 @@ class Controller:
             if self._metrics is not None:
                 self._metrics.inc_terminal_reconcile_errors()
             self.queue.forget(key)
-            _log.error("reconcile_terminal_error", error=str(exc), error_type=type(exc).__name__)
+            self._log.error(
+                "reconcile_terminal_error", error=str(exc), error_type=type(exc).__name__
+            )
             return
         if timed_out:
             self._timeouts += 1
@@ -223,7 +322,7 @@ class Controller:
                 self._metrics.inc_reconcile_timeouts()
         self.queue.add_rate_limited(key)
         # Expected failures (API errors, transport) log without a traceback; bugs with one.
-        _log.error(
+        self._log.error(
             "reconcile_timed_out" if timed_out else "reconcile_failed",
             error=str(exc),
             error_type=type(exc).__name__,

@@ -106,8 +106,10 @@ def compact(obj: Obj) -> Obj:
         if type(namespace) is str:
             meta["namespace"] = _intern(namespace)
         labels = meta.get("labels")
-        if type(labels) is dict:
-            meta["labels"] = {k: _intern(v) if type(v) is str else v for k, v in labels.items()}
+        if type(labels) is dict:  # our own copy: intern its values in place
+            for k, v in labels.items():
+                if type(v) is str:
+                    labels[k] = _intern(v)
     return out
 
 
@@ -274,14 +276,20 @@ class Informer:
             self._dispatch(Deleted(obj))
 
     def _dispatch(self, event: Event) -> None:
-        for handler in self._handlers:
-            self._call(handler, event)
+        for handler in self._handlers:  # _call() inlined: this runs for every event
+            try:
+                handler(event)
+            except Exception:
+                self._handler_failed(event)
 
     def _call(self, handler: Handler, event: Event) -> None:
         try:
             handler(event)
         except Exception:
-            self._handler_errors += 1
-            _log.exception(
-                "informer_handler_failed", resource=self.name, event_type=type(event).__name__
-            )
+            self._handler_failed(event)
+
+    def _handler_failed(self, event: Event) -> None:
+        self._handler_errors += 1
+        _log.exception(
+            "informer_handler_failed", resource=self.name, event_type=type(event).__name__
+        )

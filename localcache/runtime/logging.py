@@ -2,7 +2,7 @@
 
 `configure()` is called once by the composition root. Every log line then carries what was
 bound with `structlog.contextvars` in the current task (the controller binds `controller`,
-`key` and `reconcile_id` for each reconcile through `reconcile_context()`).
+`key` and `reconcile_id` for each reconcile, as `reconcile_context()` does).
 
 `redact_secrets` runs before rendering: the value of any key that looks secret (token,
 password, secret, credential, authorization, private/access/client key, key data, …) is
@@ -82,7 +82,8 @@ def configure(*, level: str = "info", renderer: Literal["json", "console"] = "js
     `level` is a standard level name; `renderer` "json" for machines, "console" for people.
     Records of libraries that use `logging` (aiohttp, kubernetes_asyncio) go through the same
     processors, redaction included, to the same stream. Loggers are not cached, so loggers
-    created (or used) before this call follow it too.
+    created (or used) before this call follow it too; a `Controller` resolves its logger
+    once when it starts running, so configure before starting controllers.
     """
     numeric = logging.getLevelName(level.upper())
     if not isinstance(numeric, int):
@@ -126,8 +127,12 @@ def configure(*, level: str = "info", renderer: Literal["json", "console"] = "js
 
 @contextlib.contextmanager
 def reconcile_context(*, controller: str, key: keys.ObjectKey, reconcile_id: str) -> Iterator[None]:
-    """Bind `controller`, `key` and `reconcile_id` into the log context for one reconcile."""
-    with structlog.contextvars.bound_contextvars(
+    """Bind `controller`, `key` and `reconcile_id` into the log context for one reconcile;
+    the previous values (if any) are restored afterwards."""
+    tokens = structlog.contextvars.bind_contextvars(
         controller=controller, key=str(key), reconcile_id=reconcile_id
-    ):
+    )
+    try:
         yield
+    finally:
+        structlog.contextvars.reset_contextvars(**tokens)

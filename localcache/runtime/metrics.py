@@ -13,6 +13,11 @@ global and the process-wide default registry is never touched. It holds:
 - domain metrics made with `counter()`, `gauge()` and `histogram()`, so domain code never
   imports prometheus_client.
 
+The framework series are moved on every reconcile and every queue operation, so they are
+plain Python numbers (`_Number`, `_Buckets`: no lock, no label lookup, a histogram
+observation is one `bisect`) that one collector turns into metric families when the registry
+is read; a scrape therefore always sees current values. Everything runs on one event loop.
+
 Names, labels and buckets follow controller-runtime v0.24 (`pkg/internal/controller/metrics`,
 `pkg/metrics/workqueue.go`, `pkg/metrics/leaderelection.go`). The `*_created` series that
 prometheus_client adds to counters and histograms are left out of `render()`, as Go has none.
@@ -20,11 +25,14 @@ prometheus_client adds to counters and histograms are left out of `render()`, as
 
 from __future__ import annotations
 
+import bisect
 import copy
-from collections.abc import Iterator, Sequence
+import itertools
+import math
+from collections.abc import Callable, Iterator, Sequence
 
 import prometheus_client
-from prometheus_client import exposition, metrics_core
+from prometheus_client import exposition, metrics_core, utils
 
 #: controller_runtime_reconcile_time_seconds buckets (40), from controller-runtime.
 RECONCILE_TIME_BUCKETS: tuple[float, ...] = (
@@ -41,6 +49,7 @@ RECONCILE_RESULTS = ("success", "error", "requeue", "requeue_after")
 
 
 _CREATED_TYPES = frozenset({"counter", "histogram", "summary", "gaugehistogram"})
+_bisect = bisect.bisect_left
 
 
 class _WithoutCreated:
@@ -57,77 +66,260 @@ class _WithoutCreated:
             yield family
 
 
+class _Number:
+    """One series of a framework counter or gauge: a plain number, read when collected."""
+
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value = 0.0
+
+
+class _Buckets:
+    """One series of a framework histogram: per-bucket (not cumulative) counts and the sum.
+    The last bound is +Inf, so an observation `x` goes to `counts[bisect_left(bounds, x)]`
+    (`le` is inclusive). Recorders update it inline: a method call per observation is a
+    measurable share of a no-op reconcile."""
+
+    __slots__ = ("bounds", "counts", "sum")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * len(bounds)
+        self.sum = 0.0
+
+
+_go_float: Callable[[float], str] = utils.floatToGoString  # how `le` values are spelt
+_CTL = ("controller",)
+_WQ = ("name", "controller")
+#: Every framework family, in exposition order: (type, name, help, label names, buckets).
+_FAMILIES: tuple[tuple[str, str, str, tuple[str, ...], tuple[float, ...]], ...] = (
+    (
+        "counter",
+        "controller_runtime_reconcile_total",
+        "Total number of reconciliations per controller",
+        ("controller", "result"),
+        (),
+    ),
+    (
+        "counter",
+        "controller_runtime_reconcile_errors_total",
+        "Total number of reconciliation errors per controller",
+        _CTL,
+        (),
+    ),
+    (
+        "counter",
+        "controller_runtime_terminal_reconcile_errors_total",
+        "Total number of terminal reconciliation errors per controller",
+        _CTL,
+        (),
+    ),
+    (
+        "counter",
+        "controller_runtime_reconcile_timeouts_total",
+        "Total number of reconciliation timeouts per controller",
+        _CTL,
+        (),
+    ),
+    (
+        "histogram",
+        "controller_runtime_reconcile_time_seconds",
+        "Length of time per reconciliation per controller",
+        _CTL,
+        RECONCILE_TIME_BUCKETS,
+    ),
+    (
+        "gauge",
+        "controller_runtime_max_concurrent_reconciles",
+        "Maximum number of concurrent reconciles per controller",
+        _CTL,
+        (),
+    ),
+    (
+        "gauge",
+        "controller_runtime_active_workers",
+        "Number of currently used workers per controller",
+        _CTL,
+        (),
+    ),
+    ("gauge", "workqueue_depth", "Current depth of workqueue", (*_WQ, "priority"), ()),
+    ("counter", "workqueue_adds_total", "Total number of adds handled by workqueue", _WQ, ()),
+    (
+        "histogram",
+        "workqueue_queue_duration_seconds",
+        "How long in seconds an item stays in workqueue before being requested",
+        _WQ,
+        WORKQUEUE_BUCKETS,
+    ),
+    (
+        "histogram",
+        "workqueue_work_duration_seconds",
+        "How long in seconds processing an item from workqueue takes",
+        _WQ,
+        WORKQUEUE_BUCKETS,
+    ),
+    (
+        "gauge",
+        "workqueue_unfinished_work_seconds",
+        "How many seconds of work has been done that is in progress and hasn't been "
+        "observed by work_duration. Large values indicate stuck threads. One can deduce "
+        "the number of stuck threads by observing the rate at which this increases.",
+        _WQ,
+        (),
+    ),
+    (
+        "gauge",
+        "workqueue_longest_running_processor_seconds",
+        "How many seconds has the longest running processor for workqueue been running.",
+        _WQ,
+        (),
+    ),
+    ("counter", "workqueue_retries_total", "Total number of retries handled by workqueue", _WQ, ()),
+)
+
+
+class _Family:
+    """One framework family: its series by label values, as numbers or as bucket counts."""
+
+    def __init__(
+        self,
+        kind: str,
+        name: str,
+        documentation: str,
+        labelnames: tuple[str, ...],
+        buckets: tuple[float, ...],
+    ) -> None:
+        self._kind = kind
+        self._name = name
+        self._doc = documentation
+        self._labelnames = labelnames
+        self._bounds = (*buckets, math.inf)  # prometheus_client adds +Inf the same way
+        self._le = tuple(_go_float(b) for b in self._bounds)
+        self._numbers: dict[tuple[str, ...], _Number] = {}
+        self._buckets: dict[tuple[str, ...], _Buckets] = {}
+
+    def number(self, *labelvalues: str) -> _Number:
+        return self._numbers.setdefault(labelvalues, _Number())
+
+    def buckets(self, *labelvalues: str) -> _Buckets:
+        return self._buckets.setdefault(labelvalues, _Buckets(self._bounds))
+
+    def metric(self) -> metrics_core.Metric:
+        """The family with its current samples, as prometheus_client would render it."""
+        if self._kind == "histogram":
+            hist = metrics_core.HistogramMetricFamily(
+                self._name, self._doc, labels=self._labelnames
+            )
+            for values, series in self._buckets.items():
+                cumulative = map(float, itertools.accumulate(series.counts))
+                hist.add_metric(values, list(zip(self._le, cumulative, strict=True)), series.sum)
+            return hist
+        family = (
+            metrics_core.CounterMetricFamily
+            if self._kind == "counter"
+            else metrics_core.GaugeMetricFamily
+        )
+        metric = family(self._name, self._doc, labels=self._labelnames)
+        for values, number in self._numbers.items():
+            metric.add_metric(values, number.value)
+        return metric
+
+
+class _Framework:
+    """The collector of every framework family; one per `Metrics`."""
+
+    def __init__(self) -> None:
+        self.families = {spec[1]: _Family(*spec) for spec in _FAMILIES}
+
+    def collect(self) -> Iterator[metrics_core.Metric]:
+        for family in self.families.values():
+            yield family.metric()
+
+    def describe(self) -> Iterator[metrics_core.Metric]:
+        """The families (for the registry's duplicate-name check)."""
+        return self.collect()
+
+
 class ControllerRecorder:
     """The `controller_runtime_*` series of one controller (see `controller.ControllerMetrics`)."""
 
     def __init__(self, metrics: Metrics, name: str) -> None:
-        self._m = metrics
-        self._name = name
-        self._totals = {r: metrics._reconcile_total.labels(name, r) for r in RECONCILE_RESULTS}
-        self._errors = metrics._reconcile_errors.labels(name)
-        self._terminal = metrics._terminal_errors.labels(name)
-        self._timeouts = metrics._reconcile_timeouts.labels(name)
-        self._time = metrics._reconcile_time.labels(name)
-        self._max_concurrent = metrics._max_concurrent.labels(name)
-        self._active = metrics._active_workers.labels(name)
+        f = metrics._framework.families
+        self._totals = {
+            r: f["controller_runtime_reconcile_total"].number(name, r) for r in RECONCILE_RESULTS
+        }
+        self._errors = f["controller_runtime_reconcile_errors_total"].number(name)
+        self._terminal = f["controller_runtime_terminal_reconcile_errors_total"].number(name)
+        self._timeouts = f["controller_runtime_reconcile_timeouts_total"].number(name)
+        self._time = f["controller_runtime_reconcile_time_seconds"].buckets(name)
+        self._max_concurrent = f["controller_runtime_max_concurrent_reconciles"].number(name)
+        self._active = f["controller_runtime_active_workers"].number(name)
 
     def set_max_concurrent_reconciles(self, value: int) -> None:
-        self._max_concurrent.set(value)
+        self._max_concurrent.value = value
 
     def inc_active_workers(self) -> None:
-        self._active.inc()
+        self._active.value += 1
 
     def dec_active_workers(self) -> None:
-        self._active.dec()
+        self._active.value -= 1
 
     def inc_reconcile_total(self, result: str) -> None:
-        self._totals[result].inc()
+        self._totals[result].value += 1
 
     def inc_reconcile_errors(self) -> None:
-        self._errors.inc()
+        self._errors.value += 1
 
     def inc_terminal_reconcile_errors(self) -> None:
-        self._terminal.inc()
+        self._terminal.value += 1
 
     def inc_reconcile_timeouts(self) -> None:
-        self._timeouts.inc()
+        self._timeouts.value += 1
 
     def observe_reconcile_time(self, seconds: float) -> None:
-        self._time.observe(seconds)
+        series = self._time
+        series.counts[_bisect(series.bounds, seconds)] += 1
+        series.sum += seconds
 
 
 class WorkqueueRecorder:
     """The `workqueue_*` series of one queue (see `workqueue.QueueMetrics`)."""
 
     def __init__(self, metrics: Metrics, name: str) -> None:
-        self._depth = metrics._wq_depth.labels(name, name, "")
-        self._adds = metrics._wq_adds.labels(name, name)
-        self._queue_duration = metrics._wq_queue_duration.labels(name, name)
-        self._work_duration = metrics._wq_work_duration.labels(name, name)
-        self._retries = metrics._wq_retries.labels(name, name)
-        self._unfinished = metrics._wq_unfinished.labels(name, name)
-        self._longest = metrics._wq_longest.labels(name, name)
+        f = metrics._framework.families
+        self._depth = f["workqueue_depth"].number(name, name, "")
+        self._adds = f["workqueue_adds_total"].number(name, name)
+        self._queue_duration = f["workqueue_queue_duration_seconds"].buckets(name, name)
+        self._work_duration = f["workqueue_work_duration_seconds"].buckets(name, name)
+        self._retries = f["workqueue_retries_total"].number(name, name)
+        self._unfinished = f["workqueue_unfinished_work_seconds"].number(name, name)
+        self._longest = f["workqueue_longest_running_processor_seconds"].number(name, name)
 
     def set_depth(self, depth: int) -> None:
-        self._depth.set(depth)
+        self._depth.value = depth
 
     def inc_adds(self) -> None:
-        self._adds.inc()
+        self._adds.value += 1
 
     def observe_queue_duration(self, seconds: float) -> None:
-        self._queue_duration.observe(seconds)
+        series = self._queue_duration
+        series.counts[_bisect(series.bounds, seconds)] += 1
+        series.sum += seconds
 
     def observe_work_duration(self, seconds: float) -> None:
-        self._work_duration.observe(seconds)
+        series = self._work_duration
+        series.counts[_bisect(series.bounds, seconds)] += 1
+        series.sum += seconds
 
     def inc_retries(self) -> None:
-        self._retries.inc()
+        self._retries.value += 1
 
     def set_unfinished_work(self, seconds: float) -> None:
-        self._unfinished.set(seconds)
+        self._unfinished.value = seconds
 
     def set_longest_running_processor(self, seconds: float) -> None:
-        self._longest.set(seconds)
+        self._longest.value = seconds
 
 
 class LeaderElectionRecorder:
@@ -197,91 +389,8 @@ class Metrics:
         prometheus_client.ProcessCollector(registry=reg)
         prometheus_client.PlatformCollector(registry=reg)
         prometheus_client.GCCollector(registry=reg)
-        ctl = ("controller",)
-        self._reconcile_total = prometheus_client.Counter(
-            "controller_runtime_reconcile_total",
-            "Total number of reconciliations per controller",
-            ("controller", "result"),
-            registry=reg,
-        )
-        self._reconcile_errors = prometheus_client.Counter(
-            "controller_runtime_reconcile_errors_total",
-            "Total number of reconciliation errors per controller",
-            ctl,
-            registry=reg,
-        )
-        self._terminal_errors = prometheus_client.Counter(
-            "controller_runtime_terminal_reconcile_errors_total",
-            "Total number of terminal reconciliation errors per controller",
-            ctl,
-            registry=reg,
-        )
-        self._reconcile_timeouts = prometheus_client.Counter(
-            "controller_runtime_reconcile_timeouts_total",
-            "Total number of reconciliation timeouts per controller",
-            ctl,
-            registry=reg,
-        )
-        self._reconcile_time = prometheus_client.Histogram(
-            "controller_runtime_reconcile_time_seconds",
-            "Length of time per reconciliation per controller",
-            ctl,
-            buckets=RECONCILE_TIME_BUCKETS,
-            registry=reg,
-        )
-        self._max_concurrent = prometheus_client.Gauge(
-            "controller_runtime_max_concurrent_reconciles",
-            "Maximum number of concurrent reconciles per controller",
-            ctl,
-            registry=reg,
-        )
-        self._active_workers = prometheus_client.Gauge(
-            "controller_runtime_active_workers",
-            "Number of currently used workers per controller",
-            ctl,
-            registry=reg,
-        )
-        wq = ("name", "controller")
-        self._wq_depth = prometheus_client.Gauge(
-            "workqueue_depth", "Current depth of workqueue", (*wq, "priority"), registry=reg
-        )
-        self._wq_adds = prometheus_client.Counter(
-            "workqueue_adds_total", "Total number of adds handled by workqueue", wq, registry=reg
-        )
-        self._wq_queue_duration = prometheus_client.Histogram(
-            "workqueue_queue_duration_seconds",
-            "How long in seconds an item stays in workqueue before being requested",
-            wq,
-            buckets=WORKQUEUE_BUCKETS,
-            registry=reg,
-        )
-        self._wq_work_duration = prometheus_client.Histogram(
-            "workqueue_work_duration_seconds",
-            "How long in seconds processing an item from workqueue takes",
-            wq,
-            buckets=WORKQUEUE_BUCKETS,
-            registry=reg,
-        )
-        self._wq_unfinished = prometheus_client.Gauge(
-            "workqueue_unfinished_work_seconds",
-            "How many seconds of work has been done that is in progress and hasn't been "
-            "observed by work_duration. Large values indicate stuck threads. One can deduce "
-            "the number of stuck threads by observing the rate at which this increases.",
-            wq,
-            registry=reg,
-        )
-        self._wq_longest = prometheus_client.Gauge(
-            "workqueue_longest_running_processor_seconds",
-            "How many seconds has the longest running processor for workqueue been running.",
-            wq,
-            registry=reg,
-        )
-        self._wq_retries = prometheus_client.Counter(
-            "workqueue_retries_total",
-            "Total number of retries handled by workqueue",
-            wq,
-            registry=reg,
-        )
+        self._framework = _Framework()
+        reg.register(self._framework)
         self._leader_status = prometheus_client.Gauge(
             "leader_election_master_status",
             "Gauge of if the reporting system is master of the relevant lease, 0 indicates "

@@ -66,7 +66,8 @@ class ItemExponentialFailureRateLimiter:
         return min(backoff, self._max)
 
     def forget(self, item: Hashable) -> None:
-        self._failures.pop(item, None)
+        if self._failures:  # called after every success: skip hashing when nothing failed
+            self._failures.pop(item, None)
 
     def num_requeues(self, item: Hashable) -> int:
         return self._failures.get(item, 0)

@@ -121,6 +121,13 @@ class Store:
             if old_values == new_values:
                 continue  # the common case: an update that does not move the object
             index = self._indices[name]
+            if not old_values:  # a new object (the other common case)
+                for value in new_values:
+                    bucket = index.get(value)
+                    if bucket is None:  # (setdefault would build a set every time)
+                        index[value] = bucket = set()
+                    bucket.add(key)
+                continue
             for value in set(old_values).difference(new_values):
                 bucket = index.get(value)
                 if bucket is not None:

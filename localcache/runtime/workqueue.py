@@ -3,8 +3,9 @@
 It carries keys, never events. Three structures, as in client-go's `util/workqueue/queue.go`:
 
 - `_queue`: keys ready to be handed out, in FIFO order (a key appears at most once);
-- `_dirty`: keys that need processing. Every key in `_queue` is dirty; a key that is dirty
-  *and* processing is not in `_queue`: `done()` puts it back;
+- `_dirty`: keys that need processing (with when they were added, for the queue-duration
+  metric). Every key in `_queue` is dirty; a key that is dirty *and* processing is not in
+  `_queue`: `done()` puts it back;
 - `_processing`: keys handed out by `get()` and not yet `done()`.
 
 Guarantees (client-go `doc.go`):
@@ -106,9 +107,8 @@ class WorkQueue:
         self._limiter = rate_limiter or ratelimit.default_controller_rate_limiter(clock)
         self._metrics = metrics
         self._queue: deque[keys.ObjectKey] = deque()
-        self._dirty: set[keys.ObjectKey] = set()
+        self._dirty: dict[keys.ObjectKey, float] = {}  # key -> when it became dirty (metrics)
         self._processing: dict[keys.ObjectKey, float] = {}  # key -> when get() handed it out
-        self._added_at: dict[keys.ObjectKey, float] = {}  # key -> first add while dirty
         self._getters: deque[asyncio.Future[None]] = deque()
         self._shutting_down = False
         self._drained: asyncio.Event | None = None
@@ -126,18 +126,24 @@ class WorkQueue:
 
     def add(self, key: keys.ObjectKey) -> None:
         """Mark `key` as needing processing. Ignored after shutdown; coalesces duplicates."""
-        if self._shutting_down or key in self._dirty:
+        if self._shutting_down:
             return
-        self._dirty.add(key)
+        metrics = self._metrics
+        dirty = self._dirty
+        size = len(dirty)
+        # "if key in dirty: return", with one hash of the key instead of two
+        dirty.setdefault(key, 0.0 if metrics is None else self._clock.now())
+        if len(dirty) == size:
+            return
         self._adds += 1
-        self._added_at.setdefault(key, self._clock.now())
-        if self._metrics is not None:
-            self._metrics.inc_adds()
-            self._metrics.set_depth(len(self._dirty))
-        if key in self._processing:
+        if metrics is not None:
+            metrics.inc_adds()
+            metrics.set_depth(len(dirty))
+        if self._processing and key in self._processing:
             return  # done() re-queues it
         self._queue.append(key)
-        self._wake_one_getter()
+        if self._getters:
+            self._wake_one_getter()
 
     async def get(self) -> keys.ObjectKey:
         """Wait for the next key and mark it processing; the caller must call `done(key)`.
@@ -157,15 +163,21 @@ class WorkQueue:
                 elif self._queue:
                     self._wake_one_getter()  # we were woken for a key we will not take
                 raise
+        return self._take()
+
+    def try_get(self) -> keys.ObjectKey | None:
+        """`get()` without waiting: the next key if one is ready now (the caller must then call
+        `done(key)`), else None (also once shut down with nothing left)."""
+        return self._take() if self._queue else None
+
+    def _take(self) -> keys.ObjectKey:
         key = self._queue.popleft()
         now = self._clock.now()
-        self._dirty.discard(key)
+        added = self._dirty.pop(key, now)  # a queued key is dirty
         self._processing[key] = now
-        added = self._added_at.pop(key, None)
         if self._metrics is not None:
             self._metrics.set_depth(len(self._dirty))
-            if added is not None:
-                self._metrics.observe_queue_duration(max(0.0, now - added))
+            self._metrics.observe_queue_duration(max(0.0, now - added))
         return key
 
     def done(self, key: keys.ObjectKey) -> None:
@@ -176,7 +188,7 @@ class WorkQueue:
             raise ValueError(f"done({key}) for a key that is not being processed") from None
         if self._metrics is not None:
             self._metrics.observe_work_duration(max(0.0, self._clock.now() - started))
-        if key in self._dirty:
+        if self._dirty and key in self._dirty:
             self._queue.append(key)
             self._wake_one_getter()
         if not self._processing and self._drained is not None:

@@ -3,23 +3,28 @@
 Matrix: success forgets the backoff; an exception requeues with per-key backoff and counts an
 error; TerminalError (alone or as the only members of an ExceptionGroup) is not requeued but
 counted; requeue_after forgets and re-adds after the delay; a reconcile past its timeout is an
-error that is retried; every reconcile gets its own reconcile_id with controller and key bound;
-one key never runs on two workers at once; run() returns after queue shutdown and re-raises
-cancellation, leaving no task; stats() and stuck_check() expose a stuck worker.
+error that is retried, and leaves the worker with no cancellation pending; the one timer a
+worker keeps for its timeouts never cuts a later reconcile short; every reconcile gets its own
+UUID-shaped reconcile_id with controller and key bound, on every log line it emits (the
+controller's own included); one key never runs on two workers at once; run() returns after
+queue shutdown and re-raises cancellation (never counted as a timeout), leaving no task;
+stats() and stuck_check() expose a stuck worker.
 
 Time: the queue and stats run on a FakeClock; only the reconcile timeout uses the loop's
-real clock (asyncio.timeout), with a 50 ms limit.
+real clock, with a 50 ms limit (1 s in the test of the shared timer).
 """
 
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 import structlog
+import structlog.testing
 
 from localcache.runtime import clock, controller, errors, keys, metrics, ratelimit, reconcile
 from localcache.runtime import workqueue as wq
@@ -202,7 +207,14 @@ async def test_requeue_after_forgets_backoff_and_reconciles_again_after_the_dela
 
 async def test_reconcile_past_its_timeout_is_an_error_and_retried(harness: Harness) -> None:
     never = asyncio.Event()
-    harness.reconciler.script = [never.wait]
+    pending_cancellations: list[int] = []
+
+    async def retry() -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        pending_cancellations.append(task.cancelling())
+
+    harness.reconciler.script = [never.wait, retry]
     harness.queue.add(A)
     await reconciled(harness, 1)
     stats = harness.ctl.stats()
@@ -213,6 +225,33 @@ async def test_reconcile_past_its_timeout_is_an_error_and_retried(harness: Harne
     await harness.fake_clock.advance(0.005)
     await reconciled(harness, 2)
     assert harness.total("success") == 1
+    assert pending_cancellations == [0], "the timeout's cancellation was not withdrawn"
+
+
+async def test_the_worker_timer_does_not_cut_a_later_reconcile_short() -> None:
+    """The timer armed for A's deadline fires while B, started later, is still within its own
+    timeout: B must run to completion."""
+    fake = clock.FakeClock()
+    queue = wq.WorkQueue(NAME, clock=fake)
+    b = keys.ObjectKey("ns", "b")
+
+    async def body(key: keys.ObjectKey) -> reconcile.Result:
+        if key == b:
+            await asyncio.sleep(0.6)  # from ~0.5 s to ~1.1 s: across A's deadline at 1 s
+        return reconcile.Result()
+
+    ctl = controller.Controller(
+        NAME, reconcile.ReconcilerFunc(body), queue, clock=fake, reconcile_timeout=1.0
+    )
+    task = asyncio.create_task(ctl.run(), name="test-controller-run")
+    queue.add(A)
+    await wait_until(lambda: ctl.stats().reconciles == 1, timeout=5, what="A reconciled")
+    await asyncio.sleep(0.5)  # real time must pass on the loop's clock: that is the test
+    queue.add(b)
+    await wait_until(lambda: ctl.stats().reconciles == 2, timeout=5, what="B reconciled")
+    await queue.shutdown()
+    await asyncio.wait_for(task, timeout=5)
+    assert (ctl.stats().errors, ctl.stats().timeouts) == (0, 0)
 
 
 async def test_timeout_error_raised_by_the_reconciler_is_not_counted_as_a_timeout(
@@ -236,8 +275,41 @@ async def test_each_reconcile_binds_its_own_reconcile_id_with_controller_and_key
     assert first["controller"] == NAME
     assert first["key"] == "ns/a"
     assert len(first["reconcile_id"]) == 36
+    uuid.UUID(first["reconcile_id"])  # shaped like the uuid4 controller-runtime uses
     assert first["reconcile_id"] != second["reconcile_id"]
     assert "reconcile_id" not in structlog.contextvars.get_contextvars()
+
+
+async def test_every_log_line_of_a_reconcile_carries_its_context() -> None:
+    fake = clock.FakeClock()
+    queue = wq.WorkQueue(
+        NAME, clock=fake, rate_limiter=ratelimit.ItemExponentialFailureRateLimiter()
+    )
+
+    async def chatty() -> None:
+        structlog.get_logger("test.reconciler").info("reconciler_was_here")
+
+    reconciler = ScriptedReconciler(script=[RuntimeError("boom"), chatty])
+    merge = structlog.contextvars.merge_contextvars
+    with structlog.testing.capture_logs(processors=[merge]) as logs:
+        ctl = controller.Controller(NAME, reconciler, queue, clock=fake)
+        task = asyncio.create_task(ctl.run(), name="test-controller-run")
+        queue.add(A)
+        await wait_until(lambda: ctl.stats().reconciles == 1, timeout=5, what="A failed")
+        await fake.advance(0.005)
+        await wait_until(lambda: ctl.stats().reconciles == 2, timeout=5, what="A retried")
+        await queue.shutdown()
+        await asyncio.wait_for(task, timeout=5)
+    during = [line for line in logs if line["event"].startswith("reconcile")]
+    assert [line["event"] for line in during] == [
+        "reconcile_failed",
+        "reconciler_was_here",
+        "reconcile_succeeded",
+    ]
+    assert all((line["controller"], line["key"]) == (NAME, "ns/a") for line in during)
+    failed, mine, succeeded = (line["reconcile_id"] for line in during)
+    assert failed != mine == succeeded
+    assert all("reconcile_id" not in line for line in logs if line not in during)
 
 
 async def test_one_key_never_runs_on_two_workers_at_once() -> None:
@@ -279,12 +351,17 @@ async def test_run_returns_after_queue_shutdown_once_queued_keys_are_done() -> N
     assert not ctl.stats().running
 
 
-async def test_cancelling_run_cancels_the_reconcile_and_shuts_the_queue_down() -> None:
+@pytest.mark.parametrize("reconcile_timeout", [None, 120.0], ids=["no-timeout", "timeout"])
+async def test_cancelling_run_cancels_the_reconcile_and_shuts_the_queue_down(
+    reconcile_timeout: float | None,
+) -> None:
     fake = clock.FakeClock()
     queue = wq.WorkQueue(NAME, clock=fake)
     never = asyncio.Event()
     reconciler = ScriptedReconciler(script=[never.wait])
-    ctl = controller.Controller(NAME, reconciler, queue, clock=fake, reconcile_timeout=None)
+    ctl = controller.Controller(
+        NAME, reconciler, queue, clock=fake, reconcile_timeout=reconcile_timeout
+    )
     task = asyncio.create_task(ctl.run(), name="test-controller-run")
     queue.add(A)
     await wait_until(lambda: ctl.stats().active_workers == 1, timeout=5, what="A in flight")
@@ -293,6 +370,7 @@ async def test_cancelling_run_cancels_the_reconcile_and_shuts_the_queue_down() -
         await task
     assert queue.shutting_down
     assert ctl.stats().active_workers == 0
+    assert ctl.stats().timeouts == 0
     assert queue.stats().processing == 0
 
 

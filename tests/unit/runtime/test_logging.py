@@ -3,7 +3,8 @@
 Matrix: secret-looking keys are redacted at the top level and nested in dicts and lists;
 keys that only name a secret and the object `key` are kept; Secret objects lose data and
 stringData; bearer strings are redacted wherever they appear; configure() renders JSON with
-the bound reconcile context and filters by level; unknown levels are refused.
+the bound reconcile context and filters by level; reconcile_context() restores what was bound
+before it; unknown levels are refused.
 """
 
 from __future__ import annotations
@@ -151,3 +152,20 @@ def test_standard_library_records_are_rendered_and_redacted_too(
 def test_unknown_log_level_is_refused() -> None:
     with pytest.raises(ValueError, match="unknown log level"):
         log_setup.configure(level="chatty")
+
+
+def test_reconcile_context_restores_what_was_bound_before() -> None:
+    structlog.contextvars.bind_contextvars(key="outer")
+    try:
+        with log_setup.reconcile_context(
+            controller="widget", key=keys.ObjectKey("ns", "a"), reconcile_id="r-1"
+        ):
+            bound = structlog.contextvars.get_contextvars()
+            assert (bound["controller"], bound["key"], bound["reconcile_id"]) == (
+                "widget",
+                "ns/a",
+                "r-1",
+            )
+        assert structlog.contextvars.get_contextvars() == {"key": "outer"}
+    finally:
+        structlog.contextvars.clear_contextvars()

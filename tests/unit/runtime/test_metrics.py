@@ -1,9 +1,10 @@
 """Metrics: controller-runtime's names, labels and buckets, on a private registry.
 
 Matrix: the exposition holds every framework metric name of spec §7 / reference §2.4 with its
-labels; controller series are pre-initialised to 0; buckets match controller-runtime's; two
+labels; controller series are pre-initialised to 0; buckets match controller-runtime's, counted
+inclusively and cumulatively with count and sum; recorders of one name share their series; two
 Metrics objects do not share a registry; domain counters, gauges and histograms work with and
-without labels; process metrics are present.
+without labels, and cannot reuse a framework name; process metrics are present.
 """
 
 from __future__ import annotations
@@ -156,3 +157,37 @@ def test_registering_a_name_twice_is_refused() -> None:
     m.counter("localcache_things_total", "Things")
     with pytest.raises(ValueError, match="Duplicated"):
         m.counter("localcache_things_total", "Things again")
+
+
+def test_framework_histograms_count_each_bound_inclusively_and_cumulatively() -> None:
+    m = metrics.Metrics()
+    recorder = m.controller("widget")
+    for seconds in (0.005, 0.3, 100.0):
+        recorder.observe_reconcile_time(seconds)
+
+    def bucket(le: str) -> float | None:
+        return m.value(
+            "controller_runtime_reconcile_time_seconds_bucket", controller="widget", le=le
+        )
+
+    assert (bucket("0.005"), bucket("0.25"), bucket("0.3"), bucket("60.0")) == (1, 1, 2, 2)
+    assert bucket("+Inf") == 3
+    name = "controller_runtime_reconcile_time_seconds"
+    assert m.value(f"{name}_count", controller="widget") == 3
+    assert m.value(f"{name}_sum", controller="widget") == pytest.approx(100.305)
+
+
+def test_recorders_for_one_name_share_their_series() -> None:
+    m = metrics.Metrics()
+    m.controller("widget").inc_reconcile_errors()
+    m.controller("widget").inc_reconcile_errors()
+    m.workqueue("widget").inc_adds()
+    m.workqueue("widget").inc_adds()
+    assert m.value("controller_runtime_reconcile_errors_total", controller="widget") == 2
+    assert m.value("workqueue_adds_total", name="widget", controller="widget") == 2
+
+
+def test_a_domain_metric_cannot_take_a_framework_name() -> None:
+    m = metrics.Metrics()
+    with pytest.raises(ValueError, match="Duplicated"):
+        m.counter("workqueue_adds_total", "Clashes with the work queue's counter")

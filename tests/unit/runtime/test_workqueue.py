@@ -2,6 +2,7 @@
 
 Matrix: FIFO order; duplicate adds coalesce; a key is never handed to two workers at once;
 a re-add during processing runs again after done; done() of an unknown key is refused;
+try_get() hands out a ready key like get() and never waits;
 add_after waits for its deadline, keeps the earliest one, wakes the delay loop sooner for an
 earlier deadline and works on the real clock too; rate-limited adds back off per
 key and forget resets them; shutdown: adds ignored, queued keys still handed out, get raises
@@ -231,6 +232,23 @@ async def test_rate_limited_adds_back_off_per_key_and_forget_resets(
     assert running_queue.num_requeues(B) == 0
     running_queue.forget(A)
     assert running_queue.num_requeues(A) == 0
+
+
+async def test_try_get_hands_out_a_ready_key_like_get_and_never_waits(
+    queue: workqueue.WorkQueue,
+) -> None:
+    assert queue.try_get() is None
+    queue.add(A)
+    queue.add(B)
+    assert queue.try_get() == A
+    queue.add(A)  # while processing: not handed out again until done()
+    assert queue.try_get() == B
+    assert queue.try_get() is None
+    assert queue.stats().processing == 2
+    queue.done(A)
+    assert queue.try_get() == A
+    await queue.shutdown()
+    assert queue.try_get() is None
 
 
 async def test_get_after_shutdown_raises_shut_down(queue: workqueue.WorkQueue) -> None:
