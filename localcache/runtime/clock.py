@@ -22,8 +22,7 @@ class Clock(Protocol):
 class SystemClock:
     """The real monotonic clock."""
 
-    def now(self) -> float:
-        return time.monotonic()
+    now = staticmethod(time.monotonic)  # called several times per event: no extra frame
 
     async def sleep(self, seconds: float) -> None:
         await asyncio.sleep(max(0.0, seconds))

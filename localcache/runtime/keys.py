@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 
-@dataclass(frozen=True, order=True, slots=True)
-class ObjectKey:
-    """Identifies one object. `namespace` is "" for cluster-scoped objects."""
+class ObjectKey(NamedTuple):
+    """Identifies one object. `namespace` is "" for cluster-scoped objects.
+
+    A NamedTuple because keys are hashed several times per watch event (store, indexes,
+    queue sets): tuple hashing runs in C."""
 
     namespace: str
     name: str

@@ -30,9 +30,12 @@ import copy
 import itertools
 import math
 from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeVar
 
 import prometheus_client
 from prometheus_client import exposition, metrics_core, utils
+
+F = TypeVar("F")
 
 #: controller_runtime_reconcile_time_seconds buckets (40), from controller-runtime.
 RECONCILE_TIME_BUCKETS: tuple[float, ...] = (
@@ -398,6 +401,7 @@ class Metrics:
             ("name",),
             registry=reg,
         )
+        self._families: dict[str, tuple[str, tuple[str, ...], Any]] = {}
 
     # -- framework recorders -------------------------------------------------------------
 
@@ -415,14 +419,40 @@ class Metrics:
 
     # -- domain metrics ------------------------------------------------------------------
 
+    def _family(self, kind: str, name: str, labels: Sequence[str], make: Callable[[], F]) -> F:
+        """The family `name`, made on first request. Asking again with the same kind and
+        labels returns the same family (several components, e.g. two agents in one process,
+        may declare the same series); a different kind or label set is a programming error."""
+        wanted = tuple(labels)
+        known = self._families.get(name)
+        if known is not None:
+            if known[:2] != (kind, wanted):
+                raise ValueError(
+                    f"metric {name} already exists as a {known[0]} with labels {known[1]}"
+                )
+            family: F = known[2]
+            return family
+        created = make()
+        self._families[name] = (kind, wanted, created)
+        return created
+
     def counter(self, name: str, help: str, *, labels: Sequence[str] = ()) -> CounterFamily:
-        """A new counter; `name` should end in `_total`."""
-        metric = prometheus_client.Counter(name, help, tuple(labels), registry=self._registry)
-        return CounterFamily(metric, bool(labels))
+        """The counter `name` (made once); `name` should end in `_total`."""
+
+        def make() -> CounterFamily:
+            metric = prometheus_client.Counter(name, help, tuple(labels), registry=self._registry)
+            return CounterFamily(metric, bool(labels))
+
+        return self._family("counter", name, labels, make)
 
     def gauge(self, name: str, help: str, *, labels: Sequence[str] = ()) -> GaugeFamily:
-        metric = prometheus_client.Gauge(name, help, tuple(labels), registry=self._registry)
-        return GaugeFamily(metric, tuple(labels))
+        """The gauge `name` (made once)."""
+
+        def make() -> GaugeFamily:
+            metric = prometheus_client.Gauge(name, help, tuple(labels), registry=self._registry)
+            return GaugeFamily(metric, tuple(labels))
+
+        return self._family("gauge", name, labels, make)
 
     def histogram(
         self,
@@ -432,10 +462,15 @@ class Metrics:
         labels: Sequence[str] = (),
         buckets: Sequence[float] = prometheus_client.Histogram.DEFAULT_BUCKETS,
     ) -> HistogramFamily:
-        metric = prometheus_client.Histogram(
-            name, help, tuple(labels), buckets=tuple(buckets), registry=self._registry
-        )
-        return HistogramFamily(metric, bool(labels))
+        """The histogram `name` (made once; the first call's buckets apply)."""
+
+        def make() -> HistogramFamily:
+            metric = prometheus_client.Histogram(
+                name, help, tuple(labels), buckets=tuple(buckets), registry=self._registry
+            )
+            return HistogramFamily(metric, bool(labels))
+
+        return self._family("histogram", name, labels, make)
 
     # -- reading -------------------------------------------------------------------------
 

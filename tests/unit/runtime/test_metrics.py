@@ -152,13 +152,6 @@ def test_domain_metrics_are_made_without_importing_prometheus() -> None:
     assert m.value("localcache_download_seconds_bucket", le="1.0") == 0
 
 
-def test_registering_a_name_twice_is_refused() -> None:
-    m = metrics.Metrics()
-    m.counter("localcache_things_total", "Things")
-    with pytest.raises(ValueError, match="Duplicated"):
-        m.counter("localcache_things_total", "Things again")
-
-
 def test_framework_histograms_count_each_bound_inclusively_and_cumulatively() -> None:
     m = metrics.Metrics()
     recorder = m.controller("widget")
@@ -191,3 +184,23 @@ def test_a_domain_metric_cannot_take_a_framework_name() -> None:
     m = metrics.Metrics()
     with pytest.raises(ValueError, match="Duplicated"):
         m.counter("workqueue_adds_total", "Clashes with the work queue's counter")
+
+
+def test_declaring_a_series_twice_returns_the_same_family() -> None:
+    # Two agents in one process (`localcache run`) declare the same download series.
+    m = metrics.Metrics()
+    first = m.counter("localcache_test_downloads_total", "downloads")
+    second = m.counter("localcache_test_downloads_total", "downloads")
+    assert first is second
+    first.inc()
+    second.inc()
+    assert m.value("localcache_test_downloads_total") == 2
+
+
+def test_redeclaring_a_series_with_other_labels_is_refused() -> None:
+    m = metrics.Metrics()
+    m.gauge("localcache_test_depth", "depth", labels=("queue",))
+    with pytest.raises(ValueError, match="already exists as a gauge"):
+        m.gauge("localcache_test_depth", "depth", labels=("other",))
+    with pytest.raises(ValueError, match="already exists as a gauge"):
+        m.counter("localcache_test_depth", "depth", labels=("queue",))
