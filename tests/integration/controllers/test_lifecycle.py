@@ -9,6 +9,7 @@ import itertools
 
 import pytest
 
+from localcache.api import groupversion
 from localcache.controllers import state
 from localcache.runtime import kube
 from localcache.runtime.testing.waiting import wait_until
@@ -133,6 +134,20 @@ def _idle(controllers: Controllers) -> bool:
     )
 
 
+async def _nothing_terminating(env: Env) -> bool:
+    paths = (
+        "/api/v1/namespaces",
+        f"/apis/{groupversion.GROUP}/{groupversion.VERSION}/localmodelcaches",
+        f"/apis/{groupversion.GROUP}/{groupversion.VERSION}/localmodelnamespacecaches",
+    )
+    for path in paths:
+        status, body = await asyncio.to_thread(env.plane.rest, "GET", path)
+        assert status == 200, body
+        if any(item["metadata"].get("deletionTimestamp") for item in body["items"]):
+            return False
+    return True
+
+
 async def test_forced_resync_after_convergence_writes_nothing(env: Env) -> None:
     group = env.name("gpu")
     await env.group(group, group)
@@ -162,6 +177,13 @@ async def test_forced_resync_after_convergence_writes_nothing(env: Env) -> None:
         await wait_until(
             phase_is(env, kube.PERSISTENT_VOLUME_CLAIMS, pvc, ns, "Bound"), what=f"{pvc} bound"
         )
+    # The controllers reconcile cluster-wide: caches that earlier tests left in namespaces
+    # still being deleted would be finalized during the measurement. Wait until none is left.
+    await wait_until(
+        lambda: _nothing_terminating(env),
+        timeout=120,
+        what="no namespace or cache of an earlier test is still terminating",
+    )
     seen: list[int] = []
 
     def settled() -> bool:
