@@ -30,6 +30,7 @@ from aiohttp import web
 
 from localcache.runtime import admission, metrics, store
 from localcache.runtime import logging as logging_mod
+from localcache.runtime import tls as tls_mod
 from localcache.runtime.testing import certs
 from localcache.webhooks import isvc
 
@@ -212,8 +213,8 @@ async def measure(
 
 @contextlib.asynccontextmanager
 async def _tls_site(app: web.Application, cert_dir: Path) -> AsyncIterator[int]:
-    tls = admission.ReloadableTLS(cert_dir / "tls.crt", cert_dir / "tls.key")
-    async with admission.serve(app, host="127.0.0.1", port=0, ssl_context=tls.context) as port:
+    tls = tls_mod.ReloadableTLS(cert_dir / "tls.crt", cert_dir / "tls.key")
+    async with tls_mod.serve(app, host="127.0.0.1", port=0, ssl_context=tls.context) as port:
         yield port
 
 

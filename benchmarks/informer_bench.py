@@ -41,13 +41,14 @@ is what they measure.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import json
 import os
 import statistics
 import time
 import tracemalloc
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -271,7 +272,7 @@ class ReplayFrom:
 
     def watch(
         self, *, resource_version: str, timeout_seconds: int, read_deadline: float
-    ) -> kube.WatchStream:
+    ) -> contextlib.AbstractAsyncContextManager[AsyncIterator[dict[str, Any]]]:
         return self._inner.watch(
             resource_version=resource_version,
             timeout_seconds=timeout_seconds,

@@ -30,18 +30,18 @@ from localcache.controllers import setup as controllers_setup
 from localcache.runtime import (
     admission,
     errors,
+    factory,
     httpserver,
-    informer,
     kube,
     leaderelection,
     manager,
     metrics,
-    reflector,
     store,
+    tls,
 )
 from localcache.runtime import logging as logging_mod
 from localcache.runtime.keys import ObjectKey
-from localcache.webhooks import certs
+from localcache.webhooks import certgen, certs
 from localcache.webhooks import setup as webhooks_setup
 
 _log = structlog.get_logger(__name__)
@@ -139,17 +139,14 @@ async def connect(settings: settings_mod.Settings) -> kube.Kube:
 
 
 def _config_source(
-    mgr: manager.Manager, client: kube.Kube, settings: settings_mod.Settings
+    informers: factory.InformerFactory, settings: settings_mod.Settings
 ) -> LiveConfig:
-    inf = mgr.add_informer(
-        informer.Informer(
-            reflector.ListWatch(
-                client,
-                kube.CONFIG_MAPS,
-                namespace=settings.config_namespace,
-                field_selector=f"metadata.name={settings.config_map}",
-            )
-        )
+    """The live configuration, read from the shared ConfigMap informer (the node agents of
+    the same process watch the same ConfigMap through it)."""
+    inf = informers.informer(
+        kube.CONFIG_MAPS,
+        namespace=settings.config_namespace,
+        field_selector=f"metadata.name={settings.config_map}",
     )
     return LiveConfig(inf.reader(), ObjectKey(settings.config_namespace, settings.config_map))
 
@@ -167,18 +164,18 @@ async def _webhook_server(
     cert_dir = settings.webhook_cert_dir
     if cert_manager is not None:
         await cert_manager.ensure()
-    tls = admission.ReloadableTLS(cert_dir / "tls.crt", cert_dir / "tls.key")
+    reloadable = tls.ReloadableTLS(cert_dir / "tls.crt", cert_dir / "tls.key")
     if cert_manager is not None:
 
-        def reload(_bundle: certs.CertBundle) -> None:
-            tls.reload()
+        def reload(_bundle: certgen.CertBundle) -> None:
+            reloadable.reload()
 
         cert_manager.on_change = reload
-    async with admission.serve(
+    async with tls.serve(
         server.app(),
         host=settings.bind_address,
         port=settings.webhook_port,
-        ssl_context=tls.context,
+        ssl_context=reloadable.context,
     ) as port:
         yield port
 
@@ -237,12 +234,19 @@ async def run_components(
             shutdown_timeout=settings.shutdown_timeout,
             handle_signals=handle_signals,
         )
+        # One factory per Manager: every component of this process shares its informers.
+        informers = factory.InformerFactory(api, mgr)
         live_config: LiveConfig | None = None
         if components.controller or components.webhooks:
-            live_config = _config_source(mgr, api, settings)
+            live_config = _config_source(informers, settings)
         if components.controller and live_config is not None:
             controllers_setup.setup(
-                mgr, kube=api, config=live_config, metrics=registry, workers=settings.workers
+                mgr,
+                kube=api,
+                config=live_config,
+                metrics=registry,
+                workers=settings.workers,
+                factory=informers,
             )
         if server is not None and live_config is not None:
             source = live_config
@@ -251,6 +255,7 @@ async def run_components(
                 mgr,
                 client=api,
                 local_model_enabled=lambda: source().local_model.enabled,
+                factory=informers,
             )
             if cert_manager is not None:
                 mgr.add_runnable("webhook-cert-rotation", cert_manager, needs_leader=False)
@@ -276,6 +281,7 @@ async def run_components(
                     ),
                 ),
                 metrics=registry,
+                factory=informers,
             )
         if on_manager is not None:
             on_manager(mgr)

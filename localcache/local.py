@@ -14,6 +14,8 @@
   printed, and so is its Ready state; `--exit-when-ready` stops there (exit 0, or 1 when it is
   not Ready within `READY_TIMEOUT_S`). The control plane is always stopped on the way out.
 
+The pure parts (settings, objects, messages) are `localmode`; this module does the I/O.
+
 Messages for the user go to stdout; logs go to stderr.
 """
 
@@ -24,7 +26,6 @@ import contextlib
 import dataclasses
 import datetime
 import functools
-import json
 import os
 import shutil
 import sys
@@ -36,7 +37,7 @@ from typing import Any, TextIO
 import structlog
 import yaml
 
-from localcache import app
+from localcache import app, localmode
 from localcache import settings as settings_mod
 from localcache.api import groupversion
 from localcache.runtime import errors, informer, kube, manager, reflector
@@ -46,19 +47,10 @@ _log = structlog.get_logger(__name__)
 
 Obj = dict[str, Any]
 MANIFESTS = Path(__file__).resolve().parent.parent / "manifests"
-DEMO_NODES = ("demo-node-1", "demo-node-2")
-WORKER_LABEL = ("kserve/localmodel", "worker")
 DEMO_FILE = "model.txt"
 PROBE_TIMEOUT_S = 3.0
 READY_TIMEOUT_S = 300.0
 APPLY_TIMEOUT_S = 60.0
-LOCAL_MODEL_OVERRIDES: Mapping[str, Any] = {
-    "enabled": True,
-    "reconcilationFrequencyInSecs": 5,
-    "downloadRetryBackoffInSecs": 2,
-    "downloadRetryMaxBackoffInSecs": 30,
-}
-"""`localModel` keys set over the shipped ConfigMap, so the demo is snappy."""
 
 
 def _resource(info: groupversion.KindInfo) -> kube.Resource:
@@ -135,97 +127,6 @@ async def _run_against(settings: settings_mod.Settings, path: Path) -> int:
     return await app.run_components(dataclasses.replace(settings, kubeconfig=str(path)), components)
 
 
-# ------------------------------------------------------------------ local mode, pure parts
-
-
-def local_settings(
-    settings: settings_mod.Settings,
-    *,
-    run_dir: Path,
-    kubeconfig: Path,
-    pv_path: str,
-    pick_port: Callable[[], int] = controlplane.free_port,
-) -> settings_mod.Settings:
-    """`settings` for local mode: the local kubeconfig; a free metrics port, a free webhook
-    port, loopback binding and certificates under `run_dir` where the defaults were kept;
-    models roots under `run_dir` standing for the node group's PV path `pv_path`."""
-    default = {f.dest: f.default for f in settings_mod.FLAGS}
-    changes: dict[str, Any] = {
-        "kubeconfig": str(kubeconfig),
-        "models_root": run_dir / "nodes",
-        "host_models_root": Path(pv_path),
-    }
-    if settings.metrics_port == int(default["metrics_port"]):
-        changes["metrics_port"] = 0
-    if settings.webhook_port == int(default["webhook_port"]):
-        changes["webhook_port"] = pick_port()
-    if settings.bind_address == default["bind_address"]:
-        changes["bind_address"] = "127.0.0.1"
-    if str(settings.webhook_cert_dir) == default["webhook_cert_dir"]:
-        changes["webhook_cert_dir"] = run_dir / "webhook-certs"
-    return dataclasses.replace(settings, **changes)
-
-
-def local_config_map(shipped: Obj, *, namespace: str, name: str) -> Obj:
-    """The shipped `inferenceservice-config` with `LOCAL_MODEL_OVERRIDES`, renamed."""
-    data = dict(shipped.get("data") or {})
-    data["localModel"] = json.dumps(
-        {**json.loads(data.get("localModel") or "{}"), **LOCAL_MODEL_OVERRIDES}
-    )
-    meta = {**(shipped.get("metadata") or {}), "namespace": namespace, "name": name}
-    return {**shipped, "metadata": meta, "data": data}
-
-
-def local_webhook_configuration(shipped: Obj, *, port: int) -> Obj:
-    """A shipped webhook configuration calling https://127.0.0.1:`port` by URL, without a
-    caBundle (the certificate manager patches it in, by the configuration's name)."""
-    out: Obj = json.loads(json.dumps(shipped))
-    for hook in out.get("webhooks") or []:
-        path = ((hook.get("clientConfig") or {}).get("service") or {}).get("path") or "/"
-        hook["clientConfig"] = {"url": f"https://127.0.0.1:{port}{path}"}
-    return out
-
-
-def demo_node(name: str) -> Obj:
-    key, value = WORKER_LABEL
-    labels = {key: value, jobrunner.HOSTNAME_LABEL: name}
-    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels}}
-
-
-def node_ready_status(now: datetime.datetime) -> Obj:
-    stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
-    condition = {"type": "Ready", "status": "True", "reason": "KubeletReady",
-                 "message": "played by localcache run (no kubelet)",
-                 "lastHeartbeatTime": stamp, "lastTransitionTime": stamp}  # fmt: skip
-    return {"status": {"conditions": [condition]}}
-
-
-def cache_ready(obj: Obj | None) -> bool:
-    conditions = ((obj or {}).get("status") or {}).get("conditions") or []
-    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
-
-
-def watch_commands(kubectl: str, kubeconfig: Path, *, name: str, namespace: str) -> list[str]:
-    k = f"{kubectl} --kubeconfig {kubeconfig}"
-    return [
-        f"{k} get lmnc -A -w",
-        f"{k} get lmn",
-        f"{k} wait --for=condition=Ready lmnc/{name} -n {namespace} --timeout=120s",
-        f"{k} describe lmnc {name} -n {namespace}",
-        f"{k} get jobs,pods -A",
-    ]
-
-
-def ready_line(obj: Obj) -> str:
-    meta, status = obj.get("metadata") or {}, obj.get("status") or {}
-    copies = status.get("copies") or {}
-    nodes = ", ".join(f"{n}: {s}" for n, s in sorted((status.get("nodeStatus") or {}).items()))
-    return (
-        f"localcache: LocalModelNamespaceCache {meta.get('namespace')}/{meta.get('name')} is "
-        f"Ready: copies available {copies.get('available', 0)}/{copies.get('total', 0)} ({nodes})"
-    )
-
-
 def _load(path: Path) -> list[Obj]:
     return [d for d in yaml.safe_load_all(path.read_text()) if isinstance(d, dict)]
 
@@ -257,10 +158,10 @@ class LocalRun:
         self.sample = _load(manifests / "samples" / "namespacecache.yaml")[0]
         pv_spec = self.node_group["spec"]["persistentVolumeSpec"]
         self.pv_path = str((pv_spec.get("local") or pv_spec.get("hostPath"))["path"])
-        self.settings = local_settings(
+        self.settings = localmode.local_settings(
             settings, run_dir=run_dir, kubeconfig=kubeconfig_path, pv_path=self.pv_path
         )
-        self.node_roots = {node: run_dir / "nodes" / node for node in DEMO_NODES}
+        self.node_roots = {node: run_dir / "nodes" / node for node in localmode.DEMO_NODES}
         self.plane: controlplane.ControlPlane | None = None
         self.ready = asyncio.Event()
         self.ready_object: Obj | None = None
@@ -301,18 +202,22 @@ class LocalRun:
             await _create(client, kube.NAMESPACES, ns)
         await _create(client, kube.NAMESPACES, {"metadata": {"name": s.config_namespace}})
         shipped = _load(self.manifests / "base" / "config.yaml")[0]
-        config = local_config_map(shipped, namespace=s.config_namespace, name=s.config_map)
+        config = localmode.local_config_map(
+            shipped, namespace=s.config_namespace, name=s.config_map
+        )
         await _create(client, kube.CONFIG_MAPS, config)
-        for node in DEMO_NODES:
-            await _create(client, kube.NODES, demo_node(node))
-            status = node_ready_status(datetime.datetime.now(datetime.UTC))
+        for node in localmode.DEMO_NODES:
+            await _create(client, kube.NODES, localmode.demo_node(node))
+            status = localmode.node_ready_status(datetime.datetime.now(datetime.UTC))
             await client.patch_status(kube.NODES, node, status)
         await _create(client, LMNG, self.node_group)
         hooks = {"mutating": kube.MUTATING_WEBHOOK_CONFIGURATIONS,
                  "validating": kube.VALIDATING_WEBHOOK_CONFIGURATIONS}  # fmt: skip
         for name, res in hooks.items() if s.webhook_port else ():
             shipped = _load(self.manifests / "webhook" / f"{name}.yaml")[0]
-            await _create(client, res, local_webhook_configuration(shipped, port=s.webhook_port))
+            await _create(
+                client, res, localmode.local_webhook_configuration(shipped, port=s.webhook_port)
+            )
 
     def _write_demo_model(self) -> None:
         uri = str(self.sample["spec"]["sourceModelUri"])
@@ -367,13 +272,13 @@ class LocalRun:
             kubectl = self.plane.kubectl_path
         self.say(
             f"localcache: local control plane at {self._client.server}\n"
-            f"  demo nodes {', '.join(DEMO_NODES)} in node group "
+            f"  demo nodes {', '.join(localmode.DEMO_NODES)} in node group "
             f"{self.node_group['metadata']['name']} (models under {self.run_dir / 'nodes'})\n"
             f"  applied LocalModelNamespaceCache {meta['namespace']}/{meta['name']} "
             f"({sample['spec']['sourceModelUri']})\n"
             f"  kubeconfig: {self.kubeconfig_path}\nwatch it with:"
         )
-        for line in watch_commands(
+        for line in localmode.watch_commands(
             kubectl, self.kubeconfig_path, name=meta["name"], namespace=meta["namespace"]
         ):
             self.say(f"  {line}")
@@ -383,7 +288,7 @@ class LocalRun:
             self.say(f"localcache: the sample cache is not Ready after {READY_TIMEOUT_S:.0f}s")
             self.exit_code = 1 if exit_when_ready else 0
         else:
-            self.say(ready_line(self.ready_object or {}))
+            self.say(localmode.ready_line(self.ready_object or {}))
         if exit_when_ready:
             self.say("localcache: --exit-when-ready: stopping")
             self.stop()
@@ -391,7 +296,7 @@ class LocalRun:
             self.say("localcache: running until Ctrl-C")
 
     def _on_cache_event(self, event: informer.Event) -> None:
-        if not isinstance(event, informer.Deleted) and cache_ready(event.obj):
+        if not isinstance(event, informer.Deleted) and localmode.cache_ready(event.obj):
             self.ready_object = event.obj
             self.ready.set()
 

@@ -1,13 +1,7 @@
-"""The model-folder protocol on the node's models root: layout, staging, promotion, deletion.
+"""The model-folder operations on a node's models root: staging, promotion, recovery, deletion.
 
-Layout under `root` (the agent's mount of the node group's PV, default `/mnt/models`):
-
-    <root>/models/<storage key>/          final model folder; KServe's pod mutator mounts
-                                          `models/<storage key>` from the serving PV (ref §2.1)
-    <root>/.staging/<storage key>-<job>/  where a download Job writes (its volume subPath)
-    <root>/.manifests/<storage key>.json  manifest of a complete folder (kept OUTSIDE the folder)
-    <root>/.manifests/<storage key>.promoting.json  intent record of an unfinished promotion
-    <root>/.trash/                        folders on their way out
+The layout of the models root, its names and its records (`Manifest`, `Recovered`,
+`DiskError`) are `agent.layout`; `ModelDisk` here does the filesystem work on them.
 
 Contract:
 - A model folder is complete iff the folder and its manifest both exist and the manifest names
@@ -30,112 +24,17 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import shutil
 import uuid
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any, Literal
+from typing import Any
 
 import structlog
 
+from localcache.agent import layout
+
 log = structlog.get_logger(__name__)
-
-DEFAULT_ROOT = Path("/mnt/models")
-MODELS_DIR = "models"
-STAGING_DIR = ".staging"
-MANIFESTS_DIR = ".manifests"
-TRASH_DIR = ".trash"
-_MANIFEST_SUFFIX = ".json"
-_RECORD_SUFFIX = ".promoting.json"
-
-_KEY_RE = re.compile(r"[0-9a-f]{16}")
-_STAGING_RE = re.compile(r"(?P<key>[0-9a-f]{16})-(?P<job>[a-z0-9]([-a-z0-9.]*[a-z0-9])?)")
-
-
-Outcome = Literal["promoted", "manifest-written", "finished", "kept-existing", "abandoned"]
-
-
-class DiskError(Exception):
-    """A model-folder operation that cannot proceed; the message says why."""
-
-
-class RootMismatch(DiskError):
-    """The node group's PV path is not the directory the agent sees as its models root."""
-
-
-def is_storage_key(name: str) -> bool:
-    """True for names shaped like a storage key: exactly 16 lowercase hex characters."""
-    return _KEY_RE.fullmatch(name) is not None
-
-
-def _require_key(storage_key: str) -> None:
-    if not is_storage_key(storage_key):
-        raise DiskError(f"not a storage key: {storage_key!r}")
-
-
-def staging_name(storage_key: str, job_name: str) -> str:
-    """The staging folder's name for a download Job: `<storage key>-<job name>`."""
-    _require_key(storage_key)
-    name = f"{storage_key}-{job_name}"
-    if _STAGING_RE.fullmatch(name) is None:
-        raise DiskError(f"not a valid job name for a staging folder: {job_name!r}")
-    return name
-
-
-def staging_subpath(storage_key: str, job_name: str) -> str:
-    """The staging folder relative to the PV root: the download Job's volume `subPath`."""
-    return f"{STAGING_DIR}/{staging_name(storage_key, job_name)}"
-
-
-def model_subpath(storage_key: str) -> str:
-    """The final folder relative to the PV root, as KServe's pod mutator mounts it."""
-    _require_key(storage_key)
-    return f"{MODELS_DIR}/{storage_key}"
-
-
-@dataclass(frozen=True, slots=True)
-class Manifest:
-    """What is recorded about a complete model folder."""
-
-    storage_key: str
-    uri: str
-    bytes: int
-    completed_at: str  # RFC 3339, UTC
-    job: str
-
-    def to_json(self) -> dict[str, Any]:
-        return {json_name: getattr(self, attr) for attr, json_name in _MANIFEST_JSON.items()}
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Manifest:
-        try:
-            return cls(
-                storage_key=str(data["storageKey"]), uri=str(data["uri"]),
-                bytes=int(data["bytes"]), completed_at=str(data["completedAt"]),
-                job=str(data["job"]),
-            )  # fmt: skip
-        except (KeyError, TypeError, ValueError) as exc:
-            raise DiskError(f"malformed manifest: {exc}") from exc
-
-
-_MANIFEST_JSON = {
-    "storage_key": "storageKey", "uri": "uri", "bytes": "bytes",
-    "completed_at": "completedAt", "job": "job",
-}  # fmt: skip
-
-
-@dataclass(frozen=True, slots=True)
-class Recovered:
-    """One unfinished promotion that `recover()` settled; `outcome` says how."""
-
-    storage_key: str
-    staging: str
-    # "promoted": moved and recorded; "manifest-written": was moved, manifest added;
-    # "finished": only the record was left; "kept-existing": another download of the same URI
-    # was already complete, this one was discarded; "abandoned": staging and folder both gone.
-    outcome: Outcome
 
 
 def folder_bytes(path: Path) -> int:
@@ -209,13 +108,13 @@ class ModelDisk:
     """The models root of one node. `host_path` is the node directory mounted at `root` (the
     DaemonSet's hostPath, `/models` in KServe's manifests); None means `root` is that path."""
 
-    def __init__(self, root: Path = DEFAULT_ROOT, *, host_path: str | None = None) -> None:
+    def __init__(self, root: Path = layout.DEFAULT_ROOT, *, host_path: str | None = None) -> None:
         self.root = root
         self.host_path = host_path
-        self.models = root / MODELS_DIR
-        self.staging = root / STAGING_DIR
-        self.manifests = root / MANIFESTS_DIR
-        self.trash = root / TRASH_DIR
+        self.models = root / layout.MODELS_DIR
+        self.staging = root / layout.STAGING_DIR
+        self.manifests = root / layout.MANIFESTS_DIR
+        self.trash = root / layout.TRASH_DIR
 
     # ---- layout -------------------------------------------------------------------------
     def ensure_layout(self) -> None:
@@ -224,24 +123,24 @@ class ModelDisk:
             path.mkdir(parents=True, exist_ok=True)
 
     def check_root(self, pv_path: str) -> None:
-        """Raise `RootMismatch` when a node group's PV path is not the agent's models root:
+        """Raise `layout.RootMismatch` when a node group's PV path is not the agent's models root:
         downloads would land where the agent never sees them (KServe #4151, #5156)."""
         mine = PurePosixPath(os.path.normpath(self.host_path or str(self.root)))
         theirs = PurePosixPath(os.path.normpath(pv_path))
         if mine != theirs:
             mounted = f" (mounted at {self.root})" if self.host_path else ""
-            raise RootMismatch(
+            raise layout.RootMismatch(
                 f"node group PV path {theirs} differs from the agent's models root "
                 f"{mine}{mounted}; set the node group's PV path or the agent's models root "
                 "so they are the same directory"
             )
 
     def model_path(self, storage_key: str) -> Path:
-        _require_key(storage_key)
+        layout.require_key(storage_key)
         return self.models / storage_key
 
     def staging_path(self, storage_key: str, job_name: str) -> Path:
-        return self.staging / staging_name(storage_key, job_name)
+        return self.staging / layout.staging_name(storage_key, job_name)
 
     def prepare_staging(self, storage_key: str, job_name: str, *, mode: int = 0o777) -> Path:
         """Create an empty staging folder writable by the download pod's user (idempotent)."""
@@ -251,20 +150,20 @@ class ModelDisk:
         return path
 
     def _manifest_path(self, storage_key: str) -> Path:
-        return self.manifests / f"{storage_key}{_MANIFEST_SUFFIX}"
+        return self.manifests / f"{storage_key}{layout.MANIFEST_SUFFIX}"
 
     def _record_path(self, storage_key: str) -> Path:
-        return self.manifests / f"{storage_key}{_RECORD_SUFFIX}"
+        return self.manifests / f"{storage_key}{layout.RECORD_SUFFIX}"
 
     # ---- queries ------------------------------------------------------------------------
-    def manifest(self, storage_key: str) -> Manifest | None:
+    def manifest(self, storage_key: str) -> layout.Manifest | None:
         """The manifest of `storage_key`, or None when absent or unreadable."""
         data = _read_json(self._manifest_path(storage_key))
         if data is None:
             return None
         try:
-            return Manifest.from_json(data)
-        except DiskError:
+            return layout.Manifest.from_json(data)
+        except layout.DiskError:
             return None
 
     def is_complete(self, storage_key: str) -> bool:
@@ -281,21 +180,25 @@ class ModelDisk:
         except FileNotFoundError:
             return []
         return sorted(
-            e.name for e in entries if is_storage_key(e.name) and e.is_dir(follow_symlinks=False)
+            e.name
+            for e in entries
+            if layout.is_storage_key(e.name) and e.is_dir(follow_symlinks=False)
         )
 
     # ---- promotion ----------------------------------------------------------------------
-    def promote(self, staging: Path, storage_key: str, manifest: Manifest) -> Manifest:
+    def promote(
+        self, staging: Path, storage_key: str, manifest: layout.Manifest
+    ) -> layout.Manifest:
         """Move a finished download into `models/<storage_key>` and record its manifest; returns
         the manifest in force. When a complete folder for the same URI is already there, the
         new download is discarded and the existing folder (and manifest) kept."""
-        _require_key(storage_key)
+        layout.require_key(storage_key)
         if manifest.storage_key != storage_key:
-            raise DiskError(f"manifest is for {manifest.storage_key}, not {storage_key}")
+            raise layout.DiskError(f"manifest is for {manifest.storage_key}, not {storage_key}")
         if staging.parent != self.staging:
-            raise DiskError(f"{staging} is not a staging folder of {self.root}")
+            raise layout.DiskError(f"{staging} is not a staging folder of {self.root}")
         if not staging.is_dir():
-            raise DiskError(f"staging folder {staging} does not exist")
+            raise layout.DiskError(f"staging folder {staging} does not exist")
         self.ensure_layout()
         record = {"staging": staging.name, "manifest": manifest.to_json()}
         _write_json_atomic(self._record_path(storage_key), record)
@@ -303,46 +206,46 @@ class ModelDisk:
         _outcome, in_force = self._settle(storage_key, staging.name, manifest)
         return in_force
 
-    def recover(self) -> list[Recovered]:
+    def recover(self) -> list[layout.Recovered]:
         """Finish every promotion interrupted by a crash (call at start-up, before reconciling)."""
-        done: list[Recovered] = []
+        done: list[layout.Recovered] = []
         for tmp in self._list(self.manifests):
             if tmp.name.startswith(".") and tmp.name.endswith(".tmp"):
                 tmp.unlink(missing_ok=True)  # a temp file whose atomic write never finished
-        records = [p for p in self._list(self.manifests) if p.name.endswith(_RECORD_SUFFIX)]
+        records = [p for p in self._list(self.manifests) if p.name.endswith(layout.RECORD_SUFFIX)]
         for path in records:
-            storage_key = path.name.removesuffix(_RECORD_SUFFIX)
+            storage_key = path.name.removesuffix(layout.RECORD_SUFFIX)
             data = _read_json(path)
             try:
-                if not is_storage_key(storage_key) or data is None:
-                    raise DiskError("unreadable promotion record")
+                if not layout.is_storage_key(storage_key) or data is None:
+                    raise layout.DiskError("unreadable promotion record")
                 staging = str(data["staging"])
-                manifest = Manifest.from_json(data["manifest"])
-                match = _STAGING_RE.fullmatch(staging)
+                manifest = layout.Manifest.from_json(data["manifest"])
+                match = layout.STAGING_RE.fullmatch(staging)
                 keys = {storage_key, manifest.storage_key, match["key"] if match else ""}
                 if len(keys) != 1:
-                    raise DiskError("inconsistent promotion record")
-            except (DiskError, KeyError, TypeError) as exc:
+                    raise layout.DiskError("inconsistent promotion record")
+            except (layout.DiskError, KeyError, TypeError) as exc:
                 log.warning("promotion_record_dropped", path=str(path), error=str(exc))
                 path.unlink(missing_ok=True)
                 continue
             outcome, _ = self._settle(storage_key, staging, manifest)
             log.info("promotion_recovered", storage_key=storage_key, outcome=outcome)
-            done.append(Recovered(storage_key=storage_key, staging=staging, outcome=outcome))
+            done.append(layout.Recovered(storage_key=storage_key, staging=staging, outcome=outcome))
         return done
 
     def _settle(
-        self, storage_key: str, staging_name_: str, manifest: Manifest
-    ) -> tuple[Outcome, Manifest]:
+        self, storage_key: str, staging_name_: str, manifest: layout.Manifest
+    ) -> tuple[layout.Outcome, layout.Manifest]:
         """Idempotently drive one promotion to its end state, from wherever it stopped."""
         staging = self.staging / staging_name_
         final = self.model_path(storage_key)
         existing = self.manifest(storage_key)
         in_force = manifest
-        outcome: Outcome
+        outcome: layout.Outcome
         if final.is_dir() and existing is not None and existing.storage_key == storage_key:
             if existing.uri != manifest.uri:
-                raise DiskError(
+                raise layout.DiskError(
                     f"storage key {storage_key} already holds {existing.uri!r}, "
                     f"not {manifest.uri!r}"
                 )
@@ -395,18 +298,24 @@ class ModelDisk:
             log.info("model_folder_deleted", storage_key=key)
             deleted.append(key)
         for path in self._list(self.manifests):
-            key = path.name.removesuffix(_MANIFEST_SUFFIX)
-            if path.name.endswith(_RECORD_SUFFIX) or not path.name.endswith(_MANIFEST_SUFFIX):
+            key = path.name.removesuffix(layout.MANIFEST_SUFFIX)
+            if path.name.endswith(layout.RECORD_SUFFIX) or not path.name.endswith(
+                layout.MANIFEST_SUFFIX
+            ):
                 continue
-            if is_storage_key(key) and key not in referenced and not (self.models / key).exists():
+            if (
+                layout.is_storage_key(key)
+                and key not in referenced
+                and not (self.models / key).exists()
+            ):
                 path.unlink(missing_ok=True)
         pending = {
             str(data.get("staging"))
             for p in self._list(self.manifests)
-            if p.name.endswith(_RECORD_SUFFIX) and (data := _read_json(p)) is not None
+            if p.name.endswith(layout.RECORD_SUFFIX) and (data := _read_json(p)) is not None
         }
         for path in self._list(self.staging):
-            match = _STAGING_RE.fullmatch(path.name)
+            match = layout.STAGING_RE.fullmatch(path.name)
             if match is None or path.name in pending or not path.is_dir():
                 continue
             job_gone = live_jobs is not None and match["job"] not in live_jobs

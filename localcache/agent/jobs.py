@@ -5,7 +5,7 @@ Contract:
 - `job_name` is deterministic per (storage key, node, credential scope, attempt), so a restart
   finds the Job it created instead of creating a second one; names are valid DNS labels.
 - The Job runs in the entry's namespace (namespace cache) or `jobNamespace` (cluster cache),
-  mounts the entry's download PVC with `subPath` = its staging folder (`disk.staging_subpath`)
+  mounts the entry's download PVC with `subPath` = its staging folder (`layout.staging_subpath`)
   at `/mnt/models`, and downloads `[uri, /mnt/models]`; the agent promotes the staging folder
   after success. The pod sees only its staging folder, never other models.
 - The pod is pinned with `nodeSelector` `kubernetes.io/hostname`, gets `fsGroup`, the node
@@ -26,7 +26,7 @@ import re
 from collections.abc import Hashable, Sequence
 from typing import Any, Final
 
-from localcache.agent import disk
+from localcache.agent import layout
 from localcache.api import groupversion, modelnode, nodegroup, storage
 from localcache.caching import config, credentials
 
@@ -150,7 +150,7 @@ def build_job(
             "name": VOLUME_NAME,
             "mountPath": MOUNT_PATH,
             "readOnly": False,
-            "subPath": disk.staging_subpath(storage_key, name),
+            "subPath": layout.staging_subpath(storage_key, name),
         },
         *copy.deepcopy(list(injection.volume_mounts)),
     ]

@@ -23,7 +23,7 @@ from typing import Any, Final, Protocol
 import structlog
 
 from localcache.agent import disk as disk_mod
-from localcache.agent import jobs, plan
+from localcache.agent import jobs, layout, plan
 from localcache.api import modelnode, nodegroup, storage
 from localcache.caching import config, credentials
 from localcache.runtime import clock as clock_mod
@@ -177,7 +177,7 @@ class JobLauncher:
                 storage.ClusterStorageContainer.model_validate(o) for o in self._containers.list()
             ]
             container = jobs.select_container(unit.request.uri, containers, cfg.storage_initializer)
-        except (disk_mod.RootMismatch, credentials.CredentialError, jobs.JobError) as exc:
+        except (layout.RootMismatch, credentials.CredentialError, jobs.JobError) as exc:
             log.warning("download_not_started", storage_key=unit.storage_key, error=str(exc))
             return NotLaunched(str(exc))
         job = jobs.build_job(

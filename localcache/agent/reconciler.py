@@ -35,7 +35,7 @@ import pydantic
 import structlog
 
 from localcache.agent import disk as disk_mod
-from localcache.agent import launcher, plan, report, status
+from localcache.agent import launcher, layout, plan, report, status
 from localcache.api import modelnode
 from localcache.api import quantity as quantity_mod
 from localcache.caching import config
@@ -248,7 +248,7 @@ class Reconciler:
         unit: plan.Unit,
         latest: plan.JobRef,
         state: plan.JobState,
-        manifest: disk_mod.Manifest | None,
+        manifest: layout.Manifest | None,
         ctx: _Pass,
     ) -> status.Outcome:
         key = unit.storage_key
@@ -267,7 +267,7 @@ class Reconciler:
             )
             return await self._retry_or_wait(unit, latest, state, ctx, message)
         size = await asyncio.to_thread(disk_mod.folder_bytes, staging)
-        record = disk_mod.Manifest(
+        record = layout.Manifest(
             storage_key=key,
             uri=unit.request.uri,
             bytes=size,
@@ -353,7 +353,7 @@ class Reconciler:
         return None
 
 
-def _downloaded(manifest: disk_mod.Manifest, *, job_name: str) -> status.Outcome:
+def _downloaded(manifest: layout.Manifest, *, job_name: str) -> status.Outcome:
     progress = modelnode.ModelProgress(
         bytes_on_disk=manifest.bytes,
         percent=100,

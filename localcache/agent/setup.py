@@ -9,6 +9,11 @@ What the agent watches (all read through informer caches; nothing else is listed
 - LocalModelCaches and LocalModelNamespaceCaches, for `modelSize` (progress percent).
 ServiceAccounts and Secrets are read with GET when a Job is created, never cached.
 
+The informers come from an `InformerFactory` (the process's shared one when given: several
+agents and the cache controllers on one Manager then share the node-group, cache and
+ConfigMap watches; the node's own LocalModelNode and Jobs are filtered per node). Every
+store holds full objects (`informer.compact`) and is shared: never mutated here.
+
 Events that enqueue the node's key: spec, label or annotation changes of the LocalModelNode
 (status-only changes are ignored: the agent writes status itself), any change of one of its
 Jobs, node groups, storage containers and the ConfigMap. The reconciler requeues itself.
@@ -22,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from localcache.agent import disk, jobs, reconciler, report
+from localcache.agent import disk, jobs, layout, reconciler, report
 from localcache.api import groupversion
 from localcache.caching import config
 from localcache.runtime import clock as clock_mod
@@ -32,10 +37,10 @@ from localcache.runtime import (
     informer,
     keys,
     predicates,
-    reflector,
     store,
     workqueue,
 )
+from localcache.runtime import factory as factory_mod
 from localcache.runtime import kube as kube_mod
 from localcache.runtime import manager as manager_mod
 from localcache.runtime import metrics as metrics_mod
@@ -56,7 +61,7 @@ class AgentSettings:
     download's progress is refreshed, in seconds."""
 
     node_name: str
-    models_root: Path = disk.DEFAULT_ROOT
+    models_root: Path = layout.DEFAULT_ROOT
     host_path: str | None = None
     config_namespace: str = config.DEFAULT_NAMESPACE
     job_backoff_limit: int | None = None
@@ -78,7 +83,7 @@ class AgentSettings:
         env = os.environ if env is None else env
         return cls(
             node_name=env.get(ENV_NODE_NAME, ""),
-            models_root=Path(env.get(ENV_MODELS_ROOT) or disk.DEFAULT_ROOT),
+            models_root=Path(env.get(ENV_MODELS_ROOT) or layout.DEFAULT_ROOT),
             host_path=env.get(ENV_MODELS_HOST_PATH) or None,
             config_namespace=env.get(ENV_POD_NAMESPACE) or config.DEFAULT_NAMESPACE,
         )
@@ -91,27 +96,15 @@ def setup(
     settings: AgentSettings,
     metrics: metrics_mod.Metrics,
     clock: clock_mod.Clock | None = None,
+    factory: factory_mod.InformerFactory | None = None,
 ) -> None:
-    """Register the agent's informers and its controller (no leader election: one agent
-    per node) on `manager`. `metrics` gets the controller, queue and download series."""
+    """Register the agent's controller (no leader election: one agent per node) on
+    `manager`, reading through informers from `factory` (a new one over `kube` and `clock`
+    when None). `metrics` gets the controller, queue and download series. Call before
+    `manager.run()`."""
     clock = clock or clock_mod.SystemClock()
     node = settings.node_name
-
-    def watch(
-        res: kube_mod.Resource,
-        *,
-        namespace: str | None = None,
-        label_selector: str | None = None,
-        field_selector: str | None = None,
-    ) -> informer.Informer:
-        source = reflector.ListWatch(
-            kube,
-            res,
-            namespace=namespace,
-            label_selector=label_selector,
-            field_selector=field_selector,
-        )
-        return manager.add_informer(informer.Informer(source, clock=clock))
+    watch = (factory or factory_mod.InformerFactory(kube, manager, clock=clock)).informer
 
     nodes = watch(groupversion.LOCAL_MODEL_NODE.api, field_selector=f"metadata.name={node}")
     job_informer = watch(

@@ -1,8 +1,10 @@
 """Wiring of the cache controllers on a runtime Manager: informers, indexes, watches, mappings.
 
-`setup(manager, kube=..., config=..., metrics=...)` registers one informer per resource read
+`setup(manager, kube=..., config=..., metrics=...)` takes one informer per resource read
 (both cache kinds, LocalModelNodes, LocalModelNodeGroups, Nodes, PVs, PVCs and, unless
-`disableVolumeManagement` is on at start-up, InferenceServices) and three controllers:
+`disableVolumeManagement` is on at start-up, InferenceServices) from an
+`InformerFactory` (the process's shared one when given, so the webhooks and agents of the
+same Manager reuse the same watches and caches) and registers three controllers:
 `localmodelcache`, `localmodelnamespacecache` (the shared `CacheReconciler` with each
 kind's Scope) and `localmodelnodegroup` (group usage). Each cache controller is fed by:
 
@@ -22,12 +24,18 @@ kind's Scope) and `localmodelnodegroup` (group usage). Each cache controller is 
 
 Status-only changes of a cache do not trigger it (its own status writes would loop).
 `CacheControllers.resync()` enqueues every cache and group, the "forced resync".
+
+Shapes in the caches (what sharing consumers must agree on): full objects compacted
+(`informer.compact`) for everything but Nodes (`_slim_node`: name, labels and the Ready
+condition, read only here) and InferenceServices (`informer.metadata_only`: the controllers
+read only their labels and annotations, like the webhooks). Stores are shared: the
+reconcilers never mutate what they read.
 """
 
 from __future__ import annotations
 
 import socket
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,9 +63,9 @@ from localcache.runtime import (
     metrics,
     predicates,
     reconcile,
-    reflector,
     workqueue,
 )
+from localcache.runtime import factory as factory_mod
 from localcache.runtime import kube as kube_api
 
 Obj = dict[str, Any]
@@ -155,12 +163,6 @@ def _slim_node(obj: Obj) -> Obj:
     }
 
 
-def _metadata_only(obj: Obj) -> Obj:
-    meta = dict(_meta(obj))
-    meta.pop("managedFields", None)
-    return {"apiVersion": obj.get("apiVersion"), "kind": obj.get("kind"), "metadata": meta}
-
-
 # ------------------------------------------------------------------------ mappings
 
 
@@ -215,19 +217,6 @@ def _groups_of_cache(cache: Obj) -> Iterable[keys.ObjectKey]:
 # ------------------------------------------------------------------------ setup
 
 
-def _informer(
-    client: kube_api.Kube,
-    res: kube_api.Resource,
-    clock: clock_mod.Clock,
-    *,
-    indexers: Any = None,
-    transform: Callable[[Obj], Obj] | None = informer.strip_managed_fields,
-) -> informer.Informer:
-    return informer.Informer(
-        reflector.ListWatch(client, res), clock=clock, indexers=indexers, transform=transform
-    )
-
-
 def _controller(
     name: str,
     rec: reconcile.Reconciler,
@@ -250,41 +239,36 @@ def setup(
     metrics: metrics.Metrics,
     clock: clock_mod.Clock | None = None,
     workers: int = DEFAULT_WORKERS,
+    factory: factory_mod.InformerFactory | None = None,
 ) -> CacheControllers:
-    """Register the informers and the cache controllers on `manager` (module docstring).
-    `config` is the configuration or a function returning the one in force."""
+    """Register the cache controllers on `manager`, reading through informers from
+    `factory` (a new one over `kube` and `clock` when None; a shared factory's informers
+    run on its clock). `config` is the configuration or a function returning the one in
+    force. Call before `manager.run()`."""
     clk = clock or clock_mod.SystemClock()
+    shared = factory or factory_mod.InformerFactory(kube, manager, clock=clk)
     source: state.ConfigSource = (
         (lambda: config) if isinstance(config, config_mod.InferenceServiceConfig) else config
     )
     watch_isvcs = not source().local_model.disable_volume_management
+    get = shared.informer
     informers = {
-        "caches": _informer(kube, state.LOCAL_MODEL_CACHES, clk, indexers=state.CACHE_INDEXERS),
-        "namespace_caches": _informer(
-            kube, state.LOCAL_MODEL_NAMESPACE_CACHES, clk, indexers=state.CACHE_INDEXERS
-        ),
-        "local_model_nodes": _informer(
-            kube, state.LOCAL_MODEL_NODES, clk, indexers=state.LOCAL_MODEL_NODE_INDEXERS
-        ),
-        "node_groups": _informer(kube, state.LOCAL_MODEL_NODE_GROUPS, clk),
-        "nodes": _informer(kube, kube_api.NODES, clk, transform=_slim_node),
-        "persistent_volumes": _informer(
-            kube, kube_api.PERSISTENT_VOLUMES, clk, indexers=state.VOLUME_INDEXERS
-        ),
-        "persistent_volume_claims": _informer(
-            kube, kube_api.PERSISTENT_VOLUME_CLAIMS, clk, indexers=state.VOLUME_INDEXERS
+        "caches": get(state.LOCAL_MODEL_CACHES, indexers=state.CACHE_INDEXERS),
+        "namespace_caches": get(state.LOCAL_MODEL_NAMESPACE_CACHES, indexers=state.CACHE_INDEXERS),
+        "local_model_nodes": get(state.LOCAL_MODEL_NODES, indexers=state.LOCAL_MODEL_NODE_INDEXERS),
+        "node_groups": get(state.LOCAL_MODEL_NODE_GROUPS),
+        "nodes": get(kube_api.NODES, transform=_slim_node),
+        "persistent_volumes": get(kube_api.PERSISTENT_VOLUMES, indexers=state.VOLUME_INDEXERS),
+        "persistent_volume_claims": get(
+            kube_api.PERSISTENT_VOLUME_CLAIMS, indexers=state.VOLUME_INDEXERS
         ),
     }
     if watch_isvcs:
-        informers["inference_services"] = _informer(
-            kube,
+        informers["inference_services"] = get(
             state.INFERENCE_SERVICES,
-            clk,
             indexers=state.ISVC_INDEXERS,
-            transform=_metadata_only,
+            transform=informer.metadata_only,
         )
-    for inf in informers.values():
-        manager.add_informer(inf)
     stores = state.Stores(
         caches=informers["caches"].reader(),
         namespace_caches=informers["namespace_caches"].reader(),

@@ -17,7 +17,8 @@ identity (a delete + re-create while disconnected is an `Updated` with a new UID
 across informers. Handlers must be quick and non-blocking (they typically enqueue a key);
 they must not mutate objects. An exception in a handler is logged and counted, never fatal.
 Objects pass through `transform` first (default `compact`: drop `metadata.managedFields`
-and share repeated strings across the cache).
+and share repeated strings across the cache; `metadata_only` keeps only the metadata).
+Informers shared by several consumers of one process come from `factory.InformerFactory`.
 """
 
 from __future__ import annotations
@@ -113,6 +114,19 @@ def compact(obj: Obj) -> Obj:
     return out
 
 
+def metadata_only(obj: Obj) -> Obj:
+    """A transform for caches that read only metadata (e.g. labels of every InferenceService
+    in the cluster): apiVersion, kind and metadata without managedFields, compacted."""
+    return compact(
+        {"apiVersion": obj.get("apiVersion"), "kind": obj.get("kind"), "metadata": _meta_of(obj)}
+    )
+
+
+def _meta_of(obj: Obj) -> dict[str, Any]:
+    meta = obj.get("metadata")
+    return meta if isinstance(meta, dict) else {}
+
+
 @dataclass(frozen=True, slots=True)
 class InformerStats:
     resource: str
@@ -165,6 +179,11 @@ class Informer:
     @property
     def name(self) -> str:
         return self._reflector.description
+
+    @property
+    def started(self) -> bool:
+        """True once `run()` was called (indexes should be added before: see `factory`)."""
+        return self._started
 
     def reader(self, namespace: str | None = None) -> store.View:
         """A read-only view of the cache (optionally one namespace) for reconcilers."""

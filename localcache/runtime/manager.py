@@ -77,7 +77,7 @@ class Manager:
         handle_signals: bool = True,
     ) -> None:
         """`webhook_server` is entered in phase 2 (it returns once listening, e.g.
-        `admission.serve(app, ...)`) and exited after everything else stopped."""
+        `tls.serve(app, ...)`) and exited after everything else stopped."""
         self._http = http_server
         self._webhook = webhook_server
         self._elector = elector

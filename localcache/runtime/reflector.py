@@ -72,13 +72,43 @@ class StoreSink(Protocol):
     def delete(self, obj: Obj) -> None: ...
 
 
+class ListWatchClient(Protocol):
+    """The two API calls `ListWatch` makes (`kube.Kube` provides them)."""
+
+    async def list(
+        self,
+        res: kube.Resource,
+        *,
+        namespace: str | None,
+        label_selector: str | None,
+        field_selector: str | None,
+        resource_version: str | None,
+        limit: int | None,
+        continue_token: str | None,
+        request_timeout: float | None,
+    ) -> kube.ObjList: ...
+
+    def watch(
+        self,
+        res: kube.Resource,
+        *,
+        namespace: str | None,
+        label_selector: str | None,
+        field_selector: str | None,
+        resource_version: str | None,
+        allow_bookmarks: bool,
+        timeout_seconds: int | None,
+        read_deadline: float,
+    ) -> AbstractAsyncContextManager[AsyncIterator[Obj]]: ...
+
+
 class ListWatch:
-    """A `ListerWatcher` for one resource through `kube.Kube`, optionally narrowed to a
-    namespace and label/field selectors."""
+    """A `ListerWatcher` for one resource through `kube.Kube` (or any `ListWatchClient`),
+    optionally narrowed to a namespace and label/field selectors."""
 
     def __init__(
         self,
-        client: kube.Kube,
+        client: ListWatchClient,
         resource: kube.Resource,
         *,
         namespace: str | None = None,
@@ -114,7 +144,7 @@ class ListWatch:
 
     def watch(
         self, *, resource_version: str, timeout_seconds: int, read_deadline: float
-    ) -> kube.WatchStream:
+    ) -> AbstractAsyncContextManager[AsyncIterator[Obj]]:
         return self._kube.watch(
             self.resource,
             namespace=self.namespace,

@@ -20,6 +20,7 @@ Contract:
 from __future__ import annotations
 
 import builtins
+import types
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -41,14 +42,21 @@ def namespace_index(obj: Obj) -> list[str]:
     return [(obj.get("metadata") or {}).get("namespace") or ""]
 
 
-def label_index(label: str) -> IndexFunc:
-    """Index by the value of one label (objects without it are not indexed)."""
+@dataclass(frozen=True, slots=True)
+class LabelIndex:
+    """Index by the value of one label (objects without it are not indexed). Two indexes
+    of the same label compare equal, so consumers sharing a store may each ask for one."""
 
-    def index(obj: Obj) -> list[str]:
-        value = ((obj.get("metadata") or {}).get("labels") or {}).get(label)
+    label: str
+
+    def __call__(self, obj: Obj) -> list[str]:
+        value = ((obj.get("metadata") or {}).get("labels") or {}).get(self.label)
         return [value] if value is not None else []
 
-    return index
+
+def label_index(label: str) -> IndexFunc:
+    """Index by the value of one label (a `LabelIndex`)."""
+    return LabelIndex(label)
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +121,11 @@ class Store:
     @property
     def index_names(self) -> builtins.list[str]:
         return builtins.list(self._indexers)
+
+    @property
+    def indexers(self) -> Mapping[str, IndexFunc]:
+        """The index functions by name (read-only; the built-in namespace index included)."""
+        return types.MappingProxyType(self._indexers)
 
     def _index(self, key: ObjectKey, old: Obj | None, new: Obj | None) -> None:
         for name, func in self._indexers.items():

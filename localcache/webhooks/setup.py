@@ -1,9 +1,11 @@
 """Wiring of the admission webhooks: informers on the Manager, handlers on the AdmissionServer.
 
-`setup()` creates four informers (LocalModelCache, LocalModelNamespaceCache in all
-namespaces, LocalModelNodeGroup, InferenceService in all namespaces) with the indexes the
-handlers read, adds them to the Manager (which starts them and gates /readyz on their sync),
-and registers three handlers at the paths of `manifests/webhook/`:
+`setup()` takes four informers (LocalModelCache, LocalModelNamespaceCache in all
+namespaces, LocalModelNodeGroup, InferenceService in all namespaces) from an
+`InformerFactory`, with the indexes the handlers read (the process's shared factory when
+given, so the cache controllers of the same Manager reuse the same watches and caches; the
+Manager starts them and gates /readyz on their sync), and registers three handlers at the
+paths of `manifests/webhook/`:
 - `isvc.MUTATE_PATH`: InferenceService mutation; a handler failure is answered with an HTTP
   error so the configuration's `failurePolicy: Ignore` admits the ISVC unchanged;
 - `validation.CACHE_PATH`, `validation.NAMESPACE_CACHE_PATH`: cache validation; a handler
@@ -11,9 +13,11 @@ and registers three handlers at the paths of `manifests/webhook/`:
 Handlers answer from the stores only (no API call per request); until every store has synced,
 mutation admits unchanged with a warning and validation denies with 503.
 
-The InferenceService informer keeps only apiVersion, kind and metadata (the handlers read
-labels), so watching every ISVC of the cluster costs little memory. The returned `Webhooks`
-exposes the informers so the composition root may reuse them read-only.
+The InferenceService informer keeps only apiVersion, kind and metadata
+(`informer.metadata_only`: the handlers read labels), so watching every ISVC of the cluster
+costs little memory; the caches and node groups are full objects (`informer.compact`). Those
+are the transforms the cache controllers use too, so a shared factory serves both from one
+informer each. The returned `Webhooks` exposes the informers (read-only: shared stores).
 """
 
 from __future__ import annotations
@@ -23,18 +27,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from localcache.api import groupversion
-from localcache.runtime import admission, informer, kube, reflector
+from localcache.runtime import admission, informer, kube
 from localcache.runtime import clock as clock_mod
+from localcache.runtime import factory as factory_mod
 from localcache.runtime import manager as manager_mod
 from localcache.webhooks import isvc, validation
 
 Obj = dict[str, Any]
-
-
-def metadata_only(obj: Obj) -> Obj:
-    """Informer transform: apiVersion, kind and metadata without managedFields."""
-    meta = {k: v for k, v in (obj.get("metadata") or {}).items() if k != "managedFields"}
-    return {"apiVersion": obj.get("apiVersion"), "kind": obj.get("kind"), "metadata": meta}
 
 
 @dataclass(frozen=True)
@@ -69,22 +68,23 @@ def setup(
     client: kube.Kube,
     local_model_enabled: Callable[[], bool],
     clock: clock_mod.Clock | None = None,
+    factory: factory_mod.InformerFactory | None = None,
 ) -> Webhooks:
-    """Register the webhook handlers on `server` and their informers on `manager`.
+    """Register the webhook handlers on `server`, reading through informers from `factory`
+    (a new one over `client` and `clock` on `manager` when None).
 
     `local_model_enabled` returns the current `localModel.enabled` of the
     inferenceservice-config ConfigMap (read on every ISVC admission). Call before
     `server.app()` and before `manager.run()`.
     """
+    shared = factory or factory_mod.InformerFactory(client, manager, clock=clock)
 
     def make(
         info: groupversion.KindInfo,
         indexers: dict[str, Callable[[Obj], list[str]]],
-        transform: informer.Transform = informer.strip_managed_fields,
+        transform: informer.Transform = informer.compact,
     ) -> informer.Informer:
-        source = reflector.ListWatch(client, info.api)
-        inf = informer.Informer(source, clock=clock, indexers=indexers, transform=transform)
-        return manager.add_informer(inf)
+        return shared.informer(info.api, indexers=indexers, transform=transform)
 
     caches = make(
         groupversion.LOCAL_MODEL_CACHE,
@@ -101,7 +101,7 @@ def setup(
     isvcs = make(
         groupversion.INFERENCE_SERVICE,
         {validation.USED_CACHE_INDEX: validation.used_cache_index},
-        transform=metadata_only,
+        transform=informer.metadata_only,
     )
     everything = (caches, namespace_caches, node_groups, isvcs)
 

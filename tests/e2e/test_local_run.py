@@ -30,14 +30,14 @@ from typing import Any
 import pytest
 import yaml
 
-from localcache import local
+from localcache import local, localmode
 from localcache import settings as settings_mod
-from localcache.agent import disk
+from localcache.agent import layout
 from localcache.api import groupversion
 from localcache.api import inferenceservice as isvc_api
 from localcache.caching import keys
 from localcache.runtime import kube
-from localcache.runtime.testing import controlplane, jobrunner
+from localcache.runtime.testing import controlplane, jobpods, jobrunner
 from localcache.runtime.testing.controlplane import ControlPlane
 from localcache.runtime.testing.waiting import wait_until
 
@@ -106,8 +106,8 @@ async def _check_the_demo(run: local.LocalRun, out: io.StringIO) -> None:
     # Ready with a copy on each demo node, and the user was told how to watch it.
     cache = await _ok(plane, "GET", LMNC.path(namespace=namespace, name=name))
     assert cache["status"]["copies"]["available"] == 2, cache["status"]
-    assert sorted(cache["status"]["nodeStatus"]) == sorted(local.DEMO_NODES)
-    folder = disk.model_subpath(keys.storage_key(uri))
+    assert sorted(cache["status"]["nodeStatus"]) == sorted(localmode.DEMO_NODES)
+    folder = layout.model_subpath(keys.storage_key(uri))
     for node, root in run.node_roots.items():
         model = root / folder / local.DEMO_FILE
         assert model.is_file(), f"no model file on {node}: {model}"
@@ -210,7 +210,7 @@ def _download_job(name: str, *, uri: str, node: str, claim: str) -> Obj:
         "volumeMounts": [{"name": "models", "mountPath": "/mnt/models", "subPath": f"s/{name}"}],
     }
     pod_spec = {
-        "nodeSelector": {jobrunner.HOSTNAME_LABEL: node},
+        "nodeSelector": {jobpods.HOSTNAME_LABEL: node},
         "restartPolicy": "Never",
         "containers": [container],
         "volumes": [{"name": "models", "persistentVolumeClaim": {"claimName": claim}}],
@@ -236,7 +236,7 @@ async def test_job_runner_completes_working_downloads_and_fails_broken_ones(
     control_plane: ControlPlane, namespace: str, tmp_path: Path
 ) -> None:
     node, pv = f"node-{uuid.uuid4().hex[:8]}", f"{namespace}-models"
-    affinity = {"key": jobrunner.HOSTNAME_LABEL, "operator": "In", "values": [node]}
+    affinity = {"key": jobpods.HOSTNAME_LABEL, "operator": "In", "values": [node]}
     await _ok(
         control_plane,
         "POST",

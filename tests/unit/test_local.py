@@ -1,5 +1,5 @@
-"""Pure parts of `localcache run` (localcache/local.py) and of the local Job runner
-(localcache/runtime/testing/jobrunner.py): no network, no processes."""
+"""Pure parts of `localcache run` (localcache/local.py, localcache/localmode.py) and of the local
+Job runner (localcache/runtime/testing/jobpods.py): no network, no processes."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 import yaml
 
-from localcache import local
+from localcache import local, localmode
 from localcache import settings as settings_mod
-from localcache.runtime.testing import jobrunner
+from localcache.runtime.testing import jobpods
 
 MANIFESTS = Path(__file__).resolve().parents[2] / "manifests"
 Obj = dict[str, Any]
@@ -68,7 +68,7 @@ def test_missing_kubeconfig_means_local_mode(tmp_path: Path) -> None:
 
 
 def test_local_settings_use_free_ports_loopback_and_the_run_dir(tmp_path: Path) -> None:
-    result = local.local_settings(
+    result = localmode.local_settings(
         _settings(),
         run_dir=tmp_path,
         kubeconfig=tmp_path / "kc",
@@ -87,7 +87,7 @@ def test_local_settings_keep_what_the_user_chose(tmp_path: Path) -> None:
     chosen = _settings(
         metrics_port=9090, webhook_port=9444, bind_address="::1", webhook_cert_dir=Path("/c")
     )
-    result = local.local_settings(
+    result = localmode.local_settings(
         chosen, run_dir=tmp_path, kubeconfig=tmp_path / "kc", pv_path="/p", pick_port=lambda: 1
     )
     assert (result.metrics_port, result.webhook_port) == (9090, 9444)
@@ -96,7 +96,7 @@ def test_local_settings_keep_what_the_user_chose(tmp_path: Path) -> None:
 
 
 def test_disabled_webhooks_stay_disabled(tmp_path: Path) -> None:
-    result = local.local_settings(
+    result = localmode.local_settings(
         _settings(webhook_port=0), run_dir=tmp_path, kubeconfig=tmp_path, pv_path="/p"
     )
     assert result.webhook_port == 0
@@ -107,7 +107,7 @@ def test_disabled_webhooks_stay_disabled(tmp_path: Path) -> None:
 
 def test_local_config_map_enables_local_models_and_keeps_the_other_sections() -> None:
     shipped = _shipped("base/config.yaml")
-    result = local.local_config_map(shipped, namespace="ns", name="cm")
+    result = localmode.local_config_map(shipped, namespace="ns", name="cm")
     assert (result["metadata"]["namespace"], result["metadata"]["name"]) == ("ns", "cm")
     section = json.loads(result["data"]["localModel"])
     assert section["enabled"] is True
@@ -120,7 +120,7 @@ def test_local_config_map_enables_local_models_and_keeps_the_other_sections() ->
 @pytest.mark.parametrize("name", ["mutating.yaml", "validating.yaml"])
 def test_webhook_configurations_call_the_local_server_by_url(name: str) -> None:
     shipped = _shipped(f"webhook/{name}")
-    result = local.local_webhook_configuration(shipped, port=8443)
+    result = localmode.local_webhook_configuration(shipped, port=8443)
     assert result["metadata"]["name"] == shipped["metadata"]["name"]  # caBundle patched by name
     for before, after in zip(shipped["webhooks"], result["webhooks"], strict=True):
         path = before["clientConfig"]["service"]["path"]
@@ -132,19 +132,19 @@ def test_webhook_configurations_call_the_local_server_by_url(name: str) -> None:
 def test_demo_nodes_join_the_sample_node_group() -> None:
     group = _shipped("samples/nodegroup.yaml")
     terms = group["spec"]["persistentVolumeSpec"]["nodeAffinity"]["required"]["nodeSelectorTerms"]
-    node = local.demo_node("demo-node-1")
+    node = localmode.demo_node("demo-node-1")
     labels = node["metadata"]["labels"]
-    assert labels[jobrunner.HOSTNAME_LABEL] == "demo-node-1"
+    assert labels[jobpods.HOSTNAME_LABEL] == "demo-node-1"
     assert any(
         all(labels.get(e["key"]) in e["values"] for e in term["matchExpressions"]) for term in terms
     )
-    status = local.node_ready_status(datetime.datetime(2030, 1, 2, tzinfo=datetime.UTC))
+    status = localmode.node_ready_status(datetime.datetime(2030, 1, 2, tzinfo=datetime.UTC))
     assert status["status"]["conditions"][0]["status"] == "True"
     assert status["status"]["conditions"][0]["lastHeartbeatTime"] == "2030-01-02T00:00:00Z"
 
 
 def test_watch_commands_name_the_kubeconfig_and_the_cache() -> None:
-    lines = local.watch_commands("kubectl", Path("/k"), name="m", namespace="ns")
+    lines = localmode.watch_commands("kubectl", Path("/k"), name="m", namespace="ns")
     assert "kubectl --kubeconfig /k get lmnc -A -w" in lines
     assert "kubectl --kubeconfig /k get lmn" in lines
     assert any("wait --for=condition=Ready lmnc/m -n ns" in line for line in lines)
@@ -160,15 +160,17 @@ def test_ready_line_reports_copies_and_nodes() -> None:
             "conditions": [{"type": "Ready", "status": "True"}],
         },
     }
-    assert local.cache_ready(obj)
-    line = local.ready_line(obj)
+    assert localmode.cache_ready(obj)
+    line = localmode.ready_line(obj)
     assert "ns/m is Ready: copies available 2/2" in line
     assert line.endswith("(a: NodeDownloaded, b: NodeDownloaded)")
 
 
 def test_a_cache_without_a_true_ready_condition_is_not_ready() -> None:
-    assert not local.cache_ready(None)
-    assert not local.cache_ready({"status": {"conditions": [{"type": "Ready", "status": "False"}]}})
+    assert not localmode.cache_ready(None)
+    assert not localmode.cache_ready(
+        {"status": {"conditions": [{"type": "Ready", "status": "False"}]}}
+    )
 
 
 # ------------------------------------------------------------------ the local Job runner
@@ -183,7 +185,7 @@ def _pod(**changes: Any) -> Obj:
             "ownerReferences": [{"kind": "Job", "name": "j"}],
         },
         "spec": {
-            "nodeSelector": {jobrunner.HOSTNAME_LABEL: "n1"},
+            "nodeSelector": {jobpods.HOSTNAME_LABEL: "n1"},
             "containers": [
                 {
                     "name": "dl",
@@ -213,14 +215,14 @@ NODES = {"n1": Path("/host/n1")}
 
 
 def test_a_pending_job_pod_pinned_to_a_played_node_is_run() -> None:
-    assert jobrunner.target_node(_pod(), NODES) == "n1"
-    assert jobrunner.target_node(_pod(spec__nodeName="n1"), NODES) == "n1"
+    assert jobpods.target_node(_pod(), NODES) == "n1"
+    assert jobpods.target_node(_pod(spec__nodeName="n1"), NODES) == "n1"
 
 
 @pytest.mark.parametrize(
     "changes",
     [
-        {"spec__nodeSelector": {jobrunner.HOSTNAME_LABEL: "n2"}},
+        {"spec__nodeSelector": {jobpods.HOSTNAME_LABEL: "n2"}},
         {"spec__nodeSelector": {}},
         {"spec__nodeName": "n2"},
         {"status__phase": "Running"},
@@ -230,11 +232,11 @@ def test_a_pending_job_pod_pinned_to_a_played_node_is_run() -> None:
     ],
 )
 def test_other_pods_are_left_alone(changes: dict[str, Any]) -> None:
-    assert jobrunner.target_node(_pod(**changes), NODES) is None
+    assert jobpods.target_node(_pod(**changes), NODES) is None
 
 
 def test_the_plan_follows_the_mount_that_holds_the_destination() -> None:
-    plan = jobrunner.plan_download(_pod())
+    plan = jobpods.plan_download(_pod())
     assert (plan.uri, plan.claim, plan.sub_path, plan.relative) == (
         "file:///m",
         "c",
@@ -247,7 +249,7 @@ def test_the_plan_follows_the_mount_that_holds_the_destination() -> None:
 def test_a_destination_below_the_mount_keeps_its_rest() -> None:
     pod = _pod()
     pod["spec"]["containers"][0]["args"] = ["s3://b/m", "/mnt/models/sub/dir"]
-    assert jobrunner.plan_download(pod).relative == "sub/dir"
+    assert jobpods.plan_download(pod).relative == "sub/dir"
 
 
 @pytest.mark.parametrize(
@@ -261,8 +263,8 @@ def test_a_destination_below_the_mount_keeps_its_rest() -> None:
 def test_a_pod_that_cannot_be_planned_says_why(args: list[str], error: str) -> None:
     pod = _pod()
     pod["spec"]["containers"][0]["args"] = args
-    with pytest.raises(jobrunner.PodError, match=error):
-        jobrunner.plan_download(pod)
+    with pytest.raises(jobpods.PodError, match=error):
+        jobpods.plan_download(pod)
 
 
 def _pv(path: str, kind: str = "local") -> Obj:
@@ -270,38 +272,38 @@ def _pv(path: str, kind: str = "local") -> Obj:
 
 
 def test_the_host_destination_is_the_node_folder_plus_subpath() -> None:
-    plan = jobrunner.plan_download(_pod())
-    dest = jobrunner.host_destination(
+    plan = jobpods.plan_download(_pod())
+    dest = jobpods.host_destination(
         plan, _pv("/mnt/models"), host_root=Path("/host/n1"), pv_path="/mnt/models/"
     )
     assert dest == Path("/host/n1/.staging/k-j")
-    assert jobrunner.host_destination(plan, _pv("/any", "hostPath"), host_root=Path("/h")) == Path(
+    assert jobpods.host_destination(plan, _pv("/any", "hostPath"), host_root=Path("/h")) == Path(
         "/h/.staging/k-j"
     )
 
 
 def test_a_pv_elsewhere_than_the_node_volume_is_refused() -> None:
-    plan = jobrunner.plan_download(_pod())
-    with pytest.raises(jobrunner.PodError, match="not the node's local volume"):
-        jobrunner.host_destination(plan, _pv("/other"), host_root=Path("/h"), pv_path="/mnt")
-    with pytest.raises(jobrunner.PodError, match="not a local or hostPath volume"):
-        jobrunner.host_destination(plan, {"spec": {"nfs": {}}}, host_root=Path("/h"))
+    plan = jobpods.plan_download(_pod())
+    with pytest.raises(jobpods.PodError, match="not the node's local volume"):
+        jobpods.host_destination(plan, _pv("/other"), host_root=Path("/h"), pv_path="/mnt")
+    with pytest.raises(jobpods.PodError, match="not a local or hostPath volume"):
+        jobpods.host_destination(plan, {"spec": {"nfs": {}}}, host_root=Path("/h"))
 
 
 @pytest.mark.parametrize("sub_path", ["../escape", "/abs", "a/../../b"])
 def test_a_subpath_cannot_leave_the_volume(sub_path: str) -> None:
-    plan = dataclasses.replace(jobrunner.plan_download(_pod()), sub_path=sub_path)
-    with pytest.raises(jobrunner.PodError, match="leaves the volume"):
-        jobrunner.host_destination(plan, _pv("/p"), host_root=Path("/h"))
+    plan = dataclasses.replace(jobpods.plan_download(_pod()), sub_path=sub_path)
+    with pytest.raises(jobpods.PodError, match="leaves the volume"):
+        jobpods.host_destination(plan, _pv("/p"), host_root=Path("/h"))
 
 
 def test_finished_status_reports_success_and_failure() -> None:
     stamps = {"started_at": "t0", "finished_at": "t1"}
-    ok = jobrunner.finished_status(container="c", image="i", exit_code=0, message="", **stamps)
+    ok = jobpods.finished_status(container="c", image="i", exit_code=0, message="", **stamps)
     assert ok["status"]["phase"] == "Succeeded"
     terminated = ok["status"]["containerStatuses"][0]["state"]["terminated"]
     assert (terminated["exitCode"], terminated["reason"]) == (0, "Completed")
-    bad = jobrunner.finished_status(
+    bad = jobpods.finished_status(
         container="c", image="i", exit_code=2, message="line one\nno such file\n", **stamps
     )
     assert (bad["status"]["phase"], bad["status"]["message"]) == ("Failed", "no such file")

@@ -24,6 +24,9 @@ node's local PV path), it:
    `terminated` with the exit code and, on failure, the tail of the output) through the status
    subresource, so the Job controller completes or fails the Job.
 
+The pure rules of steps 1, 2 and 4 (which pod, which destination, which status) are
+`jobpods`; this module does the watching, the subprocesses and the API calls.
+
 Contract: at most `concurrency` pods run at once; each pod is played once per runner (by UID);
 a pod deleted or marked for deletion while running has its process killed and gets no status
 (the Job controller and the pod GC account for it). Every task is named and owned by `run()`'s
@@ -39,49 +42,28 @@ import contextlib
 import datetime
 import functools
 import os
-import posixpath
 import signal
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import structlog
 
 from localcache.runtime import clock as clock_mod
 from localcache.runtime import errors, informer, kube, reflector
 from localcache.runtime.keys import ObjectKey
+from localcache.runtime.testing import jobpods
 
 log = structlog.get_logger(__name__)
 
-Obj = dict[str, Any]
+Obj = jobpods.Obj
 
-HOSTNAME_LABEL = "kubernetes.io/hostname"
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
 DEFAULT_COMMAND: tuple[str, ...] = (sys.executable, "-m", "localcache", "download")
 DEFAULT_TIMEOUT_S = 600.0
 DEFAULT_RESOLVE_TIMEOUT_S = 60.0
 DEFAULT_CONCURRENCY = 2
-MESSAGE_TAIL = 1024
-
-
-class PodError(Exception):
-    """The pod cannot be played (bad args, no such volume, path outside the volume...)."""
-
-
-@dataclass(frozen=True, slots=True)
-class DownloadPlan:
-    """What one download pod asks for: `uri` into `relative` below the `sub_path` of claim
-    `claim` (all taken from the pod's first container and volumes)."""
-
-    uri: str
-    container: str
-    image: str
-    claim: str
-    sub_path: str
-    relative: str
-    env: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,156 +76,8 @@ class RunnerStats:
     running: int
 
 
-# ---------------------------------------------------------------------------- pure logic
-
-
-def _meta(obj: Obj) -> Obj:
-    return dict(obj.get("metadata") or {})
-
-
-def target_node(pod: Obj, nodes: Mapping[str, Path]) -> str | None:
-    """The node among `nodes` that should run this pod now, or None (not a Job's pod, not
-    Pending, being deleted, pinned elsewhere or to no node)."""
-    meta = _meta(pod)
-    if meta.get("deletionTimestamp"):
-        return None
-    if not any(ref.get("kind") == "Job" for ref in meta.get("ownerReferences") or []):
-        return None
-    if ((pod.get("status") or {}).get("phase") or "Pending") != "Pending":
-        return None
-    spec = pod.get("spec") or {}
-    node = (spec.get("nodeSelector") or {}).get(HOSTNAME_LABEL)
-    if node not in nodes:
-        return None
-    bound = spec.get("nodeName")
-    return str(node) if not bound or bound == node else None
-
-
-def plan_download(pod: Obj) -> DownloadPlan:
-    """The download the pod's first container asks for; `PodError` says why there is none."""
-    spec = pod.get("spec") or {}
-    containers = spec.get("containers") or []
-    if not containers:
-        raise PodError("the pod has no container")
-    container = containers[0]
-    args = [str(a) for a in container.get("args") or []]
-    if len(args) != 2:
-        raise PodError(f"expected args [<uri>, <dest>], got {args}")
-    uri, dest = args
-    dest = posixpath.normpath(dest)
-    best: Obj | None = None
-    for mount in container.get("volumeMounts") or []:
-        path = posixpath.normpath(str(mount.get("mountPath") or "/"))
-        if (dest == path or dest.startswith(path.rstrip("/") + "/")) and (
-            best is None or len(path) > len(posixpath.normpath(best["mountPath"]))
-        ):
-            best = mount
-    if best is None:
-        raise PodError(f"no volume mount holds {dest}")
-    volumes = {v.get("name"): v for v in spec.get("volumes") or []}
-    volume = volumes.get(best.get("name"))
-    claim = ((volume or {}).get("persistentVolumeClaim") or {}).get("claimName")
-    if not claim:
-        raise PodError(f"volume {best.get('name')!r} is not a PersistentVolumeClaim")
-    relative = posixpath.relpath(dest, posixpath.normpath(str(best["mountPath"])))
-    env = tuple(
-        (str(e["name"]), str(e["value"]))
-        for e in container.get("env") or []
-        if "name" in e and isinstance(e.get("value"), str)
-    )
-    return DownloadPlan(
-        uri=uri,
-        container=str(container.get("name") or "main"),
-        image=str(container.get("image") or ""),
-        claim=str(claim),
-        sub_path=str(best.get("subPath") or ""),
-        relative="" if relative == "." else relative,
-        env=env,
-    )
-
-
-def _inside(path: str, what: str) -> str:
-    """`path` as a relative path that cannot leave its base (no `..`, not absolute)."""
-    norm = posixpath.normpath(path) if path else "."
-    if posixpath.isabs(norm) or norm == ".." or norm.startswith("../"):
-        raise PodError(f"{what} {path!r} leaves the volume")
-    return "" if norm == "." else norm
-
-
-def host_destination(
-    plan: DownloadPlan, pv: Obj, *, host_root: Path, pv_path: str | None = None
-) -> Path:
-    """Where `plan` writes on the node whose local PV path is the folder `host_root`.
-    With `pv_path`, a PV whose path differs is refused (it is not the node's local volume)."""
-    source = pv.get("spec") or {}
-    path = (source.get("local") or {}).get("path") or (source.get("hostPath") or {}).get("path")
-    if not path:
-        raise PodError(f"PV {_meta(pv).get('name')} is not a local or hostPath volume")
-    if pv_path is not None and posixpath.normpath(path) != posixpath.normpath(pv_path):
-        raise PodError(f"PV path {path} is not the node's local volume {pv_path}")
-    dest = host_root
-    for part in (_inside(plan.sub_path, "subPath"), _inside(plan.relative, "destination")):
-        if part:
-            dest = dest / part
-    return dest
-
-
 def _now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def running_status(plan: DownloadPlan, *, started_at: str) -> Obj:
-    """The pod status patch of a started download."""
-    return {
-        "status": {
-            "phase": "Running",
-            "startTime": started_at,
-            "containerStatuses": [
-                {
-                    "name": plan.container,
-                    "image": plan.image,
-                    "imageID": "",
-                    "ready": True,
-                    "started": True,
-                    "restartCount": 0,
-                    "state": {"running": {"startedAt": started_at}},
-                }
-            ],
-        }
-    }
-
-
-def finished_status(
-    *, container: str, image: str, exit_code: int, message: str, started_at: str, finished_at: str
-) -> Obj:
-    """The pod status patch of a finished download: Succeeded for exit code 0, else Failed
-    with `message` on the pod and the container."""
-    terminated: Obj = {
-        "exitCode": exit_code,
-        "reason": "Completed" if exit_code == 0 else "Error",
-        "startedAt": started_at,
-        "finishedAt": finished_at,
-    }
-    status: Obj = {"phase": "Succeeded" if exit_code == 0 else "Failed"}
-    if exit_code != 0:
-        terminated["message"] = message[-MESSAGE_TAIL:]
-        status["message"] = message.strip().splitlines()[-1][:MESSAGE_TAIL] if message else ""
-        status["reason"] = "DownloadFailed"
-    status["containerStatuses"] = [
-        {
-            "name": container,
-            "image": image,
-            "imageID": "",
-            "ready": False,
-            "started": False,
-            "restartCount": 0,
-            "state": {"terminated": terminated},
-        }
-    ]
-    return {"status": status}
-
-
-# ---------------------------------------------------------------------------- the runner
 
 
 class LocalJobRunner:
@@ -287,8 +121,10 @@ class LocalJobRunner:
 
     def _on_event(self, event: informer.Event) -> None:
         pod = event.obj
-        uid = str(_meta(pod).get("uid") or "")
-        gone = isinstance(event, informer.Deleted) or bool(_meta(pod).get("deletionTimestamp"))
+        uid = str(jobpods.metadata(pod).get("uid") or "")
+        gone = isinstance(event, informer.Deleted) or bool(
+            jobpods.metadata(pod).get("deletionTimestamp")
+        )
         if gone:
             task = self._tasks.get(uid)
             if task is not None:
@@ -296,7 +132,7 @@ class LocalJobRunner:
             if isinstance(event, informer.Deleted):
                 self._accepted.discard(uid)
             return
-        if uid and uid not in self._accepted and target_node(pod, self._nodes) is not None:
+        if uid and uid not in self._accepted and jobpods.target_node(pod, self._nodes) is not None:
             self._accepted.add(uid)
             self._queue.put_nowait(pod)
 
@@ -307,7 +143,7 @@ class LocalJobRunner:
             while True:
                 pod = await self._queue.get()
                 await self._slots.acquire()
-                meta = _meta(pod)
+                meta = jobpods.metadata(pod)
                 uid = str(meta.get("uid"))
                 if uid not in self._accepted:  # deleted while queued
                     self._slots.release()
@@ -327,29 +163,30 @@ class LocalJobRunner:
             await self._play(pod)
         except Exception:
             log.exception(
-                "jobrunner_pod_error", pod=f"{_meta(pod).get('namespace')}/{_meta(pod).get('name')}"
+                "jobrunner_pod_error",
+                pod=f"{jobpods.metadata(pod).get('namespace')}/{jobpods.metadata(pod).get('name')}",
             )
 
     async def _play(self, queued: Obj) -> None:
-        meta = _meta(queued)
+        meta = jobpods.metadata(queued)
         key = ObjectKey(str(meta.get("namespace") or ""), str(meta.get("name") or ""))
         pod = self.informer.store.get(key) or {}  # the latest version: it may have changed
-        node = target_node(pod, self._nodes)
-        if node is None or _meta(pod).get("uid") != meta.get("uid"):
+        node = jobpods.target_node(pod, self._nodes)
+        if node is None or jobpods.metadata(pod).get("uid") != meta.get("uid"):
             return
         self._counts["started"] += 1
         started_at = _now()
         try:
-            plan = plan_download(pod)
-        except PodError as exc:
+            plan = jobpods.plan_download(pod)
+        except jobpods.PodError as exc:
             await self._finish(key, None, exit_code=1, message=str(exc), started_at=started_at)
             return
         try:
             dest = await self._resolve(key, plan, node)
-            await self._patch(key, running_status(plan, started_at=started_at))
+            await self._patch(key, jobpods.running_status(plan, started_at=started_at))
             log.info("jobrunner_pod_started", pod=str(key), node=node, uri=plan.uri)
             code, output = await self._execute(plan, dest)
-        except PodError as exc:
+        except jobpods.PodError as exc:
             code, output = 1, str(exc)
         except errors.NotFound:
             log.info("jobrunner_pod_gone", pod=str(key))
@@ -358,7 +195,7 @@ class LocalJobRunner:
             code, output = 1, f"local job runner: {exc}"
         await self._finish(key, plan, exit_code=code, message=output, started_at=started_at)
 
-    async def _resolve(self, key: ObjectKey, plan: DownloadPlan, node: str) -> Path:
+    async def _resolve(self, key: ObjectKey, plan: jobpods.DownloadPlan, node: str) -> Path:
         """The host folder of the pod's destination, waiting for its PVC and PV to exist."""
         deadline = self._clock.now() + self._resolve_timeout
         delay = 0.2
@@ -370,7 +207,7 @@ class LocalJobRunner:
                 volume = str((pvc.get("spec") or {}).get("volumeName") or "")
                 if volume:
                     pv = await self._kube.get(kube.PERSISTENT_VOLUMES, volume)
-                    dest = host_destination(
+                    dest = jobpods.host_destination(
                         plan, pv, host_root=self._nodes[node], pv_path=self._pv_path
                     )
                     await asyncio.to_thread(dest.mkdir, parents=True, exist_ok=True)
@@ -379,13 +216,13 @@ class LocalJobRunner:
             except errors.NotFound as exc:
                 waiting_for = str(exc)
             if self._clock.now() >= deadline:
-                raise PodError(
+                raise jobpods.PodError(
                     f"volume not ready after {self._resolve_timeout:.0f}s: {waiting_for}"
                 )
             await self._clock.sleep(delay)
             delay = min(delay * 2, 5.0)
 
-    async def _execute(self, plan: DownloadPlan, dest: Path) -> tuple[int, str]:
+    async def _execute(self, plan: jobpods.DownloadPlan, dest: Path) -> tuple[int, str]:
         env = {**os.environ, **dict(plan.env)}
         proc = await asyncio.create_subprocess_exec(
             *self._command,
@@ -410,13 +247,13 @@ class LocalJobRunner:
     async def _finish(
         self,
         key: ObjectKey,
-        plan: DownloadPlan | None,
+        plan: jobpods.DownloadPlan | None,
         *,
         exit_code: int,
         message: str,
         started_at: str,
     ) -> None:
-        body = finished_status(
+        body = jobpods.finished_status(
             container=plan.container if plan else "main",
             image=plan.image if plan else "",
             exit_code=exit_code,

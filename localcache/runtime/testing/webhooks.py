@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Literal, cast
 
 from localcache.runtime import admission
+from localcache.runtime import tls as tls_mod
 from localcache.runtime.testing import certs, controlplane, waiting
 
 ConfigurationKind = Literal["Mutating", "Validating"]
@@ -73,10 +74,10 @@ async def run_webhook_server(
         (cert_dir / "tls.crt").write_bytes(pair.cert_pem)
         (cert_dir / "tls.key").write_bytes(pair.key_pem)
         (cert_dir / "ca.crt").write_bytes(ca.cert_pem)
-        tls = admission.ReloadableTLS(cert_dir / "tls.crt", cert_dir / "tls.key")
+        tls = tls_mod.ReloadableTLS(cert_dir / "tls.crt", cert_dir / "tls.key")
         stack = contextlib.AsyncExitStack()
         bound = await stack.enter_async_context(
-            admission.serve(
+            tls_mod.serve(
                 server.app(),
                 host=host,
                 port=port if port is not None else controlplane.free_port(),

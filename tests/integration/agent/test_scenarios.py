@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import pytest
 
-from localcache.agent import disk, jobs
+from localcache.agent import jobs, layout
 from localcache.caching import keys
 from localcache.runtime.testing.waiting import wait_until
 from tests.integration.agent.harness import IMAGE, URI, Agent, Obj, entry
@@ -82,7 +82,7 @@ async def test_job_mounts_a_staging_folder_named_by_storage_key(agent: Agent) ->
     [job] = await agent.wait_jobs(1)
     container = _container(job)
     [mount] = container["volumeMounts"]
-    assert mount["subPath"] == disk.staging_subpath(KEY, job["metadata"]["name"])
+    assert mount["subPath"] == layout.staging_subpath(KEY, job["metadata"]["name"])
     assert KEY in mount["subPath"]
     assert mount["mountPath"] == "/mnt/models"
     assert agent.staging(job).is_dir()

@@ -17,10 +17,11 @@ import pytest
 from cryptography import x509
 
 from localcache.runtime import admission, errors, metrics
+from localcache.runtime import tls as tls_mod
 from localcache.runtime.testing import controlplane
 from localcache.runtime.testing import webhooks as wh
 from localcache.runtime.testing.controlplane import ControlPlane
-from localcache.webhooks import certs
+from localcache.webhooks import certgen, certs
 
 PATH = "/validate-configmap"
 _REG = "/apis/admissionregistration.k8s.io/v1"
@@ -138,13 +139,13 @@ async def _ca_bundles(plane: ControlPlane, settings: certs.CertSettings) -> list
 @contextlib.asynccontextmanager
 async def _serving(
     settings: certs.CertSettings, port: int
-) -> AsyncIterator[tuple[wh.WebhookServer, admission.ReloadableTLS]]:
+) -> AsyncIterator[tuple[wh.WebhookServer, tls_mod.ReloadableTLS]]:
     adm = admission.AdmissionServer(metrics=metrics.Metrics())
     adm.register(PATH, _allow)
-    tls = admission.ReloadableTLS(settings.cert_path, settings.key_path)
+    tls = tls_mod.ReloadableTLS(settings.cert_path, settings.key_path)
     stack = contextlib.AsyncExitStack()
     await stack.enter_async_context(
-        admission.serve(adm.app(), host="127.0.0.1", port=port, ssl_context=tls.context)
+        tls_mod.serve(adm.app(), host="127.0.0.1", port=port, ssl_context=tls.context)
     )
     handle = wh.WebhookServer(
         adm, "127.0.0.1", port, settings.ca_path.read_bytes(), settings.cert_dir, stack
@@ -188,7 +189,7 @@ async def test_certificates_are_created_on_first_start_and_reused_on_restart(
     first = await certs.CertManager(store, settings).ensure()
 
     secret = await store.get_secret(namespace, settings.secret_name)
-    assert certs.bundle_from_secret(secret) == first
+    assert certgen.bundle_from_secret(secret) == first
     expected = base64.b64encode(first.ca_cert_pem).decode()
     assert await _ca_bundles(control_plane, settings) == [expected] * 3
 

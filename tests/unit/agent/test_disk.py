@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from localcache.agent import disk
+from localcache.agent import disk, layout
 
 KEY = "0123456789abcdef"
 OTHER = "fedcba9876543210"
@@ -23,8 +23,8 @@ class Crash(Exception):
     """Stands for the agent process dying at a checkpoint."""
 
 
-def _manifest(job: str = JOB, *, key: str = KEY, uri: str = URI, size: int = 11) -> disk.Manifest:
-    return disk.Manifest(
+def _manifest(job: str = JOB, *, key: str = KEY, uri: str = URI, size: int = 11) -> layout.Manifest:
+    return layout.Manifest(
         storage_key=key, uri=uri, bytes=size, completed_at="2026-01-02T03:04:05Z", job=job
     )
 
@@ -57,22 +57,22 @@ def _assert_promoted(d: disk.ModelDisk, *, job: str = JOB) -> None:
 def test_layout_matches_what_kserve_pod_mutator_mounts(tmp_path: Path) -> None:
     d = disk.ModelDisk(tmp_path)
     assert d.model_path(KEY) == tmp_path / "models" / KEY
-    assert disk.model_subpath(KEY) == f"models/{KEY}"
-    assert disk.staging_subpath(KEY, JOB) == f".staging/{KEY}-{JOB}"
-    assert d.staging_path(KEY, JOB) == tmp_path / disk.staging_subpath(KEY, JOB)
+    assert layout.model_subpath(KEY) == f"models/{KEY}"
+    assert layout.staging_subpath(KEY, JOB) == f".staging/{KEY}-{JOB}"
+    assert d.staging_path(KEY, JOB) == tmp_path / layout.staging_subpath(KEY, JOB)
 
 
 @pytest.mark.parametrize("bad", ["", "0123456789ABCDEF", "0123456789abcde", "../../etc", "x" * 16])
 def test_paths_refuse_names_that_are_not_storage_keys(tmp_path: Path, bad: str) -> None:
     d = disk.ModelDisk(tmp_path)
-    with pytest.raises(disk.DiskError, match="not a storage key"):
+    with pytest.raises(layout.DiskError, match="not a storage key"):
         d.model_path(bad)
-    with pytest.raises(disk.DiskError):
+    with pytest.raises(layout.DiskError):
         d.staging_path(bad, JOB)
 
 
 def test_staging_refuses_a_job_name_that_could_escape_the_folder(tmp_path: Path) -> None:
-    with pytest.raises(disk.DiskError, match="job name"):
+    with pytest.raises(layout.DiskError, match="job name"):
         disk.ModelDisk(tmp_path).staging_path(KEY, "../x")
 
 
@@ -131,13 +131,13 @@ def test_promote_replaces_a_folder_that_has_no_manifest(tmp_path: Path) -> None:
 def test_promote_refuses_a_manifest_for_another_key_or_a_foreign_folder(tmp_path: Path) -> None:
     d = disk.ModelDisk(tmp_path)
     staging = _download(d)
-    with pytest.raises(disk.DiskError, match="manifest is for"):
+    with pytest.raises(layout.DiskError, match="manifest is for"):
         d.promote(staging, KEY, _manifest(key=OTHER))
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    with pytest.raises(disk.DiskError, match="not a staging folder"):
+    with pytest.raises(layout.DiskError, match="not a staging folder"):
         d.promote(elsewhere, KEY, _manifest())
-    with pytest.raises(disk.DiskError, match="does not exist"):
+    with pytest.raises(layout.DiskError, match="does not exist"):
         d.promote(d.staging_path(KEY, "gone"), KEY, _manifest())
     assert not d.is_complete(KEY)
 
@@ -145,7 +145,7 @@ def test_promote_refuses_a_manifest_for_another_key_or_a_foreign_folder(tmp_path
 def test_promote_refuses_a_different_uri_under_the_same_key(tmp_path: Path) -> None:
     d = disk.ModelDisk(tmp_path)
     d.promote(_download(d), KEY, _manifest())
-    with pytest.raises(disk.DiskError, match="already holds"):
+    with pytest.raises(layout.DiskError, match="already holds"):
         d.promote(_download(d, "other"), KEY, _manifest("other", uri="gs://other"))
 
 
@@ -194,7 +194,7 @@ def test_a_crash_after_moving_an_incomplete_folder_aside_converges(
     [("record-written", "promoted"), ("renamed", "manifest-written")],
 )
 def test_recover_reports_how_each_interrupted_promotion_ended(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, step: str, outcome: disk.Outcome
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, step: str, outcome: layout.Outcome
 ) -> None:
     d = disk.ModelDisk(tmp_path)
     staging = _download(d)
@@ -203,7 +203,7 @@ def test_recover_reports_how_each_interrupted_promotion_ended(
         d.promote(staging, KEY, _manifest())
     monkeypatch.setattr(disk, "_checkpoint", lambda _step: None)
     assert disk.ModelDisk(tmp_path).recover() == [
-        disk.Recovered(storage_key=KEY, staging=staging.name, outcome=outcome)
+        layout.Recovered(storage_key=KEY, staging=staging.name, outcome=outcome)
     ]
 
 
@@ -356,7 +356,7 @@ def test_deletion_never_touches_referenced_or_foreign_names(
         d.delete_unreferenced(referenced)
 
         left = set(os.listdir(d.models))
-        gone = {n for n in names if disk.is_storage_key(n) and n not in referenced}
+        gone = {n for n in names if layout.is_storage_key(n) and n not in referenced}
         assert left == names - gone
 
 
@@ -390,7 +390,7 @@ def test_check_root_accepts_the_same_directory(
 
 def test_check_root_names_both_paths_when_they_differ() -> None:
     d = disk.ModelDisk(Path("/mnt/models"), host_path="/models")
-    with pytest.raises(disk.RootMismatch) as info:
+    with pytest.raises(layout.RootMismatch) as info:
         d.check_root("/data/fast-disk")
     message = str(info.value)
     assert "/data/fast-disk" in message

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from localcache.agent import disk, jobs
+from localcache.agent import jobs, layout
 from localcache.api import modelnode, nodegroup, storage
 from localcache.caching import config, credentials, keys
 
@@ -130,7 +130,7 @@ def test_default_job_has_the_kserve_shape_with_a_staging_subpath() -> None:
         ],
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
-    assert container["volumeMounts"][0]["subPath"] == disk.staging_subpath(KEY, name)
+    assert container["volumeMounts"][0]["subPath"] == layout.staging_subpath(KEY, name)
 
 
 def test_job_is_owned_by_the_local_model_node() -> None:
@@ -271,7 +271,7 @@ def test_job_name_is_deterministic_and_distinct_per_node_scope_and_attempt() -> 
     long = name(node="n" * 253, attempt=10**6, scope=("x" * 300,))
     assert len(long) <= 63
     assert DNS_LABEL.fullmatch(long)
-    assert disk.staging_name(KEY, long)
+    assert layout.staging_name(KEY, long)
     assert _job(attempt=3)["metadata"]["name"] == name(attempt=3)
     with pytest.raises(ValueError, match="attempt"):
         name(attempt=-1)

@@ -15,21 +15,21 @@ from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from localcache.runtime import clock, errors
-from localcache.webhooks import certs
+from localcache.webhooks import certgen, certs
 
 NOW = datetime.datetime(2026, 9, 1, 12, 0, tzinfo=datetime.UTC)
 DAY = datetime.timedelta(days=1)
-NAMES = [*certs.service_dns_names("hook", "kserve"), "127.0.0.1"]
+NAMES = [*certgen.service_dns_names("hook", "kserve"), "127.0.0.1"]
 
 
-def _sans(bundle: certs.CertBundle) -> tuple[list[str], list[str]]:
+def _sans(bundle: certgen.CertBundle) -> tuple[list[str], list[str]]:
     san = bundle.certificate.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     return san.get_values_for_type(x509.DNSName), [
         str(i) for i in san.get_values_for_type(x509.IPAddress)
     ]
 
 
-def _ca(bundle: certs.CertBundle) -> x509.Certificate:
+def _ca(bundle: certgen.CertBundle) -> x509.Certificate:
     return x509.load_pem_x509_certificates(bundle.ca_cert_pem)[0]
 
 
@@ -37,17 +37,17 @@ def _ca(bundle: certs.CertBundle) -> x509.Certificate:
 
 
 def test_service_dns_names_cover_every_in_cluster_form() -> None:
-    assert certs.service_dns_names("svc", "ns") == [
+    assert certgen.service_dns_names("svc", "ns") == [
         "svc",
         "svc.ns",
         "svc.ns.svc",
         "svc.ns.svc.cluster.local",
     ]
-    assert certs.service_dns_names("s", "n", cluster_domain="corp")[-1] == "s.n.svc.corp"
+    assert certgen.service_dns_names("s", "n", cluster_domain="corp")[-1] == "s.n.svc.corp"
 
 
 def test_issued_certificate_has_dns_and_ip_sans_and_is_signed_by_its_ca() -> None:
-    bundle = certs.issue_bundle(NAMES, now=NOW)
+    bundle = certgen.issue_bundle(NAMES, now=NOW)
     dns, ips = _sans(bundle)
     assert dns == NAMES[:4]
     assert ips == ["127.0.0.1"]
@@ -61,12 +61,12 @@ def test_issued_certificate_has_dns_and_ip_sans_and_is_signed_by_its_ca() -> Non
 
 def test_issuing_needs_a_name() -> None:
     with pytest.raises(ValueError, match="at least one name"):
-        certs.issue_bundle([], now=NOW)
+        certgen.issue_bundle([], now=NOW)
 
 
 def test_a_fresh_bundle_needs_no_renewal() -> None:
-    bundle = certs.issue_bundle(NAMES, now=NOW)
-    assert certs.renewal_reason(bundle, names=NAMES, now=NOW, renew_before=30 * DAY) is None
+    bundle = certgen.issue_bundle(NAMES, now=NOW)
+    assert certgen.renewal_reason(bundle, names=NAMES, now=NOW, renew_before=30 * DAY) is None
 
 
 @pytest.mark.parametrize(
@@ -80,51 +80,51 @@ def test_a_fresh_bundle_needs_no_renewal() -> None:
 def test_renewal_is_due_within_the_threshold_before_expiry(
     age: datetime.timedelta, expected: str | None
 ) -> None:
-    bundle = certs.issue_bundle(NAMES, now=NOW)
+    bundle = certgen.issue_bundle(NAMES, now=NOW)
     later = NOW + age
-    assert certs.renewal_reason(bundle, names=NAMES, now=later, renew_before=30 * DAY) == expected
+    assert certgen.renewal_reason(bundle, names=NAMES, now=later, renew_before=30 * DAY) == expected
 
 
 def test_renewal_is_due_when_a_name_is_missing_or_nothing_is_stored() -> None:
-    bundle = certs.issue_bundle(NAMES[:1], now=NOW)
-    reason = certs.renewal_reason(bundle, names=NAMES, now=NOW, renew_before=DAY)
+    bundle = certgen.issue_bundle(NAMES[:1], now=NOW)
+    reason = certgen.renewal_reason(bundle, names=NAMES, now=NOW, renew_before=DAY)
     assert reason is not None
     assert "127.0.0.1" in reason
-    assert certs.renewal_reason(None, names=NAMES, now=NOW, renew_before=DAY) is not None
+    assert certgen.renewal_reason(None, names=NAMES, now=NOW, renew_before=DAY) is not None
 
 
 def test_renewal_is_due_for_garbage_or_mismatched_material() -> None:
-    good = certs.issue_bundle(NAMES, now=NOW)
-    other = certs.issue_bundle(NAMES, now=NOW)
+    good = certgen.issue_bundle(NAMES, now=NOW)
+    other = certgen.issue_bundle(NAMES, now=NOW)
     cases = {
-        "does not parse": certs.CertBundle(good.ca_cert_pem, good.ca_key_pem, b"junk", b"junk"),
-        "key does not match": certs.CertBundle(
+        "does not parse": certgen.CertBundle(good.ca_cert_pem, good.ca_key_pem, b"junk", b"junk"),
+        "key does not match": certgen.CertBundle(
             good.ca_cert_pem, good.ca_key_pem, good.cert_pem, other.key_pem
         ),
-        "not signed by the stored CA": certs.CertBundle(
+        "not signed by the stored CA": certgen.CertBundle(
             other.ca_cert_pem, other.ca_key_pem, good.cert_pem, good.key_pem
         ),
     }
     for fragment, bundle in cases.items():
-        reason = certs.renewal_reason(bundle, names=NAMES, now=NOW, renew_before=DAY)
+        reason = certgen.renewal_reason(bundle, names=NAMES, now=NOW, renew_before=DAY)
         assert reason is not None
         assert fragment in reason
 
 
 def test_renewal_keeps_a_long_lived_ca() -> None:
-    first = certs.issue_bundle(NAMES, now=NOW)
+    first = certgen.issue_bundle(NAMES, now=NOW)
     later = NOW + 340 * DAY
-    second = certs.issue_bundle(NAMES, now=later, previous=first)
+    second = certgen.issue_bundle(NAMES, now=later, previous=first)
     assert second.ca_cert_pem == first.ca_cert_pem
     assert second.serial != first.serial
     second.certificate.verify_directly_issued_by(_ca(first))
 
 
 def test_renewing_an_expiring_ca_keeps_the_old_ca_trusted() -> None:
-    first = certs.issue_bundle(NAMES, now=NOW, ca_validity=100 * DAY, cert_validity=90 * DAY)
+    first = certgen.issue_bundle(NAMES, now=NOW, ca_validity=100 * DAY, cert_validity=90 * DAY)
     later = NOW + 80 * DAY
-    assert certs.renewal_reason(first, names=NAMES, now=later, renew_before=30 * DAY)
-    second = certs.issue_bundle(
+    assert certgen.renewal_reason(first, names=NAMES, now=later, renew_before=30 * DAY)
+    second = certgen.issue_bundle(
         NAMES, now=later, ca_validity=100 * DAY, cert_validity=90 * DAY, previous=first
     )
     trusted = x509.load_pem_x509_certificates(second.ca_cert_pem)
@@ -134,20 +134,20 @@ def test_renewing_an_expiring_ca_keeps_the_old_ca_trusted() -> None:
     ]
     assert _ca(second).serial_number != _ca(first).serial_number
     second.certificate.verify_directly_issued_by(trusted[0])
-    assert certs.renewal_reason(second, names=NAMES, now=later, renew_before=30 * DAY) is None
+    assert certgen.renewal_reason(second, names=NAMES, now=later, renew_before=30 * DAY) is None
 
 
 def test_secret_round_trip_preserves_the_bundle() -> None:
-    bundle = certs.issue_bundle(NAMES, now=NOW)
-    body = certs.secret_body(bundle, name="s", namespace="ns", resource_version="7")
+    bundle = certgen.issue_bundle(NAMES, now=NOW)
+    body = certgen.secret_body(bundle, name="s", namespace="ns", resource_version="7")
     assert body["type"] == "kubernetes.io/tls"
     assert set(body["data"]) == {"ca.crt", "ca.key", "tls.crt", "tls.key"}
     assert body["metadata"]["resourceVersion"] == "7"
-    assert certs.bundle_from_secret(body) == bundle
+    assert certgen.bundle_from_secret(body) == bundle
     del body["data"]["ca.key"]
-    assert certs.bundle_from_secret(body) is None
+    assert certgen.bundle_from_secret(body) is None
     garbage = {k: "%%%" for k in ("ca.crt", "ca.key", "tls.crt", "tls.key")}
-    assert certs.bundle_from_secret({"data": garbage}) is None
+    assert certgen.bundle_from_secret({"data": garbage}) is None
 
 
 def test_ca_bundle_patch_touches_only_entries_that_differ() -> None:
@@ -160,7 +160,7 @@ def test_ca_bundle_patch_touches_only_entries_that_differ() -> None:
             {"name": "c.x.io"},
         ]
     }
-    ops = certs.ca_bundle_patch(config, ca)
+    ops = certgen.ca_bundle_patch(config, ca)
     assert ops == [
         {"op": "test", "path": "/webhooks/1/name", "value": "b.x.io"},
         {"op": "add", "path": "/webhooks/1/clientConfig/caBundle", "value": encoded},
@@ -168,7 +168,7 @@ def test_ca_bundle_patch_touches_only_entries_that_differ() -> None:
         {"op": "add", "path": "/webhooks/2/clientConfig", "value": {}},
         {"op": "add", "path": "/webhooks/2/clientConfig/caBundle", "value": encoded},
     ]
-    assert certs.ca_bundle_patch(_apply(config, ops), ca) == []
+    assert certgen.ca_bundle_patch(_apply(config, ops), ca) == []
 
 
 # ---------------------------------------------------------------------- CertManager
@@ -278,13 +278,13 @@ def _ca_bundles(store: FakeStore) -> list[str]:
 async def test_first_start_creates_secret_files_and_ca_bundles(
     store: FakeStore, tmp_path: Path
 ) -> None:
-    changed: list[certs.CertBundle] = []
+    changed: list[certgen.CertBundle] = []
     manager = certs.CertManager(
         store, _settings(tmp_path), now=lambda: NOW, on_change=changed.append
     )
     bundle = await manager.ensure()
     assert (
-        certs.bundle_from_secret(store.secrets[("kserve", "localmodel-webhook-server-cert")])
+        certgen.bundle_from_secret(store.secrets[("kserve", "localmodel-webhook-server-cert")])
         == bundle
     )
     settings = manager.settings
@@ -320,7 +320,7 @@ async def test_periodic_check_renews_before_expiry_and_reloads(
 ) -> None:
     fake = clock.FakeClock()
     now = [NOW]
-    changed: list[certs.CertBundle] = []
+    changed: list[certgen.CertBundle] = []
     settings = _settings(tmp_path, check_interval_s=60.0)
     manager = certs.CertManager(
         store, settings, clock=fake, now=lambda: now[0], on_change=changed.append
@@ -345,7 +345,7 @@ async def test_periodic_check_renews_before_expiry_and_reloads(
     assert renewed.serial != first.serial
     assert renewed.ca_cert_pem == first.ca_cert_pem
     assert settings.cert_path.read_bytes() == renewed.cert_pem
-    assert certs.bundle_from_secret(next(iter(store.secrets.values()))) == renewed
+    assert certgen.bundle_from_secret(next(iter(store.secrets.values()))) == renewed
 
 
 async def test_a_replica_adopts_a_renewal_another_replica_stored(
@@ -370,8 +370,8 @@ async def test_a_reset_ca_bundle_is_patched_again(store: FakeStore, tmp_path: Pa
 
 
 async def test_a_cert_manager_secret_is_left_alone(store: FakeStore, tmp_path: Path) -> None:
-    bundle = certs.issue_bundle(NAMES, now=NOW)
-    body = certs.secret_body(bundle, name="localmodel-webhook-server-cert", namespace="kserve")
+    bundle = certgen.issue_bundle(NAMES, now=NOW)
+    body = certgen.secret_body(bundle, name="localmodel-webhook-server-cert", namespace="kserve")
     body["metadata"]["annotations"] = {
         "cert-manager.io/certificate-name": "localmodel-serving-cert"
     }

@@ -7,7 +7,7 @@ from typing import Any
 
 import yaml
 
-from localcache.webhooks import certs
+from localcache.webhooks import certgen, certs
 
 ROOT = Path(__file__).resolve().parents[3] / "manifests" / "webhook"
 
@@ -91,7 +91,7 @@ def test_kustomization_lists_every_manifest() -> None:
 def test_cert_manager_component_targets_our_secret_and_injects_into_both_configurations() -> None:
     cert = _load("cert-manager/certificate.yaml")
     assert cert["spec"]["secretName"] == certs.DEFAULT_SECRET_NAME
-    assert cert["spec"]["dnsNames"] == certs.service_dns_names(
+    assert cert["spec"]["dnsNames"] == certgen.service_dns_names(
         certs.DEFAULT_SERVICE_NAME, certs.DEFAULT_NAMESPACE
     )
     wanted = f"{certs.DEFAULT_NAMESPACE}/{cert['metadata']['name']}"

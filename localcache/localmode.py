@@ -1,0 +1,121 @@
+"""Pure parts of `localcache run`'s local mode: its settings, objects and messages. No I/O.
+
+- `local_settings`: the user's settings adjusted for a local control plane (free ports,
+  loopback binding, certificates and models roots under the run directory).
+- `local_config_map`, `local_webhook_configuration`, `demo_node`, `node_ready_status`: the
+  shipped objects as a local run creates them (`LOCAL_MODEL_OVERRIDES`, URL webhooks on
+  127.0.0.1, demo Nodes `DEMO_NODES` labelled `WORKER_LABEL`).
+- `cache_ready`, `watch_commands`, `ready_line`: when the sample cache is Ready, and what the
+  user is told. `localcache.local` does the I/O with them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from localcache import settings as settings_mod
+from localcache.runtime.testing import controlplane, jobpods
+
+Obj = dict[str, Any]
+DEMO_NODES = ("demo-node-1", "demo-node-2")
+WORKER_LABEL = ("kserve/localmodel", "worker")
+LOCAL_MODEL_OVERRIDES: Mapping[str, Any] = {
+    "enabled": True,
+    "reconcilationFrequencyInSecs": 5,
+    "downloadRetryBackoffInSecs": 2,
+    "downloadRetryMaxBackoffInSecs": 30,
+}
+"""`localModel` keys set over the shipped ConfigMap, so the demo is snappy."""
+
+
+def local_settings(
+    settings: settings_mod.Settings,
+    *,
+    run_dir: Path,
+    kubeconfig: Path,
+    pv_path: str,
+    pick_port: Callable[[], int] = controlplane.free_port,
+) -> settings_mod.Settings:
+    """`settings` for local mode: the local kubeconfig; a free metrics port, a free webhook
+    port, loopback binding and certificates under `run_dir` where the defaults were kept;
+    models roots under `run_dir` standing for the node group's PV path `pv_path`."""
+    default = {f.dest: f.default for f in settings_mod.FLAGS}
+    changes: dict[str, Any] = {
+        "kubeconfig": str(kubeconfig),
+        "models_root": run_dir / "nodes",
+        "host_models_root": Path(pv_path),
+    }
+    if settings.metrics_port == int(default["metrics_port"]):
+        changes["metrics_port"] = 0
+    if settings.webhook_port == int(default["webhook_port"]):
+        changes["webhook_port"] = pick_port()
+    if settings.bind_address == default["bind_address"]:
+        changes["bind_address"] = "127.0.0.1"
+    if str(settings.webhook_cert_dir) == default["webhook_cert_dir"]:
+        changes["webhook_cert_dir"] = run_dir / "webhook-certs"
+    return dataclasses.replace(settings, **changes)
+
+
+def local_config_map(shipped: Obj, *, namespace: str, name: str) -> Obj:
+    """The shipped `inferenceservice-config` with `LOCAL_MODEL_OVERRIDES`, renamed."""
+    data = dict(shipped.get("data") or {})
+    data["localModel"] = json.dumps(
+        {**json.loads(data.get("localModel") or "{}"), **LOCAL_MODEL_OVERRIDES}
+    )
+    meta = {**(shipped.get("metadata") or {}), "namespace": namespace, "name": name}
+    return {**shipped, "metadata": meta, "data": data}
+
+
+def local_webhook_configuration(shipped: Obj, *, port: int) -> Obj:
+    """A shipped webhook configuration calling https://127.0.0.1:`port` by URL, without a
+    caBundle (the certificate manager patches it in, by the configuration's name)."""
+    out: Obj = json.loads(json.dumps(shipped))
+    for hook in out.get("webhooks") or []:
+        path = ((hook.get("clientConfig") or {}).get("service") or {}).get("path") or "/"
+        hook["clientConfig"] = {"url": f"https://127.0.0.1:{port}{path}"}
+    return out
+
+
+def demo_node(name: str) -> Obj:
+    key, value = WORKER_LABEL
+    labels = {key: value, jobpods.HOSTNAME_LABEL: name}
+    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels}}
+
+
+def node_ready_status(now: datetime.datetime) -> Obj:
+    stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
+    condition = {"type": "Ready", "status": "True", "reason": "KubeletReady",
+                 "message": "played by localcache run (no kubelet)",
+                 "lastHeartbeatTime": stamp, "lastTransitionTime": stamp}  # fmt: skip
+    return {"status": {"conditions": [condition]}}
+
+
+def cache_ready(obj: Obj | None) -> bool:
+    conditions = ((obj or {}).get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+def watch_commands(kubectl: str, kubeconfig: Path, *, name: str, namespace: str) -> list[str]:
+    k = f"{kubectl} --kubeconfig {kubeconfig}"
+    return [
+        f"{k} get lmnc -A -w",
+        f"{k} get lmn",
+        f"{k} wait --for=condition=Ready lmnc/{name} -n {namespace} --timeout=120s",
+        f"{k} describe lmnc {name} -n {namespace}",
+        f"{k} get jobs,pods -A",
+    ]
+
+
+def ready_line(obj: Obj) -> str:
+    meta, status = obj.get("metadata") or {}, obj.get("status") or {}
+    copies = status.get("copies") or {}
+    nodes = ", ".join(f"{n}: {s}" for n, s in sorted((status.get("nodeStatus") or {}).items()))
+    return (
+        f"localcache: LocalModelNamespaceCache {meta.get('namespace')}/{meta.get('name')} is "
+        f"Ready: copies available {copies.get('available', 0)}/{copies.get('total', 0)} ({nodes})"
+    )

@@ -1,0 +1,91 @@
+"""ReloadableTLS: in-memory handshakes against the served certificate, rotation, reload."""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from pathlib import Path
+
+import pytest
+from cryptography import x509
+
+from localcache.runtime import clock
+from localcache.runtime import tls as tls_mod
+from localcache.runtime.testing import certs
+
+
+def _handshake_serial(server_ctx: ssl.SSLContext, ca_pem: bytes) -> int:
+    """Complete a TLS handshake in memory (no sockets) and return the served certificate's
+    serial number."""
+    client_ctx = ssl.create_default_context(cadata=ca_pem.decode())
+    client_ctx.check_hostname = False
+    c_in, c_out, s_in, s_out = (ssl.MemoryBIO() for _ in range(4))
+    client = client_ctx.wrap_bio(c_in, c_out, server_side=False)
+    server = server_ctx.wrap_bio(s_in, s_out, server_side=True)
+    done = {"client": False, "server": False}
+    for _ in range(20):
+        for name, obj in (("client", client), ("server", server)):
+            if not done[name]:
+                try:
+                    obj.do_handshake()
+                    done[name] = True
+                except ssl.SSLWantReadError:
+                    pass
+        s_in.write(c_out.read())
+        c_in.write(s_out.read())
+        if all(done.values()):
+            break
+    der = client.getpeercert(binary_form=True)
+    assert der is not None
+    return x509.load_der_x509_certificate(der).serial_number
+
+
+def _write_pair(directory: Path, pair: certs.KeyPair) -> None:
+    (directory / "tls.crt").write_bytes(pair.cert_pem)
+    (directory / "tls.key").write_bytes(pair.key_pem)
+
+
+def _serial(pair: certs.KeyPair) -> int:
+    return x509.load_pem_x509_certificate(pair.cert_pem).serial_number
+
+
+def test_tls_context_serves_a_rotated_certificate_without_restart(tmp_path: Path) -> None:
+    ca = certs.TinyCA("test-ca")
+    first, second = ca.serving_cert(["127.0.0.1"]), ca.serving_cert(["127.0.0.1"])
+    _write_pair(tmp_path, first)
+    tls = tls_mod.ReloadableTLS(tmp_path / "tls.crt", tmp_path / "tls.key")
+    assert _handshake_serial(tls.context, ca.cert_pem) == _serial(first)
+    assert tls.reload_if_changed() is False
+    _write_pair(tmp_path, second)
+    assert tls.reload_if_changed() is True
+    assert _handshake_serial(tls.context, ca.cert_pem) == _serial(second)
+
+
+def test_a_failed_reload_keeps_serving_the_previous_certificate(tmp_path: Path) -> None:
+    ca = certs.TinyCA("test-ca")
+    first, other = ca.serving_cert(["127.0.0.1"]), ca.serving_cert(["127.0.0.1"])
+    _write_pair(tmp_path, first)
+    tls = tls_mod.ReloadableTLS(tmp_path / "tls.crt", tmp_path / "tls.key")
+    (tmp_path / "tls.crt").write_bytes(other.cert_pem)  # key no longer matches
+    assert tls.reload_if_changed() is False
+    assert _handshake_serial(tls.context, ca.cert_pem) == _serial(first)
+
+
+async def test_watch_reloads_changed_files_on_its_interval(tmp_path: Path) -> None:
+    ca = certs.TinyCA("test-ca")
+    first, second = ca.serving_cert(["127.0.0.1"]), ca.serving_cert(["127.0.0.1"])
+    _write_pair(tmp_path, first)
+    tls = tls_mod.ReloadableTLS(tmp_path / "tls.crt", tmp_path / "tls.key")
+    fake = clock.FakeClock()
+    task = asyncio.create_task(tls.watch(clock=fake, interval_s=5.0), name="tls-watch")
+    try:
+        await fake.advance(0)
+        _write_pair(tmp_path, second)
+        await fake.advance(4.0)
+        assert _handshake_serial(tls.context, ca.cert_pem) == _serial(first)
+        await fake.advance(1.0)
+        assert _handshake_serial(tls.context, ca.cert_pem) == _serial(second)
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
