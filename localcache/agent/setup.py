@@ -21,8 +21,6 @@ Jobs, node groups, storage containers and the ConfigMap. The reconciler requeues
 
 from __future__ import annotations
 
-import os
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -46,10 +44,6 @@ from localcache.runtime import manager as manager_mod
 from localcache.runtime import metrics as metrics_mod
 
 CONTROLLER_NAME: Final = "localmodelnode-agent"
-ENV_NODE_NAME: Final = "NODE_NAME"
-ENV_POD_NAMESPACE: Final = "POD_NAMESPACE"
-ENV_MODELS_ROOT: Final = "LOCALCACHE_MODELS_ROOT"
-ENV_MODELS_HOST_PATH: Final = "LOCALCACHE_MODELS_HOST_PATH"
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,21 +66,9 @@ class AgentSettings:
 
     def __post_init__(self) -> None:
         if not self.node_name:
-            raise ValueError(f"the agent needs its node's name (set {ENV_NODE_NAME})")
+            raise ValueError("the agent needs its node's name (--node-name / NODE_NAME)")
         if self.progress_interval <= 0:
             raise ValueError("progress_interval must be positive")
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> AgentSettings:
-        """`NODE_NAME`, `POD_NAMESPACE` (config namespace), `LOCALCACHE_MODELS_ROOT` and
-        `LOCALCACHE_MODELS_HOST_PATH` from the environment."""
-        env = os.environ if env is None else env
-        return cls(
-            node_name=env.get(ENV_NODE_NAME, ""),
-            models_root=Path(env.get(ENV_MODELS_ROOT) or layout.DEFAULT_ROOT),
-            host_path=env.get(ENV_MODELS_HOST_PATH) or None,
-            config_namespace=env.get(ENV_POD_NAMESPACE) or config.DEFAULT_NAMESPACE,
-        )
 
 
 def setup(
