@@ -92,10 +92,11 @@ class HttpServer:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        runner, self._runner, self._bound_port = self._runner, None, None
+        runner, self._runner = self._runner, None
+        bound, self._bound_port = self._bound_port, None
         if runner is not None:
             await runner.cleanup()
-            _log.info("http_server_stopped", host=self._host, port=self._port)
+            _log.info("http_server_stopped", host=self._host, port=bound)
 
     async def run(self) -> None:
         """Serve until cancelled, then stop cleanly."""
