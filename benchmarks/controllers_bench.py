@@ -23,6 +23,7 @@ import json
 import os
 import re
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -146,6 +147,14 @@ def converged(handle: controllers_setup.CacheControllers, caches: int, members: 
     return done == caches
 
 
+async def until(done: Callable[[], bool], manager_task: asyncio.Task[int]) -> None:
+    """Poll `done` until it holds; fail at once if the manager exits first."""
+    while not done():
+        if manager_task.done():
+            raise RuntimeError(f"manager exited with {manager_task.result()}")
+        await asyncio.sleep(0.05)
+
+
 async def run(plane: ControlPlane, n_caches: int, n_nodes: int) -> None:
     client = await kube.Kube.from_kubeconfig(plane.kubeconfig_path)
     controller_client = await kube.Kube.from_kubeconfig(plane.kubeconfig_path)
@@ -163,10 +172,7 @@ async def run(plane: ControlPlane, n_caches: int, n_nodes: int) -> None:
             mgr, kube=controller_client, config=cfg, metrics=metrics.Metrics()
         )
         task = asyncio.create_task(mgr.run(), name="bench-manager")
-        while not mgr.started.is_set():
-            if task.done():
-                raise RuntimeError(f"manager exited with {task.result()}")
-            await asyncio.sleep(0.05)
+        await until(mgr.started.is_set, task)
         before = await asyncio.to_thread(server_writes, plane)
         requests_before = dict(controller_client.requests)
         started = time.monotonic()
@@ -177,10 +183,7 @@ async def run(plane: ControlPlane, n_caches: int, n_nodes: int) -> None:
             ]
         )
         created = time.monotonic() - started
-        while not converged(handle, n_caches, n_nodes):
-            if task.done():
-                raise RuntimeError(f"manager exited with {task.result()}")
-            await asyncio.sleep(0.05)
+        await until(lambda: converged(handle, n_caches, n_nodes), task)
         elapsed = time.monotonic() - started
         after = await asyncio.to_thread(server_writes, plane)
         sent = {

@@ -26,6 +26,7 @@ from localcache import settings as settings_mod
 from localcache.agent import setup as agent_setup
 from localcache.api import groupversion
 from localcache.caching import config as config_mod
+from localcache.caching import liveconfig
 from localcache.controllers import setup as controllers_setup
 from localcache.runtime import (
     admission,
@@ -36,7 +37,6 @@ from localcache.runtime import (
     leaderelection,
     manager,
     metrics,
-    store,
     tls,
 )
 from localcache.runtime import logging as logging_mod
@@ -55,36 +55,6 @@ class Components:
     webhooks: bool = False
     agent_nodes: tuple[tuple[str, Path], ...] = ()
     extra_cert_names: tuple[str, ...] = ()
-
-
-class LiveConfig:
-    """The `inferenceservice-config` in force: re-parsed when the ConfigMap changes; when it
-    is invalid the last good configuration stays in force and the error is logged once per
-    bad version (KServe's defaults apply until a good one was seen)."""
-
-    def __init__(self, reader: store.Reader, key: ObjectKey) -> None:
-        self._reader = reader
-        self._key = key
-        self._version: str | None = None
-        self._config = config_mod.parse_config({})
-        self.error: str | None = None
-
-    def __call__(self) -> config_mod.InferenceServiceConfig:
-        obj = self._reader.get(self._key)
-        version = str(((obj or {}).get("metadata") or {}).get("resourceVersion") or "absent")
-        if version == self._version:
-            return self._config
-        self._version = version
-        try:
-            self._config = config_mod.parse_config((obj or {}).get("data") or {})
-            self.error = None
-            _log.info("config_loaded", configmap=str(self._key), version=version)
-        except config_mod.ConfigError as exc:
-            self.error = str(exc)
-            _log.error(
-                "config_invalid", configmap=str(self._key), error=str(exc), keeps_last_good=True
-            )
-        return self._config
 
 
 class KubeCertStore:
@@ -140,7 +110,7 @@ async def connect(settings: settings_mod.Settings) -> kube.Kube:
 
 def _config_source(
     informers: factory.InformerFactory, settings: settings_mod.Settings
-) -> LiveConfig:
+) -> liveconfig.LiveConfig[config_mod.InferenceServiceConfig]:
     """The live configuration, read from the shared ConfigMap informer (the node agents of
     the same process watch the same ConfigMap through it)."""
     inf = informers.informer(
@@ -148,7 +118,8 @@ def _config_source(
         namespace=settings.config_namespace,
         field_selector=f"metadata.name={settings.config_map}",
     )
-    return LiveConfig(inf.reader(), ObjectKey(settings.config_namespace, settings.config_map))
+    key = ObjectKey(settings.config_namespace, settings.config_map)
+    return liveconfig.LiveConfig(inf.reader(), key, initial=config_mod.parse_config({}))
 
 
 @contextlib.asynccontextmanager
@@ -236,7 +207,7 @@ async def run_components(
         )
         # One factory per Manager: every component of this process shares its informers.
         informers = factory.InformerFactory(api, mgr)
-        live_config: LiveConfig | None = None
+        live_config: liveconfig.LiveConfig[config_mod.InferenceServiceConfig] | None = None
         if components.controller or components.webhooks:
             live_config = _config_source(informers, settings)
         if components.controller and live_config is not None:
@@ -316,7 +287,6 @@ def exit_code_for(exc: BaseException) -> int:
 
 __all__: Sequence[str] = (
     "Components",
-    "LiveConfig",
     "run_agent",
     "run_components",
     "run_controller",

@@ -53,12 +53,8 @@ READY_TIMEOUT_S = 300.0
 APPLY_TIMEOUT_S = 60.0
 
 
-def _resource(info: groupversion.KindInfo) -> kube.Resource:
-    return kube.Resource(info.group, info.version, info.plural, info.kind, info.namespaced)
-
-
-LMNC = _resource(groupversion.LOCAL_MODEL_NAMESPACE_CACHE)
-LMNG = _resource(groupversion.LOCAL_MODEL_NODE_GROUP)
+LMNC = groupversion.LOCAL_MODEL_NAMESPACE_CACHE.api
+LMNG = groupversion.LOCAL_MODEL_NODE_GROUP.api
 
 
 async def run(settings: settings_mod.Settings, *, force_local: bool, exit_when_ready: bool) -> int:
@@ -190,7 +186,7 @@ class LocalRun:
         )
         client = self._client = await kube.Kube.from_kubeconfig(self.kubeconfig_path)
         for info in groupversion.ALL_KINDS:  # until the new CRDs' storage has initialised
-            await _retrying(functools.partial(client.list, _resource(info), limit=1))
+            await _retrying(functools.partial(client.list, info.api, limit=1))
         await self._apply_configuration(client)
         for root in self.node_roots.values():
             root.mkdir(parents=True, exist_ok=True)

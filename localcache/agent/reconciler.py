@@ -38,7 +38,7 @@ from localcache.agent import disk as disk_mod
 from localcache.agent import launcher, layout, plan, report, status
 from localcache.api import modelnode
 from localcache.api import quantity as quantity_mod
-from localcache.caching import config
+from localcache.caching import config, liveconfig
 from localcache.runtime import clock as clock_mod
 from localcache.runtime import errors, keys, reconcile, store
 
@@ -100,7 +100,11 @@ class Reconciler:
         self._disk = disk
         self._stores = stores
         self._metrics = agent_metrics
-        self._config_key = keys.ObjectKey(config_namespace, config.CONFIGMAP_NAME)
+        self._live_config = liveconfig.LiveConfig(
+            stores.config_maps,
+            keys.ObjectKey(config_namespace, config.CONFIGMAP_NAME),
+            initial=None,
+        )
         self._wall = wall_clock
         self._progress_interval = progress_interval
         self._jobs = launcher.JobLauncher(
@@ -114,9 +118,6 @@ class Reconciler:
             backoff_limit=job_backoff_limit,
         )
         self._report = report.Reporter(node_name=node_name, api=api, wall_clock=wall_clock)
-        self._config: config.InferenceServiceConfig | None = None
-        self._config_version: str | None = None
-        self._config_error: str | None = None
         self._counted_failures: set[tuple[str, str]] = set()
         self._laid_out = False
 
@@ -180,25 +181,18 @@ class Reconciler:
     async def _load_config(
         self, node: modelnode.LocalModelNode
     ) -> config.InferenceServiceConfig | None:
-        """The configuration in force: parsed again when the ConfigMap changed, the last good
-        one when it is invalid (logged, and an Event posted once per bad version)."""
-        cm = self._stores.config_maps.get(self._config_key)
-        version = str(((cm or {}).get("metadata") or {}).get("resourceVersion") or "absent")
-        if version == self._config_version:
-            return self._config
-        try:
-            parsed = config.parse_config((cm or {}).get("data") or {})
-        except config.ConfigError as exc:
-            if self._config_error != version:
-                self._config_error = version
-                kept = self._config is not None
-                log.error("config_invalid", error=str(exc), keeps_last_good=kept)
-                note = "the last good configuration stays in force" if kept else "waiting"
-                await self._report.event(node, "Warning", "InvalidConfiguration", f"{exc}; {note}")
-            return self._config
-        self._config, self._config_version = parsed, version
-        log.info("config_loaded", version=version)
-        return parsed
+        """The configuration in force (None before a first good one); an Event is posted once
+        per bad ConfigMap version."""
+        loaded = self._live_config.load()
+        if loaded.new_error is not None:
+            note = (
+                "the last good configuration stays in force"
+                if loaded.config is not None
+                else "waiting"
+            )
+            message = f"{loaded.new_error}; {note}"
+            await self._report.event(node, "Warning", "InvalidConfiguration", message)
+        return loaded.config
 
     # ---- one download unit -------------------------------------------------------------
     async def _evaluate(self, unit: plan.Unit, ctx: _Pass) -> status.Outcome:

@@ -115,6 +115,10 @@ def _degraded(statuses: Mapping[str, NodeStatus], missing: Sequence[str]) -> tup
     return True, reason, "; ".join(parts)
 
 
+def _find(conds: Sequence[meta.Condition], type_: str) -> meta.Condition | None:
+    return next((c for c in conds if c.type == type_), None)
+
+
 def set_condition(
     previous: Sequence[meta.Condition],
     *,
@@ -128,7 +132,7 @@ def set_condition(
     """The condition to write: `lastTransitionTime` kept when the status did not change
     (apimachinery's `SetStatusCondition`)."""
     new_status = meta.ConditionStatus.TRUE if status else meta.ConditionStatus.FALSE
-    old = next((c for c in previous if c.type == type_), None)
+    old = _find(previous, type_)
     since = old.last_transition_time if old is not None and old.status == new_status else now
     return meta.Condition(
         type=type_,
@@ -182,10 +186,6 @@ class EventSpec:
     message: str
 
 
-def _status_of(conds: Sequence[meta.Condition], type_: str) -> meta.Condition | None:
-    return next((c for c in conds if c.type == type_), None)
-
-
 def events(
     *,
     old_nodes: Mapping[str, NodeStatus],
@@ -211,8 +211,8 @@ def events(
                 text += f": {details[node]}"
             out.append(EventSpec("Warning", REASON_DOWNLOAD_FAILED, text))
     for type_ in (READY, DEGRADED):
-        old = _status_of(old_conditions, type_)
-        new = _status_of(new_conditions, type_)
+        old = _find(old_conditions, type_)
+        new = _find(new_conditions, type_)
         if new is None or (old is not None and old.status == new.status):
             continue
         if old is None and new.status != meta.ConditionStatus.TRUE:

@@ -26,7 +26,7 @@ per reconcile and ask it questions:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -187,7 +187,7 @@ def comparable(entry: Mapping[str, Any]) -> Comparable:
     )
 
 
-def signature(entries: Sequence[Mapping[str, Any]]) -> Signature:
+def signature(entries: Collection[Mapping[str, Any]]) -> Signature:
     return (len(entries), frozenset(comparable(e) for e in entries))
 
 
@@ -200,7 +200,7 @@ class Desired:
 
     @classmethod
     def of(cls, entries: Mapping[EntryKey, Obj]) -> Desired:
-        return cls(entries, (len(entries), frozenset(comparable(e) for e in entries.values())))
+        return cls(entries, signature(entries.values()))
 
     def __len__(self) -> int:
         return len(self.entries)

@@ -202,8 +202,7 @@ class LocalModelNodes:
             nonlocal written
             async with limit:
                 try:
-                    hint = (listed or {}).get(name)
-                    if await self.sync_one(name, hint=hint):
+                    if await self.sync_one(name, hint=fresh.get(name)):
                         written += 1
                 except errors.LocalcacheError as exc:
                     _log.warning("localmodelnode_sync_failed", node=name, error=str(exc))

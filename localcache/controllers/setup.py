@@ -41,7 +41,7 @@ from typing import Any
 
 from localcache.api import inferenceservice
 from localcache.caching import config as config_mod
-from localcache.caching import placement
+from localcache.caching import indexes, placement
 from localcache.controllers import (
     clustercache,
     namespacecache,
@@ -112,12 +112,10 @@ def _spec_changed(old: Obj, new: Obj) -> bool:
     return old.get("spec") != new.get("spec") or _cache_changed(old, new)
 
 
-def _ready(node: Obj) -> bool:
-    return placement.node_is_ready(node)
-
-
 def _node_changed(old: Obj, new: Obj) -> bool:
-    return _meta(old).get("labels") != _meta(new).get("labels") or _ready(old) != _ready(new)
+    return _meta(old).get("labels") != _meta(new).get("labels") or (
+        placement.node_is_ready(old) != placement.node_is_ready(new)
+    )
 
 
 def _isvc_changed(old: Obj, new: Obj) -> bool:
@@ -211,7 +209,7 @@ def _map_group(sc: scope.Scope, reader: state.StateReader) -> handlers.MapFunc:
 
 
 def _groups_of_cache(cache: Obj) -> Iterable[keys.ObjectKey]:
-    return [keys.ObjectKey("", g) for g in state.index_node_groups(cache)]
+    return [keys.ObjectKey("", g) for g in indexes.cache_node_groups(cache)]
 
 
 # ------------------------------------------------------------------------ setup

@@ -21,7 +21,7 @@ import structlog
 
 from localcache.api import groupversion, inferenceservice, modelcache, nodegroup
 from localcache.caching import config as config_mod
-from localcache.caching import keys, placement
+from localcache.caching import indexes, keys, placement
 from localcache.runtime import kube, store
 
 _log = structlog.get_logger(__name__)
@@ -38,7 +38,7 @@ MANAGED_BY_LABEL: Final = "app.kubernetes.io/managed-by"
 MANAGED_BY: Final = "localcache"
 
 # Index names of the stores.
-BY_NODE_GROUP: Final = "nodegroup"
+BY_NODE_GROUP: Final = indexes.CACHES_BY_NODE_GROUP
 """Caches by each of their `spec.nodeGroups`."""
 BY_ENTRY: Final = "entry"
 """LocalModelNodes by the status key of each `spec.localModels` entry."""
@@ -66,11 +66,6 @@ def owner_id(kind: str, namespace: str, name: str) -> str:
 def _meta(obj: Obj) -> dict[str, Any]:
     meta = obj.get("metadata")
     return meta if isinstance(meta, dict) else {}
-
-
-def index_node_groups(obj: Obj) -> list[str]:
-    groups = (obj.get("spec") or {}).get("nodeGroups") or []
-    return [g for g in groups if isinstance(g, str)]
 
 
 def index_entries(obj: Obj) -> list[str]:
@@ -108,7 +103,7 @@ def index_owner(obj: Obj) -> list[str]:
     return sorted(found)
 
 
-CACHE_INDEXERS: Final[Mapping[str, store.IndexFunc]] = {BY_NODE_GROUP: index_node_groups}
+CACHE_INDEXERS: Final[Mapping[str, store.IndexFunc]] = {BY_NODE_GROUP: indexes.cache_node_groups}
 LOCAL_MODEL_NODE_INDEXERS: Final[Mapping[str, store.IndexFunc]] = {BY_ENTRY: index_entries}
 ISVC_INDEXERS: Final[Mapping[str, store.IndexFunc]] = {
     BY_CACHE_LABEL: store.label_index(inferenceservice.LOCAL_MODEL_LABEL)
@@ -233,21 +228,19 @@ class StateReader:
         namespaced = self._namespace_caches.parse(
             self.stores.namespace_caches.list(), modelcache.LocalModelNamespaceCache
         )
-        out = []
         models: list[modelcache.LocalModelCache | modelcache.LocalModelNamespaceCache] = [
             m for _, m in cluster
         ]
         models.extend(m for _, m in namespaced)
-        for cache in models:
-            out.append(
-                placement.PlacedCache(
-                    name=cache.name,
-                    namespace=cache.namespace,
-                    spec=cache.spec,
-                    deleting=cache.metadata.deletion_timestamp is not None,
-                )
+        return [
+            placement.PlacedCache(
+                name=cache.name,
+                namespace=cache.namespace,
+                spec=cache.spec,
+                deleting=cache.metadata.deletion_timestamp is not None,
             )
-        return out
+            for cache in models
+        ]
 
     def snapshot(self) -> placement.Snapshot:
         nodes = {name_of(obj): obj for obj in self.stores.nodes.list()}

@@ -287,14 +287,8 @@ class Kube:
         dry_run: bool = False,
         request_timeout: float | None = None,
     ) -> Obj:
-        ns = namespace if namespace is not None else _namespace_of(res, obj)
-        return await self._http.json(
-            "create",
-            "POST",
-            res.path(namespace=ns),
-            query=_write_query(field_manager, dry_run),
-            body=obj,
-            request_timeout=request_timeout,
+        return await self._write(
+            "POST", "", res, obj, namespace, field_manager, dry_run, request_timeout
         )
 
     async def replace(
@@ -308,7 +302,9 @@ class Kube:
         request_timeout: float | None = None,
     ) -> Obj:
         """PUT the whole object; its metadata.resourceVersion makes this a compare-and-swap."""
-        return await self._put("", res, obj, namespace, field_manager, dry_run, request_timeout)
+        return await self._write(
+            "PUT", "", res, obj, namespace, field_manager, dry_run, request_timeout
+        )
 
     async def replace_status(
         self,
@@ -319,10 +315,13 @@ class Kube:
         field_manager: str | None = None,
         request_timeout: float | None = None,
     ) -> Obj:
-        return await self._put("status", res, obj, namespace, field_manager, False, request_timeout)
+        return await self._write(
+            "PUT", "status", res, obj, namespace, field_manager, False, request_timeout
+        )
 
-    async def _put(
+    async def _write(
         self,
+        method: Literal["POST", "PUT"],
         subresource: str,
         res: Resource,
         obj: Obj,
@@ -331,11 +330,12 @@ class Kube:
         dry_run: bool,
         request_timeout: float | None,
     ) -> Obj:
+        """POST `obj` to its collection (create), or PUT it or its `subresource` (update)."""
         ns = namespace if namespace is not None else _namespace_of(res, obj)
-        name = str((obj.get("metadata") or {}).get("name") or "")
+        name = None if method == "POST" else str((obj.get("metadata") or {}).get("name") or "")
         return await self._http.json(
-            "update",
-            "PUT",
+            "create" if method == "POST" else "update",
+            method,
             res.path(namespace=ns, name=name, subresource=subresource),
             query=_write_query(field_manager, dry_run),
             body=obj,

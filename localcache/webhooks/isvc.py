@@ -288,10 +288,10 @@ class IsvcMutator:
             return admission.allowed()
         if not isvc.metadata.namespace and request.namespace:
             isvc.metadata.namespace = request.namespace
-        uri = isvc.storage_uri
+        uri, enabled = isvc.storage_uri, self._enabled()
         namespace_caches: list[modelcache.LocalModelNamespaceCache] = []
         cluster_caches: list[modelcache.LocalModelCache] = []
-        if uri and self._enabled() and not isvc.local_model_disabled:
+        if uri and enabled and not isvc.local_model_disabled:
             namespace_caches = parse_all(
                 modelcache.LocalModelNamespaceCache,
                 _serving(self._namespace_caches.list(isvc.namespace), uri),
@@ -304,7 +304,7 @@ class IsvcMutator:
             namespace_caches=namespace_caches,
             cluster_caches=cluster_caches,
             node_group_exists=self._node_group_exists,
-            enabled=self._enabled(),
+            enabled=enabled,
         )
         ops = admission.metadata_patch(
             obj, labels=decision.labels, annotations=decision.annotations

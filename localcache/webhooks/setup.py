@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from localcache.api import groupversion
+from localcache.caching import indexes
 from localcache.runtime import admission, informer, kube
 from localcache.runtime import clock as clock_mod
 from localcache.runtime import factory as factory_mod
@@ -88,12 +89,12 @@ def setup(
 
     caches = make(
         groupversion.LOCAL_MODEL_CACHE,
-        {validation.NODE_GROUP_INDEX: validation.node_group_index},
+        {validation.NODE_GROUP_INDEX: indexes.cache_node_groups},
     )
     namespace_caches = make(
         groupversion.LOCAL_MODEL_NAMESPACE_CACHE,
         {
-            validation.NODE_GROUP_INDEX: validation.node_group_index,
+            validation.NODE_GROUP_INDEX: indexes.cache_node_groups,
             validation.NAME_INDEX: validation.name_index,
         },
     )

@@ -37,6 +37,7 @@ import structlog
 
 from localcache.api import inferenceservice as isvc_api
 from localcache.api import modelcache, nodegroup, quantity
+from localcache.caching import indexes
 from localcache.caching import keys as cache_keys
 from localcache.runtime import admission
 from localcache.runtime import keys as runtime_keys
@@ -47,7 +48,7 @@ log = structlog.get_logger(__name__)
 CACHE_PATH: Final = "/validate-serving-kserve-io-v1alpha1-localmodelcache"
 NAMESPACE_CACHE_PATH: Final = "/validate-serving-kserve-io-v1alpha1-localmodelnamespacecache"
 
-NODE_GROUP_INDEX: Final = "localcache.webhooks/node-group"
+NODE_GROUP_INDEX: Final = indexes.CACHES_BY_NODE_GROUP
 """On both cache stores: each entry of `spec.nodeGroups`."""
 NAME_INDEX: Final = "localcache.webhooks/name"
 """On the namespace-cache store: `metadata.name` (same-named caches across namespaces)."""
@@ -57,11 +58,6 @@ USED_CACHE_INDEX: Final = "localcache.webhooks/used-cache"
 AnyCache = isvc.AnyCache
 Obj = dict[str, Any]
 Objs = list[Obj]
-
-
-def node_group_index(obj: Obj) -> list[str]:
-    groups = (obj.get("spec") or {}).get("nodeGroups")
-    return [g for g in groups if isinstance(g, str)] if isinstance(groups, list) else []
 
 
 def name_index(obj: Obj) -> list[str]:

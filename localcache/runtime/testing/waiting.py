@@ -47,8 +47,7 @@ async def wait_until(
     what: str,
 ) -> object:
     """Return the first truthy value of `predicate()`; raise WaitTimeout naming `what`."""
-    deadline = time.monotonic() + timeout
-    last_error: BaseException | None = None
+    attempts = _Attempts(timeout, what)
     while True:
         try:
             value = predicate()
@@ -57,10 +56,8 @@ async def wait_until(
             if value:
                 return value
         except (AssertionError, LookupError) as exc:
-            last_error = exc
-        if time.monotonic() >= deadline:
-            detail = f" (last error: {last_error!r})" if last_error else ""
-            raise WaitTimeout(f"within {timeout:.1f}s: {what}{detail}")
+            attempts.last_error = exc
+        attempts.raise_if_late()
         await asyncio.sleep(interval)
 
 
@@ -68,16 +65,29 @@ def wait_until_sync(
     predicate: Callable[[], T], *, timeout: float = 30.0, interval: float = 0.05, what: str
 ) -> T:
     """Blocking variant of `wait_until` for synchronous tests and fixtures."""
-    deadline = time.monotonic() + timeout
-    last_error: BaseException | None = None
+    attempts = _Attempts(timeout, what)
     while True:
         try:
             value = predicate()
             if value:
                 return value
         except (AssertionError, LookupError) as exc:
-            last_error = exc
-        if time.monotonic() >= deadline:
-            detail = f" (last error: {last_error!r})" if last_error else ""
-            raise WaitTimeout(f"within {timeout:.1f}s: {what}{detail}")
+            attempts.last_error = exc
+        attempts.raise_if_late()
         time.sleep(interval)
+
+
+class _Attempts:
+    """The deadline of one wait and the last error its predicate raised."""
+
+    def __init__(self, timeout: float, what: str) -> None:
+        self.timeout = timeout
+        self.what = what
+        self.deadline = time.monotonic() + timeout
+        self.last_error: BaseException | None = None
+
+    def raise_if_late(self) -> None:
+        """Raise WaitTimeout naming `what` (and the last error) once the deadline passed."""
+        if time.monotonic() >= self.deadline:
+            detail = f" (last error: {self.last_error!r})" if self.last_error else ""
+            raise WaitTimeout(f"within {self.timeout:.1f}s: {self.what}{detail}")

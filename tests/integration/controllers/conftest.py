@@ -351,10 +351,9 @@ class Env:
             with contextlib.suppress(errors.NotFound):
                 await self.api.delete(CACHE_RESOURCES[kind], name, namespace=namespace or None)
         if self.controllers is not None:
-            for _kind, namespace, name in self._caches:
-                res = state.LOCAL_MODEL_NAMESPACE_CACHES if namespace else state.LOCAL_MODEL_CACHES
+            for kind, namespace, name in self._caches:
                 await wait_until(
-                    gone(self, res, name, namespace or None),
+                    gone(self, CACHE_RESOURCES[kind], name, namespace or None),
                     timeout=60,
                     what=f"cache {namespace}/{name} is deleted after the test",
                 )
@@ -397,11 +396,7 @@ def exists(env: Env, res: kube.Resource, name: str, namespace: str | None = None
 
 def gone(env: Env, res: kube.Resource, name: str, namespace: str | None = None) -> Check:
     """A `wait_until` predicate: the object does not exist."""
-
-    async def check() -> bool:
-        return (await env.get(res, name, namespace)) is None
-
-    return check
+    return gone_by_name(env.api, res, name, namespace)
 
 
 def phase_is(env: Env, res: kube.Resource, name: str, namespace: str | None, phase: str) -> Check:
@@ -412,6 +407,15 @@ def phase_is(env: Env, res: kube.Resource, name: str, namespace: str | None, pha
         return bool(obj) and ((obj or {}).get("status") or {}).get("phase") == phase
 
     return check
+
+
+async def wait_bound_pair(env: Env, *, pv: str, pvc: str, namespace: str, role: str) -> None:
+    """Waits until PV `pv` exists and PVC `namespace/pvc` is Bound."""
+    await wait_until(exists(env, kube.PERSISTENT_VOLUMES, pv), what=f"{role} PV {pv} exists")
+    await wait_until(
+        phase_is(env, kube.PERSISTENT_VOLUME_CLAIMS, pvc, namespace, "Bound"),
+        what=f"{role} PVC {pvc} is bound in {namespace}",
+    )
 
 
 def lists_exactly(env: Env, node: str, want: set[tuple[str, str]]) -> Check:

@@ -17,7 +17,7 @@ from tests.integration.controllers.conftest import (
     exists,
     gone,
     lists_exactly,
-    phase_is,
+    wait_bound_pair,
 )
 
 pytestmark = pytest.mark.kcm
@@ -107,14 +107,12 @@ async def test_inference_services_get_serving_volumes_per_namespace_and_group(en
     await env.isvc("plain", isvc_ns, cache=name)
     await env.isvc("pinned", isvc_ns, cache=name, node_group=g2)
     for group in (g1, g2):
-        await wait_until(
-            exists(env, kube.PERSISTENT_VOLUMES, f"{name}-{group}-{isvc_ns}"),
-            what=f"serving PV {name}-{group}-{isvc_ns} exists",
-        )
-
-        await wait_until(
-            phase_is(env, kube.PERSISTENT_VOLUME_CLAIMS, f"{name}-{group}", isvc_ns, "Bound"),
-            what=f"serving PVC {name}-{group} is bound in {isvc_ns}",
+        await wait_bound_pair(
+            env,
+            pv=f"{name}-{group}-{isvc_ns}",
+            pvc=f"{name}-{group}",
+            namespace=isvc_ns,
+            role="serving",
         )
     await env.wait_status(
         name,

@@ -11,7 +11,7 @@ from localcache.api import modelcache
 from localcache.controllers import state
 from localcache.runtime import kube
 from localcache.runtime.testing.waiting import wait_until
-from tests.integration.controllers.conftest import URI, Env, exists, gone, phase_is
+from tests.integration.controllers.conftest import URI, Env, gone, phase_is, wait_bound_pair
 
 pytestmark = pytest.mark.kcm
 
@@ -33,13 +33,8 @@ async def test_namespace_cache_volumes_live_in_its_namespace_and_status_uses_its
     await env.start()
     name = env.name("model")
     await env.cache(name, [group], namespace=tenant, serviceAccountName="puller")
-    pv_name = f"{name}-{group}-{tenant}-download"
-    await wait_until(exists(env, kube.PERSISTENT_VOLUMES, pv_name), what=f"PV {pv_name} exists")
-    pvc_name = f"{name}-{group}-download"
-    await wait_until(
-        phase_is(env, kube.PERSISTENT_VOLUME_CLAIMS, pvc_name, tenant, "Bound"),
-        what=f"download PVC {pvc_name} is bound in the cache's namespace {tenant}",
-    )
+    pv_name, pvc_name = f"{name}-{group}-{tenant}-download", f"{name}-{group}-download"
+    await wait_bound_pair(env, pv=pv_name, pvc=pvc_name, namespace=tenant, role="download")
     pv = await env.get(kube.PERSISTENT_VOLUMES, pv_name)
     assert pv is not None
     assert "ownerReferences" not in pv["metadata"]
@@ -83,13 +78,8 @@ async def test_only_inference_services_of_the_cache_namespace_are_tracked(env: E
     await env.cache(name, [group], namespace=tenant)
     await env.isvc("mine", tenant, cache=name, cache_namespace=tenant)
     await env.isvc("intruder", other, cache=name, cache_namespace=tenant)
-    await wait_until(
-        exists(env, kube.PERSISTENT_VOLUMES, f"{name}-{group}-{tenant}"),
-        what=f"serving PV {name}-{group}-{tenant} exists",
-    )
-    await wait_until(
-        phase_is(env, kube.PERSISTENT_VOLUME_CLAIMS, f"{name}-{group}", tenant, "Bound"),
-        what=f"serving PVC {name}-{group} is bound in {tenant}",
+    await wait_bound_pair(
+        env, pv=f"{name}-{group}-{tenant}", pvc=f"{name}-{group}", namespace=tenant, role="serving"
     )
     await env.wait_status(
         name,
@@ -175,10 +165,7 @@ async def test_serving_volumes_follow_the_inference_service(env: Env) -> None:
     await env.cache(name, [group], namespace=tenant)
     await env.isvc("user", tenant, cache=name, cache_namespace=tenant)
     pv, pvc = f"{name}-{group}-{tenant}", f"{name}-{group}"
-    await wait_until(
-        phase_is(env, kube.PERSISTENT_VOLUME_CLAIMS, pvc, tenant, "Bound"),
-        what=f"serving PVC {pvc} is bound",
-    )
+    await wait_bound_pair(env, pv=pv, pvc=pvc, namespace=tenant, role="serving")
     await env.wait_status(
         name,
         tenant,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import ssl
 import uuid
@@ -103,6 +104,20 @@ def _config(
     return wh.configuration(kind, f"{namespace}-{kind.lower()}-{path.strip('/')}", [entry])
 
 
+@contextlib.asynccontextmanager
+async def _active(
+    plane: ControlPlane,
+    server: wh.WebhookServer,
+    kind: wh.ConfigurationKind,
+    path: str,
+    namespace: str,
+) -> AsyncIterator[None]:
+    """`_config(kind, ...)` installed, and seen calling `server` at `path`."""
+    async with wh.installed(plane, _config(kind, namespace, server, path)):
+        await _effective(plane, server, path, namespace)
+        yield
+
+
 async def _kubectl_create(plane: ControlPlane, namespace: str, obj: dict[str, Any]) -> Any:
     return await asyncio.to_thread(
         plane.kubectl, "create", "-n", namespace, "-f", "-", check=False, input_text=json.dumps(obj)
@@ -112,8 +127,7 @@ async def _kubectl_create(plane: ControlPlane, namespace: str, obj: dict[str, An
 async def test_a_denial_message_reaches_the_client(
     control_plane: ControlPlane, namespace: str, server: wh.WebhookServer
 ) -> None:
-    async with wh.installed(control_plane, _config("Validating", namespace, server, VALIDATE)):
-        await _effective(control_plane, server, VALIDATE, namespace)
+    async with _active(control_plane, server, "Validating", VALIDATE, namespace):
         answer = await wh.api_request(
             control_plane, "POST", _cms(namespace), _cm("bad", data={"forbidden": "x"})
         )
@@ -130,8 +144,7 @@ async def test_a_denial_message_reaches_the_client(
 async def test_a_mutation_patch_is_applied(
     control_plane: ControlPlane, namespace: str, server: wh.WebhookServer
 ) -> None:
-    async with wh.installed(control_plane, _config("Mutating", namespace, server, MUTATE)):
-        await _effective(control_plane, server, MUTATE, namespace)
+    async with _active(control_plane, server, "Mutating", MUTATE, namespace):
         created = await wh.api_request(control_plane, "POST", _cms(namespace), _cm("plain"))
         assert created.status == 201, created.body
         stored = await wh.api_request(control_plane, "GET", f"{_cms(namespace)}/plain")
@@ -143,8 +156,7 @@ async def test_a_mutation_patch_is_applied(
 async def test_a_warning_reaches_the_client(
     control_plane: ControlPlane, namespace: str, server: wh.WebhookServer
 ) -> None:
-    async with wh.installed(control_plane, _config("Validating", namespace, server, VALIDATE)):
-        await _effective(control_plane, server, VALIDATE, namespace)
+    async with _active(control_plane, server, "Validating", VALIDATE, namespace):
         answer = await wh.api_request(
             control_plane, "POST", _cms(namespace), _cm("noisy", labels={"warn": "yes"})
         )

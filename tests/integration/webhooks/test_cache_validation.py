@@ -1,21 +1,14 @@
 """Cache validation through the real apiserver: each rule denies, and kubectl shows why.
 
-Uses the harness of test_isvc_mutation.py (shipped configurations, scoped to this test).
+Uses the `harness` fixture (harness.py, conftest.py: shipped configurations, scoped to each
+test).
 """
 
 from __future__ import annotations
 
 from localcache.api import inferenceservice as isvc_api
 from localcache.runtime.keys import ObjectKey
-from tests.integration.webhooks.test_isvc_mutation import (
-    DOWNLOADED,
-    ISVC,
-    Harness,
-    harness,
-    isvc_obj,
-)
-
-__all__ = ["harness"]  # the fixture, shared
+from tests.integration.webhooks.harness import DOWNLOADED, ISVC, Harness, isvc_obj
 
 DENIED = "denied the request: "
 CRD_LMC = "localmodelcaches.serving.kserve.io"

@@ -37,12 +37,20 @@ def _download(d: disk.ModelDisk, job: str = JOB, *, key: str = KEY) -> Path:
     return staging
 
 
-def _crash_at(monkeypatch: pytest.MonkeyPatch, step: str) -> None:
+def _promote_crashing_at(monkeypatch: pytest.MonkeyPatch, d: disk.ModelDisk, step: str) -> Path:
+    """Download, then promote with the process dying at checkpoint `step`; returns the staging
+    folder. Later checkpoints pass again (the "restarted" process)."""
+    staging = _download(d)
+
     def checkpoint(reached: str) -> None:
         if reached == step:
             raise Crash(step)
 
     monkeypatch.setattr(disk, "_checkpoint", checkpoint)
+    with pytest.raises(Crash):
+        d.promote(staging, KEY, _manifest())
+    monkeypatch.setattr(disk, "_checkpoint", lambda _step: None)
+    return staging
 
 
 def _assert_promoted(d: disk.ModelDisk, *, job: str = JOB) -> None:
@@ -155,12 +163,7 @@ def test_promote_refuses_a_different_uri_under_the_same_key(tmp_path: Path) -> N
 def test_a_crash_at_any_step_of_promote_converges_on_recover(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, step: str
 ) -> None:
-    d = disk.ModelDisk(tmp_path)
-    staging = _download(d)
-    _crash_at(monkeypatch, step)
-    with pytest.raises(Crash):
-        d.promote(staging, KEY, _manifest())
-    monkeypatch.setattr(disk, "_checkpoint", lambda _step: None)
+    _promote_crashing_at(monkeypatch, disk.ModelDisk(tmp_path), step)
 
     restarted = disk.ModelDisk(tmp_path)
     recovered = restarted.recover()
@@ -178,11 +181,7 @@ def test_a_crash_after_moving_an_incomplete_folder_aside_converges(
 ) -> None:
     d = disk.ModelDisk(tmp_path)
     d.model_path(KEY).mkdir(parents=True)
-    staging = _download(d)
-    _crash_at(monkeypatch, "old-moved-aside")
-    with pytest.raises(Crash):
-        d.promote(staging, KEY, _manifest())
-    monkeypatch.setattr(disk, "_checkpoint", lambda _step: None)
+    _promote_crashing_at(monkeypatch, d, "old-moved-aside")
 
     restarted = disk.ModelDisk(tmp_path)
     assert [r.outcome for r in restarted.recover()] == ["promoted"]
@@ -196,12 +195,7 @@ def test_a_crash_after_moving_an_incomplete_folder_aside_converges(
 def test_recover_reports_how_each_interrupted_promotion_ended(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, step: str, outcome: layout.Outcome
 ) -> None:
-    d = disk.ModelDisk(tmp_path)
-    staging = _download(d)
-    _crash_at(monkeypatch, step)
-    with pytest.raises(Crash):
-        d.promote(staging, KEY, _manifest())
-    monkeypatch.setattr(disk, "_checkpoint", lambda _step: None)
+    staging = _promote_crashing_at(monkeypatch, disk.ModelDisk(tmp_path), step)
     assert disk.ModelDisk(tmp_path).recover() == [
         layout.Recovered(storage_key=KEY, staging=staging.name, outcome=outcome)
     ]
@@ -212,10 +206,7 @@ def test_a_folder_is_never_complete_before_its_manifest_is_written(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, step: str
 ) -> None:
     d = disk.ModelDisk(tmp_path)
-    staging = _download(d)
-    _crash_at(monkeypatch, step)
-    with pytest.raises(Crash):
-        d.promote(staging, KEY, _manifest())
+    _promote_crashing_at(monkeypatch, d, step)
     assert not d.is_complete(KEY)
 
 
@@ -318,10 +309,7 @@ def test_delete_unreferenced_spares_a_staging_folder_awaiting_promotion(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     d = disk.ModelDisk(tmp_path)
-    staging = _download(d)
-    _crash_at(monkeypatch, "record-written")
-    with pytest.raises(Crash):
-        d.promote(staging, KEY, _manifest())
+    staging = _promote_crashing_at(monkeypatch, d, "record-written")
     d.delete_unreferenced({KEY}, live_jobs=set())  # the Job has been TTL-deleted
     assert staging.exists()
 

@@ -29,6 +29,7 @@ import structlog.testing
 from localcache.runtime import clock, controller, errors, keys, metrics, ratelimit, reconcile
 from localcache.runtime import workqueue as wq
 from localcache.runtime.testing.waiting import wait_until
+from tests.unit.runtime.fake_source import settle
 
 A = keys.ObjectKey("ns", "a")
 NAME = "widget"
@@ -69,11 +70,6 @@ class Harness:
 
     def counter(self, name: str) -> float | None:
         return self.metrics.value(name, controller=NAME)
-
-
-async def settle() -> None:
-    for _ in range(20):
-        await asyncio.sleep(0)
 
 
 @pytest.fixture

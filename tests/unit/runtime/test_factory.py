@@ -7,12 +7,13 @@ from __future__ import annotations
 import asyncio
 import collections
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
 import pytest
 
 from localcache.runtime import clock, factory, informer, keys, kube, manager, store
+from tests.unit.runtime.fake_source import settle
 
 Obj = dict[str, Any]
 CMS = kube.CONFIG_MAPS
@@ -72,7 +73,7 @@ class FakeClient:
         allow_bookmarks: bool,
         timeout_seconds: int | None,
         read_deadline: float,
-    ) -> Any:
+    ) -> AbstractAsyncContextManager[AsyncIterator[Obj]]:
         del resource_version, allow_bookmarks, timeout_seconds, read_deadline
         self.watches[(str(res), namespace, label_selector, field_selector)] += 1
         queue: asyncio.Queue[Obj] = asyncio.Queue()
@@ -117,11 +118,6 @@ async def running(mgr: manager.Manager) -> AsyncIterator[asyncio.Task[int]]:
     finally:
         mgr.stop()
         assert await asyncio.wait_for(task, timeout=5) == 0
-
-
-async def settle() -> None:
-    for _ in range(20):
-        await asyncio.sleep(0)
 
 
 def names(objs: list[Obj]) -> list[str]:

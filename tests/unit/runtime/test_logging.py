@@ -30,17 +30,17 @@ def _redact(**event: Any) -> dict[str, Any]:
 @pytest.mark.parametrize(
     "name",
     [
-        pytest.param("token", id="token"),
-        pytest.param("bearer_token", id="bearer-token"),
-        pytest.param("password", id="password"),
-        pytest.param("client_secret", id="client-secret"),
-        pytest.param("AWS_SECRET_ACCESS_KEY", id="aws-secret-access-key"),
-        pytest.param("access_key_id", id="access-key-id"),
-        pytest.param("client-key-data", id="client-key-data"),
-        pytest.param("authorization", id="authorization"),
-        pytest.param("credentials", id="credentials"),
-        pytest.param("api_key", id="api-key"),
-        pytest.param("tls.key", id="tls-key"),
+        "token",
+        "bearer_token",
+        "password",
+        "client_secret",
+        "AWS_SECRET_ACCESS_KEY",
+        "access_key_id",
+        "client-key-data",
+        "authorization",
+        "credentials",
+        "api_key",
+        "tls.key",
     ],
 )
 def test_secret_looking_keys_are_redacted(name: str) -> None:
@@ -48,15 +48,7 @@ def test_secret_looking_keys_are_redacted(name: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "name",
-    [
-        pytest.param("key", id="object-key"),
-        pytest.param("secret_name", id="secret-name"),
-        pytest.param("secretKeyRef", id="secret-key-ref"),
-        pytest.param("token_path", id="token-path"),
-        pytest.param("controller", id="controller"),
-        pytest.param("storage_key", id="storage-key"),
-    ],
+    "name", ["key", "secret_name", "secretKeyRef", "token_path", "controller", "storage_key"]
 )
 def test_keys_that_only_name_a_secret_are_kept(name: str) -> None:
     assert _redact(**{name: "visible"})[name] == "visible"

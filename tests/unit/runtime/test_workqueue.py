@@ -18,16 +18,11 @@ from collections.abc import AsyncIterator
 import pytest
 
 from localcache.runtime import clock, keys, ratelimit, workqueue
+from tests.unit.runtime.fake_source import settle
 
 A = keys.ObjectKey("ns", "a")
 B = keys.ObjectKey("ns", "b")
 C = keys.ObjectKey("", "c")
-
-
-async def settle() -> None:
-    """Let every runnable task run until it blocks (no time passes)."""
-    for _ in range(20):
-        await asyncio.sleep(0)
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ import pytest
 
 from localcache.api import inferenceservice as isvc_api
 from localcache.api import modelcache, nodegroup
+from localcache.caching import indexes
 from localcache.runtime import admission, store
 from localcache.runtime.keys import ObjectKey
 from localcache.webhooks import validation
@@ -338,10 +339,10 @@ def test_isvcs_are_indexed_by_the_cache_their_labels_name(
 
 class Stores:
     def __init__(self) -> None:
-        self.caches = store.Store({validation.NODE_GROUP_INDEX: validation.node_group_index})
+        self.caches = store.Store({validation.NODE_GROUP_INDEX: indexes.cache_node_groups})
         self.namespace_caches = store.Store(
             {
-                validation.NODE_GROUP_INDEX: validation.node_group_index,
+                validation.NODE_GROUP_INDEX: indexes.cache_node_groups,
                 validation.NAME_INDEX: validation.name_index,
             }
         )
