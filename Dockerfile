@@ -14,13 +14,12 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1 \
     PYTHONDONTWRITEBYTECODE=1
 WORKDIR /src
-RUN python -m venv /opt/localcache
 COPY pyproject.toml constraints.txt README.md ./
 COPY localcache ./localcache
-RUN /opt/localcache/bin/pip wheel --no-deps --wheel-dir /wheels . \
- && /opt/localcache/bin/pip install --constraint constraints.txt /wheels/localcache-*.whl \
- && /opt/localcache/bin/python -m compileall -q /opt/localcache/lib \
- && /opt/localcache/bin/localcache --help >/dev/null
+# The same recipe as hack/build-images.sh (the image built without Docker): venv at
+# /opt/localcache, the wheel, its dependencies pinned by constraints.txt, compileall, --help.
+COPY hack/install-localcache.sh ./hack/install-localcache.sh
+RUN sh hack/install-localcache.sh /src
 
 FROM ${PYTHON_IMAGE}
 LABEL org.opencontainers.image.title="localcache" \

@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
 .PHONY: help venv lint typecheck test-unit test-integration test bench manifests run \
-        control-plane deploy undeploy clean docker-build kind-create kind-load e2e-kind
+        control-plane node images deploy undeploy clean docker-build kind-create kind-load e2e-kind
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s $$'\t'
@@ -20,6 +20,12 @@ venv: $(PY) ## create .venv and install localcache with its dev extra
 
 control-plane: ## build (or reuse) etcd, kube-apiserver, kube-controller-manager from source
 	@bash hack/build-control-plane.sh >/dev/null
+
+node: control-plane ## build (or reuse) kubelet, kube-scheduler, containerd; install runc, CNI plugins
+	@bash hack/build-node.sh >/dev/null
+
+images: ## build (or reuse) the local images: pause, python base, localcache, storage initializer
+	@bash hack/build-images.sh >/dev/null
 
 lint: $(PY) ## ruff
 	$(VENV)/bin/ruff check localcache tests benchmarks
@@ -58,7 +64,6 @@ docker-build: ## build the one image (controller + agent)
 
 kind-create: ## kind: 1 control plane + 2 workers labelled kserve/localmodel=worker
 	mkdir -p /tmp/localcache-kind/worker/models /tmp/localcache-kind/worker2/models
-	chmod 0777 /tmp/localcache-kind/worker/models /tmp/localcache-kind/worker2/models
 	$(KIND) get clusters | grep -qx $(KIND_CLUSTER) || $(KIND) create cluster --name $(KIND_CLUSTER) --config hack/kind-config.yaml --wait 120s
 
 kind-load: docker-build ## load the image into the kind cluster

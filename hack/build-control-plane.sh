@@ -23,20 +23,17 @@ K8S_VERSIONS=${LOCALCACHE_K8S_VERSIONS:-"v1.36.3 v1.35.4 v1.34.4"}
 ETCD_VERSION=${LOCALCACHE_ETCD_VERSION:-v3.6.13}
 CACHE_ROOT=${LOCALCACHE_BIN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/localcache/control-plane}
 
-export GOWORK=off GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-trimpath
+source "$(dirname "${BASH_SOURCE[0]}")/lib/k8s-build.sh"
 
 log() { printf '[control-plane] %s\n' "$*" >&2; }
 
 have_k8s() { # dir version
-  [[ -x "$1/kube-apiserver" && -x "$1/kube-controller-manager" && -x "$1/kubectl" ]] &&
-    "$1/kube-apiserver" --version 2>/dev/null | grep -qx "Kubernetes $2"
+  [[ -x "$1/kube-controller-manager" && -x "$1/kubectl" ]] && binary_reports "$1/kube-apiserver" "Kubernetes $2"
 }
 
 build_etcd() { # outdir
   local out=$1 work
-  if [[ -x "$out/etcd" ]] && "$out/etcd" --version 2>/dev/null | grep -q "etcd Version: ${ETCD_VERSION#v}"; then
-    return 0
-  fi
+  binary_reports "$out/etcd" "etcd Version: ${ETCD_VERSION#v}[[:space:]]*" && return 0
   log "building etcd $ETCD_VERSION"
   work=$(mktemp -d)
   (
@@ -52,40 +49,8 @@ build_etcd() { # outdir
 }
 
 build_k8s() { # version outdir
-  local k=$1 out=$2 s minor work mod godebug ld date
-  s="v0.${k#v1.}"
-  minor=$(echo "$k" | cut -d. -f2)
-  log "building kube-apiserver, kube-controller-manager and kubectl $k (staging $s)"
-  work=$(mktemp -d)
-  (
-    set -euo pipefail
-    cd "$work"
-    go mod init local/k8sbuild >/dev/null 2>&1
-    mod=$(go mod download -json "k8s.io/kubernetes@$k" |
-      python3 -c 'import json,sys; print(json.load(sys.stdin)["GoMod"])')
-    # The staging list is derived from this release's own go.mod, never hard-coded.
-    for m in $(sed -n 's#^[[:space:]]*\(k8s\.io/[^[:space:]]*\) => \./staging/.*#\1#p' "$mod"); do
-      go mod edit -replace="$m=$m@$s"
-    done
-    godebug=$(sed -n 's#^godebug[[:space:]]\{1,\}\(default=go1\.[0-9]*\).*#\1#p' "$mod" | head -n1)
-    [[ -n "$godebug" ]] && go mod edit -godebug="$godebug"
-    go get -tool "k8s.io/kubernetes/cmd/kube-apiserver@$k" "k8s.io/kubernetes/cmd/kube-controller-manager@$k" \
-      "k8s.io/kubernetes/cmd/kubectl@$k" >&2
-    go mod tidy >&2
-    date=$(date -u +%Y-%m-%dT%H:%M:%SZ)
-    ld="-s -w"
-    for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-      ld="$ld -X $p.gitVersion=$k -X $p.gitMajor=1 -X $p.gitMinor=$minor -X $p.gitTreeState=clean -X $p.buildDate=$date"
-    done
-    mkdir -p "$out/.tmp"
-    go build -p 2 -pgo=off -tags=selinux,notest,grpcnotrace -ldflags "$ld" -o "$out/.tmp/" \
-      k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
-      k8s.io/kubernetes/cmd/kubectl >&2
-    mv "$out/.tmp/kube-apiserver" "$out/.tmp/kube-controller-manager" "$out/.tmp/kubectl" "$out/"
-    rmdir "$out/.tmp"
-  ) || { rm -rf "$work"; return 1; }
-  rm -rf "$work"
-  have_k8s "$out" "$k"
+  log "building kube-apiserver, kube-controller-manager and kubectl $1"
+  k8s_build "$1" "$2" kube-apiserver kube-controller-manager kubectl && have_k8s "$2" "$1"
 }
 
 # Reuse any cached version first, in order of preference.

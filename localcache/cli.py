@@ -9,6 +9,7 @@ import argparse
 import asyncio
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from localcache import downloader
 from localcache import settings as settings_mod
@@ -53,7 +54,34 @@ def build_parser() -> argparse.ArgumentParser:
         description="Download a model URI into a directory; writes are atomic.",
     )
     downloader.add_arguments(download)
+    prepare = sub.add_parser(
+        "prepare-models-root",
+        help="make a node's models root usable by the agent and download pods",
+        description=(
+            "Create the models root if missing and give it owner UID:GID and mode 2775 "
+            "(the agent DaemonSet's init container runs this as root with CAP_CHOWN and "
+            "CAP_FOWNER only). Nothing below the root is changed."
+        ),
+    )
+    prepare.add_argument("--models-root", default="/mnt/models", help="the models root")
+    prepare.add_argument(
+        "--owner", default="65532:1000", help="UID:GID: the agent's uid, the download fsGroup"
+    )
     return parser
+
+
+def _prepare_models_root(args: argparse.Namespace) -> int:
+    from localcache.agent import rootdir
+
+    try:
+        uid, gid = rootdir.parse_owner(args.owner)
+        changes = rootdir.prepare(Path(args.models_root), uid=uid, gid=gid)
+    except (ValueError, OSError, rootdir.RootError) as exc:
+        print(f"localcache prepare-models-root: {exc}", file=sys.stderr)
+        return 1
+    for change in changes or [f"{args.models_root} already prepared"]:
+        print(change)
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -61,6 +89,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "download":
         return downloader.run(args)
+    if args.command == "prepare-models-root":
+        return _prepare_models_root(args)
     try:
         settings = settings_mod.from_args(args, args.command)
     except settings_mod.SettingsError as exc:

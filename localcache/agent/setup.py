@@ -51,14 +51,18 @@ class AgentSettings:
     """How one agent runs. `models_root` is where the agent sees the node group's PV
     (`/mnt/models`); `host_path` is the node directory mounted there, when it differs
     (compared with the node group's PV path); `job_backoff_limit` is the Jobs' own pod
-    retry count (None: Kubernetes' default, 6); `progress_interval` how often a running
-    download's progress is refreshed, in seconds."""
+    retry count: 0 by default, so a failed pod fails its Job and the failure reaches status
+    at once (spec [P17] reports only Jobs failed for good); the agent retries on its own,
+    with `downloadRetryBackoffInSecs` doubling. With Kubernetes' default (None: 6 pod
+    retries behind the pod backoff) a refused download looked pending for ~10 minutes.
+    `progress_interval` is how often a running download's progress is refreshed, in
+    seconds."""
 
     node_name: str
     models_root: Path = layout.DEFAULT_ROOT
     host_path: str | None = None
     config_namespace: str = config.DEFAULT_NAMESPACE
-    job_backoff_limit: int | None = None
+    job_backoff_limit: int | None = 0
     progress_interval: float = 10.0
     watch_storage_containers: bool = True
     controller_name: str = CONTROLLER_NAME

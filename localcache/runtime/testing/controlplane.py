@@ -32,7 +32,7 @@ import subprocess
 import tempfile
 import time
 import urllib.parse
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -134,6 +134,7 @@ class _Process:
     args: list[str]
     log_path: Path
     popen: subprocess.Popen[bytes] | None = None
+    preexec: Callable[[], None] | None = None
 
     def start(self) -> None:
         log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
@@ -144,6 +145,7 @@ class _Process:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
+                preexec_fn=self.preexec,
             )
         finally:
             log.close()
@@ -189,9 +191,16 @@ class ControlPlane:
     with_kcm: bool = True
     bin_dir: Path = field(default_factory=find_binaries)
     apiserver_flags: Mapping[str, str] = field(default_factory=dict)
+    kcm_flags: Mapping[str, str] = field(default_factory=dict)
+    # Where the processes run: an argv prefix (e.g. nsenter into a network namespace), a hook
+    # run in each child before exec (e.g. joining a cgroup), extra serving-certificate names.
+    launch_prefix: Sequence[str] = ()
+    preexec: Callable[[], None] | None = None
+    serving_names: Sequence[str] = ()
+    work_root: Path | None = None  # where the temporary directory goes (default: $TMPDIR)
 
     def __post_init__(self) -> None:
-        self.work_dir = Path(tempfile.mkdtemp(prefix="localcache-cp-"))
+        self.work_dir = Path(tempfile.mkdtemp(prefix="localcache-cp-", dir=self.work_root))
         self.cert_dir = self.work_dir / "pki"
         self.cert_dir.mkdir()
         self.etcd_port = free_port()
@@ -208,7 +217,7 @@ class ControlPlane:
     def _write_pki(self) -> None:
         self.server_ca = certs.TinyCA("localcache-test-serving-ca")
         self.client_ca = certs.TinyCA("localcache-test-client-ca")
-        serving = self.server_ca.serving_cert(["localhost", "127.0.0.1"])
+        serving = self.server_ca.serving_cert(["localhost", "127.0.0.1", *self.serving_names])
         self._write("apiserver.crt", serving.cert_pem)
         self._write("apiserver.key", serving.key_pem)
         self._write("serving-ca.crt", self.server_ca.cert_pem)
@@ -326,19 +335,22 @@ class ControlPlane:
         return [str(self.bin_dir / "kube-apiserver")] + [f"--{k}={v}" for k, v in flags.items()]
 
     def _kcm_args(self) -> list[str]:
-        return [
-            str(self.bin_dir / "kube-controller-manager"),
-            f"--kubeconfig={self.kubeconfig_path}",
-            f"--authentication-kubeconfig={self.kubeconfig_path}",
-            f"--authorization-kubeconfig={self.kubeconfig_path}",
-            f"--controllers={','.join(KCM_CONTROLLERS)}",
-            "--leader-elect=false",
-            "--bind-address=127.0.0.1",
-            f"--secure-port={self.kcm_port}",
-            "--kube-api-qps=200",
-            "--kube-api-burst=400",
-            "--concurrent-gc-syncs=10",
-            "--concurrent-namespace-syncs=5",
+        flags = {
+            "kubeconfig": str(self.kubeconfig_path),
+            "authentication-kubeconfig": str(self.kubeconfig_path),
+            "authorization-kubeconfig": str(self.kubeconfig_path),
+            "controllers": ",".join(KCM_CONTROLLERS),
+            "leader-elect": "false",
+            "bind-address": "127.0.0.1",
+            "secure-port": str(self.kcm_port),
+            "kube-api-qps": "200",
+            "kube-api-burst": "400",
+            "concurrent-gc-syncs": "10",
+            "concurrent-namespace-syncs": "5",
+        }
+        flags.update(self.kcm_flags)
+        return [str(self.bin_dir / "kube-controller-manager")] + [
+            f"--{k}={v}" for k, v in flags.items()
         ]
 
     @property
@@ -359,7 +371,9 @@ class ControlPlane:
         return self
 
     def _launch(self, name: str, args: list[str]) -> _Process:
-        proc = _Process(name, args, self.work_dir / f"{name}.log")
+        proc = _Process(
+            name, [*self.launch_prefix, *args], self.work_dir / f"{name}.log", preexec=self.preexec
+        )
         self._procs[name] = proc
         proc.start()
         return proc
@@ -438,6 +452,9 @@ class ControlPlane:
             proc = self._procs.pop(name, None)
             if proc is not None:
                 proc.stop()
+        for proc in self._procs.values():  # others added by whoever built on this plane
+            proc.stop()
+        self._procs.clear()
         for port in (self.etcd_port, self.etcd_peer_port, self.api_port, self.kcm_port):
             release_port(port)
         shutil.rmtree(self.work_dir, ignore_errors=True)

@@ -296,3 +296,11 @@ def test_label_value_is_always_valid_and_keeps_valid_values(value: str) -> None:
     assert LABEL_VALUE.fullmatch(label)
     if len(value) <= 63 and LABEL_VALUE.fullmatch(value):
         assert label == value
+
+
+def test_an_agents_download_jobs_fail_on_the_first_failed_pod_by_default() -> None:
+    """Found on real nodes: with Kubernetes' default backoffLimit a refused download stayed
+    'pending' for ~10 minutes of pod retries before its Job failed and status said so."""
+    from localcache.agent import setup as agent_setup
+
+    assert agent_setup.AgentSettings(node_name="node-1").job_backoff_limit == 0

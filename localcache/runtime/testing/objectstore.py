@@ -1,0 +1,336 @@
+"""An S3-compatible object store that enforces credentials (moto's server): a TEST HARNESS.
+
+The end-to-end test bed stores models in it as an `s3://` source, possibly from inside a
+network namespace of its own, so it is a subprocess that Python starts (no Docker):
+
+    python -m localcache.runtime.testing.objectstore --host H --port P
+
+How credentials are enforced: moto checks signatures and IAM policies once
+`INITIAL_NO_AUTH_ACTION_COUNT` (read from the environment when moto is imported) actions have
+gone unauthenticated; before that, every action is let through. `ObjectStore.start` sets it to
+`BOOTSTRAP_ACTIONS` (3) and spends exactly those on creating the admin (CreateUser,
+PutUserPolicy allowing `*`, CreateAccessKey); from then on every S3 and IAM request must be
+SigV4-signed with the access key of a user moto knows, whose policies allow the action. Start
+then checks that a request signed with an unknown key is refused, and fails loudly if not.
+
+The server is moto's WSGI app behind a small guard, because moto alone lets through what a
+credentials test must not: it answers `/moto-api/*` (which can reset the auth count or every
+backend) to anyone, and it fails unsigned listings and presigned URLs with 500. The guard
+answers 403 (S3 XML error `AccessDenied`) for `/moto-api/*` and for any request without an
+`Authorization` header; it answers `GET /_objectstore/ready` itself (no action counted).
+
+Contract of `ObjectStore` (the harness side):
+- `start()` returns once the server answers, the admin exists and enforcement was checked;
+  otherwise it raises `ObjectStoreError` with the log's tail and leaves nothing running.
+- Refused requests answer HTTP 403: unsigned (`AccessDenied`), unknown key
+  (`InvalidAccessKeyId`), wrong secret (`SignatureDoesNotMatch`), action not allowed by the
+  user's policies (`AccessDenied`).
+- Its own calls use boto3, signed with the admin key, path-style addressing, region
+  `us-east-1`, connect/read timeouts and at most `MAX_ATTEMPTS` attempts per call.
+- `stop()` ends the process group and waits; it is idempotent. All data is in memory and is
+  gone with the process.
+Not promised: presigned URLs or anonymous access of any kind (refused), bucket policies or
+ACLs granting public reads, virtual-hosted-style addressing, TLS, persistence, moto's fidelity
+to S3 beyond the calls used here.
+
+Errors: `ObjectStoreError(modelserver.ServerError)` for start-up failures; S3 and IAM refusals
+surface as `botocore.exceptions.ClientError`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import boto3
+import botocore.config
+import botocore.exceptions
+
+from localcache.runtime.testing import modelserver
+
+if TYPE_CHECKING:
+    from wsgiref.types import StartResponse, WSGIApplication, WSGIEnvironment
+
+REGION = "us-east-1"
+BOOTSTRAP_ACTIONS = 3  # CreateUser + PutUserPolicy + CreateAccessKey of the admin
+ADMIN_USER = "localcache-admin"
+READY_PATH = "/_objectstore/ready"
+CONNECT_TIMEOUT_S = 5.0
+READ_TIMEOUT_S = 30.0
+MAX_ATTEMPTS = 2
+
+ALLOW_ALL: Mapping[str, Any] = {
+    "Version": "2012-10-17",
+    "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}],
+}
+S3_FULL_ACCESS: Mapping[str, Any] = {
+    "Version": "2012-10-17",
+    "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}],
+}
+
+
+class ObjectStoreError(modelserver.ServerError):
+    """The object store did not start, or does not enforce credentials."""
+
+
+class AccessKey(NamedTuple):
+    """An IAM user's access key: unpacks as (access_key_id, secret_access_key)."""
+
+    access_key_id: str
+    secret_access_key: str
+
+
+# ---- the server (runs in the subprocess) ------------------------------------------------
+
+
+def _forbidden(start_response: StartResponse, message: str) -> list[bytes]:
+    body = (
+        '<?xml version="1.0" encoding="UTF-8"?>\n'
+        f"<Error><Code>AccessDenied</Code><Message>{message}</Message></Error>"
+    ).encode()
+    start_response(
+        "403 Forbidden",
+        [("Content-Type", "application/xml"), ("Content-Length", str(len(body)))],
+    )
+    return [body]
+
+
+def guard(app: WSGIApplication) -> WSGIApplication:
+    """Wrap moto's app: refuse `/moto-api/*` and unsigned requests, answer READY_PATH."""
+
+    def guarded(environ: WSGIEnvironment, start_response: StartResponse) -> Any:
+        path = environ.get("PATH_INFO", "")
+        if path == READY_PATH:
+            start_response("200 OK", [("Content-Type", "text/plain"), ("Content-Length", "3")])
+            return [b"ok\n"]
+        if path.startswith("/moto-api"):
+            return _forbidden(start_response, "The moto control API is disabled.")
+        if not environ.get("HTTP_AUTHORIZATION"):
+            return _forbidden(start_response, "Requests must be signed (no anonymous access).")
+        return app(environ, start_response)
+
+    return guarded
+
+
+def serve(host: str, port: int) -> None:
+    """Serve moto behind `guard` on host:port until SIGTERM (see the module docstring)."""
+    if "INITIAL_NO_AUTH_ACTION_COUNT" not in os.environ:
+        raise SystemExit("INITIAL_NO_AUTH_ACTION_COUNT must be set: it turns on moto's IAM auth")
+    os.environ.setdefault("MOTO_PORT", str(port))
+    # moto reads its settings when imported: import it only here, in the server process.
+    from moto.moto_server import werkzeug_app
+    from werkzeug.serving import run_simple
+
+    app = werkzeug_app.DomainDispatcherApplication(werkzeug_app.create_backend_app)
+    run_simple(
+        host,
+        port,
+        guard(app),
+        threaded=True,
+        request_handler=werkzeug_app.MotoRequestHandler,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m localcache.runtime.testing.objectstore")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", required=True, type=int)
+    args = parser.parse_args(argv)
+    serve(args.host, args.port)
+    return 0
+
+
+# ---- the harness side ----------------------------------------------------------------
+
+
+def client_config() -> Any:
+    """The botocore Config of every client here: timeouts, bounded retries, path style."""
+    return botocore.config.Config(
+        connect_timeout=CONNECT_TIMEOUT_S,
+        read_timeout=READ_TIMEOUT_S,
+        retries={"mode": "standard", "total_max_attempts": MAX_ATTEMPTS},
+        s3={"addressing_style": "path"},
+    )
+
+
+def status_of(error: botocore.exceptions.ClientError) -> tuple[int, str]:
+    """(HTTP status, AWS error code) of a refused call."""
+    response: Mapping[str, Any] = error.response
+    return response["ResponseMetadata"]["HTTPStatusCode"], response["Error"]["Code"]
+
+
+@dataclass
+class ObjectStore:
+    """moto's S3 and IAM in a subprocess, requiring signed requests from known users.
+
+    `start()` launches it (after `argv_prefix`, e.g. an `nsenter` into a network namespace)
+    bound to host:port; `host` must be reachable from this process, which bootstraps the
+    admin over HTTP. With `port=None` a port free on this host's loopback is picked: pass a
+    port when the server runs in another namespace. See the module docstring for the rest.
+    """
+
+    region: str = REGION
+    log_path: Path | None = None
+    host: str = field(default="127.0.0.1", init=False)
+    port: int = field(default=0, init=False)
+    admin: AccessKey | None = field(default=None, init=False)
+    process: modelserver.ServerProcess | None = field(default=None, init=False)
+    reach: str | None = field(default=None, init=False)
+
+    def start(
+        self,
+        argv_prefix: Sequence[str] = (),
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        *,
+        reach: str | None = None,
+    ) -> ObjectStore:
+        """`reach`: the URL this process uses when host:port is not reachable from it (the
+        server runs in another network namespace behind a forwarder)."""
+        if self.process is not None:
+            raise ObjectStoreError("object store already started")
+        self.host = host
+        self.reach = reach
+        self.port = modelserver.free_port() if port is None else port
+        log_path = self.log_path or Path(tempfile.mkdtemp(prefix="localcache-s3-")) / "log"
+        argv = [*argv_prefix, sys.executable, "-m", __name__, "--host", host]
+        env = {**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": str(BOOTSTRAP_ACTIONS)}
+        self.process = modelserver.ServerProcess(
+            "objectstore", [*argv, "--port", str(self.port)], log_path, env=env
+        )
+        self.process.start()
+        try:
+            self.process.wait_ready(self._answers, what=f"object store on {self.endpoint}")
+            self.admin = self._bootstrap()
+            self._check_enforced()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.stop()
+            self.process = None
+        self.admin = None
+
+    def __enter__(self) -> ObjectStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def endpoint(self) -> str:
+        """The S3 (and IAM) endpoint URL this process uses, e.g. `http://127.0.0.1:40123`."""
+        return self.reach or f"http://{modelserver.format_host(self.host)}:{self.port}"
+
+    def client(self, service: str = "s3", key: AccessKey | None = None) -> Any:
+        """A boto3 client of `service` signed with `key` (default: the admin's), configured
+        by `client_config()`. Ignores the environment's and ~/.aws's credentials."""
+        key = key or self._admin()
+        session = boto3.session.Session(
+            aws_access_key_id=key.access_key_id,
+            aws_secret_access_key=key.secret_access_key,
+            region_name=self.region,
+        )
+        return session.client(service, endpoint_url=self.endpoint, config=client_config())
+
+    def create_user(self, name: str, *, policy: Mapping[str, Any] | None = None) -> AccessKey:
+        """A new IAM user with `policy` (default: `s3:*` on `*`) and a fresh access key."""
+        iam = self.client("iam")
+        iam.create_user(UserName=name)
+        iam.put_user_policy(
+            UserName=name,
+            PolicyName="localcache-test-policy",
+            PolicyDocument=json.dumps(dict(policy or S3_FULL_ACCESS)),
+        )
+        created = iam.create_access_key(UserName=name)["AccessKey"]
+        return AccessKey(created["AccessKeyId"], created["SecretAccessKey"])
+
+    def create_bucket(self, bucket: str) -> None:
+        self.client().create_bucket(Bucket=bucket)
+
+    def put_object(self, bucket: str, key: str, data: bytes) -> None:
+        self.client().put_object(Bucket=bucket, Key=key, Body=data)
+
+    def get_object(self, bucket: str, key: str) -> bytes:
+        body: bytes = self.client().get_object(Bucket=bucket, Key=key)["Body"].read()
+        return body
+
+    def list_keys(self, bucket: str, prefix: str = "") -> list[str]:
+        """Every key under `prefix`, in S3's (lexicographic) order."""
+        paginator = self.client().get_paginator("list_objects_v2")
+        return [
+            obj["Key"]
+            for page in paginator.paginate(Bucket=bucket, Prefix=prefix)
+            for obj in page.get("Contents", [])
+        ]
+
+    def s3_env(self, key: AccessKey) -> dict[str, str]:
+        """Environment for KServe's storage initializer (or any boto3 client) to download
+        with `key`: endpoint, credentials, region, plain HTTP, path-style addressing."""
+        return {
+            "AWS_ENDPOINT_URL": self.endpoint,
+            "AWS_ACCESS_KEY_ID": key.access_key_id,
+            "AWS_SECRET_ACCESS_KEY": key.secret_access_key,
+            "AWS_DEFAULT_REGION": self.region,
+            "AWS_REGION": self.region,
+            "S3_USE_HTTPS": "0",
+            "S3_VERIFY_SSL": "0",
+            "S3_USER_VIRTUAL_BUCKET": "false",
+        }
+
+    def _admin(self) -> AccessKey:
+        if self.admin is None:
+            raise ObjectStoreError("object store not started")
+        return self.admin
+
+    def _answers(self) -> bool:
+        try:
+            return modelserver.http_get(self.endpoint + READY_PATH, timeout=1.0)[0] == 200
+        except OSError:
+            return False
+
+    def _bootstrap(self) -> AccessKey:
+        """Spend the BOOTSTRAP_ACTIONS unauthenticated actions on the admin user and key."""
+        anyone = AccessKey("bootstrap", "bootstrap")
+        iam = self.client("iam", anyone)
+        try:
+            iam.create_user(UserName=ADMIN_USER)
+            iam.put_user_policy(
+                UserName=ADMIN_USER,
+                PolicyName="localcache-admin",
+                PolicyDocument=json.dumps(ALLOW_ALL),
+            )
+            created = iam.create_access_key(UserName=ADMIN_USER)["AccessKey"]
+        except botocore.exceptions.ClientError as e:
+            raise ObjectStoreError(
+                f"bootstrap of the admin failed (were unauthenticated actions spent "
+                f"elsewhere?): {e}\n{self._log_tail()}"
+            ) from e
+        return AccessKey(created["AccessKeyId"], created["SecretAccessKey"])
+
+    def _check_enforced(self) -> None:
+        unknown = AccessKey("AKIAUNKNOWNKEY000000", "not-a-secret")
+        try:
+            self.client("s3", unknown).list_buckets()
+        except botocore.exceptions.ClientError as e:
+            if status_of(e)[0] == 403:
+                return
+            raise ObjectStoreError(f"unknown key answered {status_of(e)}, not 403") from e
+        raise ObjectStoreError("credentials are not enforced: an unknown key could list buckets")
+
+    def _log_tail(self) -> str:
+        return self.process.log_tail() if self.process is not None else "(no log)"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

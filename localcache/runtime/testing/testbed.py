@@ -1,0 +1,440 @@
+"""The real-node test bed: a control plane bound for pods, kube-scheduler and N real nodes.
+
+Topology (all of it inside namespaces the test bed creates; nothing in the host's own):
+
+    host netns    pytest, kubectl ── nsforward (127.0.0.1:P → hub 127.0.0.1:P) ──┐
+    hub netns     bridge lcbr0 10.250.0.1/24; etcd, kube-apiserver (0.0.0.0:P),  ◀┘
+                  kube-controller-manager, kube-scheduler, test servers;
+                  routes 10.244.(i-1).0/24 via node i
+    node-i netns  eth0 10.250.0.(10+i) (veth to lcbr0), cni0 10.244.(i-1).1/24,
+    (+ mount ns)  containerd, kubelet, pods; private /var/lib, /run, /var/log, /mnt
+
+Rules it keeps (shared/reference/real-nodes/README.md): addresses live only in its own network
+namespaces and no namespace has a default route; every process it starts, and every pod, sits
+in a cgroup below the starting process's own (`cgroups.CgroupTree`); files live under one run
+directory, never at default host paths; names and ports of two test beds never collide (their
+bridges and subnets are private to their hub namespaces; host ports are reserved); `stop()`
+kills everything in its cgroup tree, so the namespaces, links and mounts go with the
+processes, then removes the cgroups and the run directory; `start()` first cleans up what a
+crashed run left (its owner process is gone).
+
+`TestBed.unavailable_reason()` says in one line why this machine cannot host it, or None.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from localcache.runtime.testing import cgroups, netns, node
+from localcache.runtime.testing.controlplane import (
+    ControlPlane,
+    ControlPlaneError,
+    find_binaries,
+    free_port,
+    release_port,
+)
+
+HUB_IP = "10.250.0.1"
+BRIDGE = "lcbr0"
+NODES_READY_TIMEOUT_S = 180.0
+CONTAINERD_TIMEOUT_S = 60.0
+CGROUP_PREFIX = "localcache-testbed-"
+SERVING_NAMES = (
+    HUB_IP,
+    node.KUBERNETES_SERVICE_IP,
+    "kubernetes",
+    "kubernetes.default",
+    "kubernetes.default.svc",
+    "kubernetes.default.svc.cluster.local",
+)
+CNI_PLUGINS = Path("/usr/lib/cni")
+
+
+class TestBedError(RuntimeError):
+    """The test bed could not be started."""
+
+
+@dataclass(frozen=True)
+class Image:
+    """An image tarball to import into every node, and the names it should also answer to."""
+
+    ref: str
+    tarball: Path
+    aliases: tuple[str, ...] = ()
+
+
+def runs_root() -> Path:
+    return Path(tempfile.gettempdir()) / "localcache-testbed"
+
+
+def node_binaries() -> Path:
+    """The directory `hack/build-node.sh` fills for the control plane's version."""
+    explicit = os.environ.get("LOCALCACHE_NODE_BIN")
+    if explicit:
+        return Path(explicit)
+    base = os.environ.get("LOCALCACHE_NODE_CACHE") or str(
+        Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "localcache" / "node"
+    )
+    return Path(base) / find_binaries().name
+
+
+def _start_time(pid: int) -> str | None:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def unavailable_reason() -> str | None:
+    """Why this machine cannot host real nodes, in one line; None when it can."""
+    if os.geteuid() != 0:
+        return "real nodes need root (network and mount namespaces, cgroups, mounts)"
+    try:
+        subprocess.run(["unshare", "--net", "--mount", "true"], check=True, capture_output=True)
+    except (OSError, subprocess.CalledProcessError):
+        return "cannot create network and mount namespaces here (unshare --net --mount failed)"
+    try:
+        cgroups.CgroupTree.below_own("probe")
+    except cgroups.CgroupError as exc:
+        return str(exc)
+    try:
+        bins = node_binaries()
+    except ControlPlaneError as exc:
+        return str(exc)
+    for binary in ("kubelet", "kube-scheduler", "containerd", "containerd-shim-runc-v2", "ctr"):
+        if not os.access(bins / binary, os.X_OK):
+            return f"no {binary} in {bins}: run hack/build-node.sh"
+    for tool in ("runc", "iptables", "ip", "nsenter"):
+        if shutil.which(tool) is None:
+            return f"{tool} is not installed: run hack/build-node.sh"
+    if not (CNI_PLUGINS / "bridge").exists():
+        return f"no CNI plugins in {CNI_PLUGINS}: run hack/build-node.sh"
+    return None
+
+
+def clean_stale_runs() -> list[str]:
+    """Remove what test beds whose owner process is gone left behind; returns their names."""
+    cleaned: list[str] = []
+    root = runs_root()
+    known: set[str] = set()
+    for run_dir in sorted(root.glob("*")) if root.is_dir() else []:
+        known.add(run_dir.name)
+        try:
+            state = json.loads((run_dir / "state.json").read_text())
+        except (OSError, ValueError):
+            state = {}
+        owner = int(state.get("owner_pid", 0))
+        if owner and _start_time(owner) == state.get("owner_start"):
+            continue
+        if "cgroup_root" in state:
+            tree = cgroups.CgroupTree(tuple(cgroups.own_hierarchies()), state["cgroup_root"])
+            tree.kill_all()
+            tree.remove()
+        shutil.rmtree(run_dir, ignore_errors=True)
+        cleaned.append(run_dir.name)
+    # cgroups whose run directory is already gone (a crash in the middle of clean-up)
+    probe = cgroups.CgroupTree.below_own("probe")
+    parent = probe.root.rsplit("/", 1)[0]
+    first = probe.hierarchies[0]
+    holder = first.mount / parent.lstrip("/")
+    for entry in sorted(holder.glob(f"{CGROUP_PREFIX}*")) if holder.is_dir() else []:
+        run_name = entry.name.removeprefix(CGROUP_PREFIX)
+        if run_name in known and run_name not in cleaned:
+            continue
+        tree = cgroups.CgroupTree(probe.hierarchies, f"{parent}/{entry.name}")
+        tree.kill_all()
+        tree.remove()
+        cleaned.append(run_name)
+    return cleaned
+
+
+@dataclass
+class TestBed:
+    """etcd, kube-apiserver, KCM and kube-scheduler in a hub namespace, plus `nodes` nodes."""
+
+    __test__ = False  # not a pytest test class
+
+    nodes: int = 2
+    images: Sequence[Image] = ()
+    control_plane: ControlPlane = field(init=False)
+    node_list: list[node.RealNode] = field(default_factory=list, init=False)
+
+    def start(self) -> TestBed:
+        reason = unavailable_reason()
+        if reason:
+            raise TestBedError(reason)
+        clean_stale_runs()
+        self.run_id = f"{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.run_dir = runs_root() / self.run_id
+        self.log_dir = self.run_dir / "logs"
+        self.log_dir.mkdir(parents=True)
+        self.cgroups = cgroups.CgroupTree.below_own(CGROUP_PREFIX + self.run_id)
+        (self.run_dir / "state.json").write_text(
+            json.dumps(
+                {
+                    "owner_pid": os.getpid(),
+                    "owner_start": _start_time(os.getpid()),
+                    "cgroup_root": self.cgroups.root,
+                }
+            )
+        )
+        self._forwarders: list[tuple[subprocess.Popen[str], list[int]]] = []
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _join_daemons(self) -> None:
+        self.cgroups.join("daemons")
+
+    def _start(self) -> None:
+        started = time.monotonic()
+        self.cgroups.create("daemons")
+        self.hub = netns.Anchor("hub", self.log_dir).start(mount=False, preexec=self._join_daemons)
+        self.hub.script(
+            f"""
+            ip link set lo up
+            ip link add {BRIDGE} type bridge
+            ip addr add {HUB_IP}/24 dev {BRIDGE}
+            ip link set {BRIDGE} up
+            """
+        )
+        bins = node_binaries()
+        plane = ControlPlane(
+            with_kcm=True,
+            bin_dir=find_binaries(),
+            launch_prefix=self.hub.prefix(),
+            preexec=self._join_daemons,
+            serving_names=SERVING_NAMES,
+            work_root=self.run_dir,
+        )
+        self.control_plane = plane
+        plane.apiserver_flags = {
+            "bind-address": "0.0.0.0",
+            "advertise-address": HUB_IP,
+            "endpoint-reconciler-type": "lease",
+            "service-account-issuer": "https://kubernetes.default.svc",
+            "disable-admission-plugins": "",
+            "enable-admission-plugins": "NodeRestriction",
+            "authorization-mode": "Node,RBAC",
+            "kubelet-client-certificate": str(plane.admin.cert_path),
+            "kubelet-client-key": str(plane.admin.key_path),
+            "kubelet-preferred-address-types": "InternalIP",
+            "enable-aggregator-routing": "true",
+        }
+        plane.kcm_flags = {
+            "controllers": "*",
+            "root-ca-file": str(plane.ca_path),
+            "service-account-private-key-file": str(plane.cert_dir / "sa.key"),
+        }
+        self.scheduler_port = free_port()
+        self.forward(
+            [plane.etcd_port, plane.api_port, plane.kcm_port, self.scheduler_port], host="127.0.0.1"
+        )
+        addresses = [node.NodeAddresses(i) for i in range(1, self.nodes + 1)]
+        for addr in addresses:
+            self.cgroups.create(addr.name)
+            real = node.RealNode(
+                addresses=addr,
+                state_dir=self.run_dir / addr.name,
+                log_dir=self.log_dir,
+                bin_dir=bins,
+                api_address=f"{HUB_IP}:{plane.api_port}",
+                kubeconfig=self._kubelet_kubeconfig(addr.name),
+                client_ca=plane.cert_dir / "client-ca.crt",
+                dns_ip=HUB_IP,
+                cgroup_root=self.cgroups.path(addr.name),
+                preexec=self._join_daemons,
+            )
+            real.create_namespace()
+            self.hub.run(
+                [
+                    "ip",
+                    "link",
+                    "add",
+                    f"veth{addr.index}",
+                    "type",
+                    "veth",
+                    "peer",
+                    "name",
+                    "eth0",
+                    "netns",
+                    str(real.anchor.pid),
+                ]
+            )
+            self.hub.run(["ip", "link", "set", f"veth{addr.index}", "master", BRIDGE, "up"])
+            self.hub.run(["ip", "route", "add", addr.pod_cidr, "via", addr.ip, "dev", BRIDGE])
+            real.configure_namespace([o for o in addresses if o is not addr])
+            self.node_list.append(real)
+        for real in self.node_list:
+            real.start_containerd()
+        plane.start()
+        self._start_scheduler()
+        self._wait(
+            lambda: all(n.containerd_ready() for n in self.node_list),
+            CONTAINERD_TIMEOUT_S,
+            "containerd answering on every node",
+        )
+        with concurrent.futures.ThreadPoolExecutor(len(self.node_list)) as pool:
+            for _ in pool.map(self._import_images, self.node_list):
+                pass
+        for real in self.node_list:
+            real.start_kubelet()
+        self._wait(self._nodes_ready, NODES_READY_TIMEOUT_S, "every Node Ready")
+        self.startup_seconds = time.monotonic() - started
+
+    def _import_images(self, real: node.RealNode) -> None:
+        for image in self.images:
+            real.import_image(image.tarball, image.ref, *image.aliases)
+
+    def _kubelet_kubeconfig(self, node_name: str) -> Path:
+        plane = self.control_plane
+        creds = plane.add_user(f"system:node:{node_name}", ["system:nodes"])
+        config = plane.kubeconfig(creds)
+        config["clusters"][0]["cluster"]["server"] = f"https://{HUB_IP}:{plane.api_port}"
+        path = self.run_dir / f"kubelet-{node_name}.kubeconfig"
+        path.write_text(yaml.safe_dump(config))
+        path.chmod(0o600)
+        return path
+
+    def _start_scheduler(self) -> None:
+        plane = self.control_plane
+        creds = plane.add_user("system:kube-scheduler", [])
+        kubeconfig = plane.write_kubeconfig(creds, self.run_dir / "scheduler.kubeconfig")
+        args = [
+            str(node_binaries() / "kube-scheduler"),
+            f"--kubeconfig={kubeconfig}",
+            f"--authentication-kubeconfig={kubeconfig}",
+            f"--authorization-kubeconfig={kubeconfig}",
+            "--leader-elect=false",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={self.scheduler_port}",
+        ]
+        proc = plane._launch("kube-scheduler", args)
+        url = f"https://127.0.0.1:{self.scheduler_port}/healthz"
+        plane._wait(proc, lambda: plane._http_ok(url, verify=False), "kube-scheduler /healthz")
+
+    def forward(self, ports: Sequence[int], *, host: str = HUB_IP) -> list[int]:
+        """Host loopback ports that reach `host:port` in the hub namespace, one per port.
+
+        Ports already reserved on the host (the control plane's) are forwarded as themselves.
+        """
+        host_ports = [p if host == "127.0.0.1" else free_port() for p in ports]
+        args = [
+            sys.executable,
+            "-m",
+            "localcache.runtime.testing.nsforward",
+            "--netns",
+            self.hub.netns_path,
+        ]
+        for local, remote in zip(host_ports, ports, strict=True):
+            args += ["--map", f"127.0.0.1:{local}={host}:{remote}"]
+        log = open(self.log_dir / "nsforward.log", "ab")  # noqa: SIM115 - for the child
+        try:
+            proc = subprocess.Popen(
+                args,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                text=True,
+                start_new_session=True,
+                preexec_fn=self._join_daemons,
+            )
+        finally:
+            log.close()
+        assert proc.stdout is not None
+        line = proc.stdout.readline().strip()
+        if line != "ready":
+            raise TestBedError(f"port forwarder did not start: {line!r}")
+        self._forwarders.append((proc, [p for p in host_ports if host != "127.0.0.1"]))
+        return host_ports
+
+    def _nodes_ready(self) -> bool:
+        status, body = self.control_plane.rest("GET", "/api/v1/nodes")
+        if status != 200:
+            return False
+        ready = {
+            item["metadata"]["name"]
+            for item in body.get("items", [])
+            for cond in item.get("status", {}).get("conditions", [])
+            if cond.get("type") == "Ready" and cond.get("status") == "True"
+        }
+        return ready >= {n.name for n in self.node_list}
+
+    def _wait(self, ready: Any, timeout: float, what: str) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            dead = [name for real in self.node_list for name in real.exited()]
+            if dead:
+                raise TestBedError(
+                    f"{', '.join(dead)} exited before {what}; logs in {self.log_dir}"
+                )
+            if ready():
+                return
+            time.sleep(0.2)
+        raise TestBedError(f"{what}: not within {timeout:.0f}s; logs in {self.log_dir}")
+
+    def node(self, name: str) -> node.RealNode:
+        return next(n for n in self.node_list if n.name == name)
+
+    def spawn_in_hub(
+        self, name: str, args: Sequence[str], env: dict[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
+        """A long-running process (a test server) in the hub namespace and the test bed's cgroup."""
+        log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 - for the child
+        try:
+            return subprocess.Popen(
+                [*self.hub.prefix(), *args],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env=env,
+                preexec_fn=self._join_daemons,
+            )
+        finally:
+            log.close()
+
+    def stop(self) -> None:
+        """Kill everything the test bed started; remove its cgroups, namespaces and files."""
+        tree = getattr(self, "cgroups", None)
+        if tree is not None:
+            tree.kill_all()
+            with contextlib.suppress(cgroups.CgroupError):
+                tree.remove()
+        for real in self.node_list:
+            real.reap()
+        hub = getattr(self, "hub", None)
+        if hub is not None:
+            hub.stop()
+        for proc, ports in getattr(self, "_forwarders", []):
+            proc.wait(5)
+            if proc.stdout:
+                proc.stdout.close()
+            for port in ports:
+                release_port(port)
+        plane = getattr(self, "control_plane", None)
+        if plane is not None:
+            plane.stop()
+        run_dir = getattr(self, "run_dir", None)
+        if run_dir is not None:
+            shutil.rmtree(run_dir, ignore_errors=True)
+        if tree is not None:
+            tree.remove()

@@ -1,0 +1,196 @@
+"""What the real-node end-to-end tests need of a cluster: kubectl, waits, node disks, sources.
+
+`Cluster` is the deployed operator on real nodes: the test bed by default, or any cluster
+named by `LOCALCACHE_E2E_KUBECONFIG` (then the test servers and node disks the test bed
+provides are absent, and the tests that need them say so when they skip).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+import yaml
+
+from localcache.api import groupversion
+from localcache.runtime.testing.waiting import wait_until_sync
+
+T = TypeVar("T")
+Obj = dict[str, Any]
+
+REPO = Path(__file__).resolve().parents[3]
+SYSTEM_NS = "kserve"
+JOBS_NS = "kserve-localmodel-jobs"
+CONTROLLER = "kserve-localmodel-controller-manager"
+AGENT = "kserve-localmodelnode-agent"
+LOCALCACHE_IMAGE = "localhost/localcache/localcache:testbed"
+STORAGE_INITIALIZER_IMAGE = "localhost/localcache/storage-initializer:testbed"
+GROUP_LABEL = "localcache-e2e/group"
+
+
+@dataclass
+class Sources:
+    """Model sources that pods reach, and the host-side handles the tests use to fill them."""
+
+    http_base: str  # as pods see it, e.g. http://10.250.0.1:8000
+    http_dir: Path  # files served there
+    http_stats: Callable[[], Any]  # modelserver.ServerStats of the HTTP server
+    s3_endpoint_for_pods: str  # host:port
+    s3: Any  # localcache.runtime.testing.objectstore.ObjectStore (host-side endpoint)
+    slow_base: str  # throttled http server as pods see it
+
+
+@dataclass
+class Cluster:
+    kubeconfig: Path
+    kubectl_bin: str
+    node_names: list[str]
+    node_models_dir: Callable[[str], Path] | None = None  # host path of a node's /mnt/models
+    sources: Sources | None = None
+    cache_dir: Path = field(default_factory=lambda: Path("/tmp"))
+
+    # ---------------------------------------------------------------------- kubectl
+
+    def kubectl(
+        self, *args: str, check: bool = True, input_text: str | None = None, timeout: float = 120
+    ) -> subprocess.CompletedProcess[str]:
+        env = {**os.environ, "KUBECACHEDIR": str(self.cache_dir / "kube-cache")}
+        done = subprocess.run(
+            [self.kubectl_bin, f"--kubeconfig={self.kubeconfig}", *args],
+            capture_output=True,
+            text=True,
+            input=input_text,
+            timeout=timeout,
+            env=env,
+            check=False,
+        )
+        if check and done.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(args)} failed: {done.stderr.strip()}")
+        return done
+
+    def apply(self, *objs: Obj) -> None:
+        self.kubectl("apply", "-f", "-", input_text=yaml.safe_dump_all(objs))
+
+    def create(self, obj: Obj, *, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return self.kubectl("create", "-f", "-", input_text=yaml.safe_dump(obj), check=check)
+
+    def get(self, kind: str, name: str = "", *, namespace: str | None = None) -> Obj | None:
+        args = ["get", kind, *([name] if name else []), "-o", "json"]
+        if namespace:
+            args += ["-n", namespace]
+        done = self.kubectl(*args, check=False)
+        if done.returncode != 0:
+            if "NotFound" in done.stderr or "not found" in done.stderr:
+                return None
+            raise AssertionError(f"kubectl {' '.join(args)}: {done.stderr.strip()}")
+        found: Obj = json.loads(done.stdout)
+        return found
+
+    def items(self, kind: str, *, namespace: str | None = None, selector: str = "") -> list[Obj]:
+        args = ["get", kind, "-o", "json"]
+        args += ["-n", namespace] if namespace else ["-A"]
+        if selector:
+            args += ["-l", selector]
+        listed: list[Obj] = json.loads(self.kubectl(*args).stdout)["items"]
+        return listed
+
+    def namespace(self, prefix: str) -> str:
+        name = f"{prefix}-{uuid.uuid4().hex[:5]}"
+        self.kubectl("create", "namespace", name)
+        return name
+
+    def wait(self, predicate: Callable[[], T | None], *, timeout: float, what: str) -> T:
+        found = wait_until_sync(predicate, timeout=timeout, interval=0.5, what=what)
+        assert found is not None
+        return found
+
+    # ------------------------------------------------------------------ localcache
+
+    def condition(self, obj: Obj | None, kind: str) -> Obj | None:
+        for cond in ((obj or {}).get("status") or {}).get("conditions") or []:
+            if cond.get("type") == kind:
+                found: Obj = cond
+                return found
+        return None
+
+    def wait_ready(
+        self, kind: str, name: str, *, namespace: str | None = None, timeout: float = 120
+    ) -> Obj:
+        def ready() -> Obj | None:
+            obj = self.get(kind, name, namespace=namespace)
+            cond = self.condition(obj, "Ready")
+            return obj if cond and cond.get("status") == "True" else None
+
+        where = f" in {namespace}" if namespace else ""
+        found = self.wait(ready, timeout=timeout, what=f"{kind} {name}{where} becomes Ready")
+        assert found is not None
+        return found
+
+    def node_status(self, node: str) -> Obj:
+        lmn = self.get(groupversion.LOCAL_MODEL_NODE.plural, node) or {}
+        status: Obj = (lmn.get("status") or {}).get("modelStatus") or {}
+        return status
+
+    def node_group(self, name: str, *, selector: dict[str, str] | None = None) -> Obj:
+        """A node group over the nodes with `selector` (default: every worker), models at
+        the nodes' /mnt/models, the agent's models root."""
+        selector = selector or {"kserve/localmodel": "worker"}
+        terms = [{"key": k, "operator": "In", "values": [v]} for k, v in selector.items()]
+        return {
+            "apiVersion": groupversion.LOCAL_MODEL_NODE_GROUP.api_version,
+            "kind": groupversion.LOCAL_MODEL_NODE_GROUP.kind,
+            "metadata": {"name": name},
+            "spec": {
+                "storageLimit": "10Gi",
+                "persistentVolumeSpec": {
+                    "accessModes": ["ReadWriteOnce"],
+                    "volumeMode": "Filesystem",
+                    "capacity": {"storage": "10Gi"},
+                    "local": {"path": "/mnt/models"},
+                    "persistentVolumeReclaimPolicy": "Retain",
+                    "storageClassName": "localcache-local",
+                    "nodeAffinity": {
+                        "required": {"nodeSelectorTerms": [{"matchExpressions": terms}]}
+                    },
+                },
+                "persistentVolumeClaimSpec": {
+                    "accessModes": ["ReadWriteOnce"],
+                    "volumeMode": "Filesystem",
+                    "resources": {"requests": {"storage": "10Gi"}},
+                    "storageClassName": "localcache-local",
+                },
+            },
+        }
+
+    # ------------------------------------------------------------------ node disks
+
+    def model_files(self, node: str, storage_key: str) -> dict[str, str]:
+        """sha256 of every file in `models/<storage_key>` on `node`'s disk, by relative path."""
+        if self.node_models_dir is None:
+            pytest.skip("reading node disks needs the real-node test bed")
+        folder = self.node_models_dir(node) / "models" / storage_key
+        return tree_digests(folder)
+
+    def models_root(self, node: str) -> Path:
+        if self.node_models_dir is None:
+            pytest.skip("reading node disks needs the real-node test bed")
+        return self.node_models_dir(node)
+
+
+def tree_digests(folder: Path) -> dict[str, str]:
+    """sha256 of every regular file below `folder`, keyed by relative path (empty if absent)."""
+    found: dict[str, str] = {}
+    if not folder.is_dir():
+        return found
+    for path in sorted(folder.rglob("*")):
+        if path.is_file() and not path.is_symlink():
+            found[str(path.relative_to(folder))] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return found
