@@ -3,7 +3,10 @@
 - With a reachable cluster (the kubeconfig of `--kubeconfig`, `$KUBECONFIG` or
   `~/.kube/config`, whose apiserver answers `/version` within `PROBE_TIMEOUT_S`) and without
   `--local`: controller and webhooks run against it, plus an agent when `NODE_NAME` is set.
-- Otherwise, local mode (`LocalRun`): a local control plane (etcd, kube-apiserver,
+- Otherwise, on a machine that can host real nodes: `realnodes.run` (a control plane and two
+  real nodes with kubelet, containerd and runc; the operator deployed as pods from the
+  shipped manifests). It says so, and so does the fallback when it cannot:
+- local mode with demo nodes (`LocalRun`): a local control plane (etcd, kube-apiserver,
   kube-controller-manager from `make control-plane`) with the shipped configuration
   (manifests/: CRDs, namespaces, `inferenceservice-config`, webhook configurations calling
   https://127.0.0.1:<port>, the sample node group), two demo Nodes labelled
@@ -37,7 +40,7 @@ from typing import Any, TextIO
 import structlog
 import yaml
 
-from localcache import app, localmode
+from localcache import app, localmode, realnodes
 from localcache import settings as settings_mod
 from localcache.api import groupversion
 from localcache.runtime import errors, informer, kube, manager, reflector
@@ -65,6 +68,14 @@ async def run(settings: settings_mod.Settings, *, force_local: bool, exit_when_r
             return await _run_against(settings, path)
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     kubeconfig = cache / "localcache" / "run" / "kubeconfig"
+    reason = realnodes.unavailable_reason()
+    if reason is None:
+        return await realnodes.run(kubeconfig_path=kubeconfig, exit_when_ready=exit_when_ready)
+    print(
+        f"localcache: real nodes are not available here ({reason}): using two demo nodes "
+        "and the demo Job runner instead",
+        flush=True,
+    )
     run_dir = Path(tempfile.mkdtemp(prefix="localcache-run-"))
     local: LocalRun | None = None
     try:

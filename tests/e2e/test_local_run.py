@@ -30,14 +30,14 @@ from typing import Any
 import pytest
 import yaml
 
-from localcache import local, localmode
+from localcache import local, localmode, realnodes
 from localcache import settings as settings_mod
 from localcache.agent import layout
 from localcache.api import groupversion
 from localcache.api import inferenceservice as isvc_api
 from localcache.caching import keys
 from localcache.runtime import kube
-from localcache.runtime.testing import controlplane, jobpods, jobrunner
+from localcache.runtime.testing import controlplane, jobpods, jobrunner, testbed
 from localcache.runtime.testing.controlplane import ControlPlane
 from localcache.runtime.testing.waiting import wait_until
 
@@ -153,12 +153,13 @@ async def _check_the_demo(run: local.LocalRun, out: io.StringIO) -> None:
 # ------------------------------------------------------------------ as a new user would
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(300)
-def test_localcache_run_local_reaches_ready_prints_how_to_watch_and_stops(tmp_path: Path) -> None:
+def _run_local(tmp_path: Path, **extra_env: str) -> tuple[subprocess.CompletedProcess[str], Path]:
     env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
+    env["LOCALCACHE_NODE_BIN"] = str(testbed.node_binaries())  # built caches, not tmp_path's
+    env["LOCALCACHE_IMAGE_CACHE"] = str(realnodes_cache())
     env["XDG_CACHE_HOME"] = str(tmp_path / "cache")
     env["KUBEBUILDER_ASSETS"] = str(controlplane.find_binaries())
+    env.update(extra_env)
     done = subprocess.run(
         [sys.executable, "-m", "localcache", "run", "--local", "--exit-when-ready"],
         cwd=tmp_path,
@@ -179,12 +180,47 @@ def test_localcache_run_local_reaches_ready_prints_how_to_watch_and_stops(tmp_pa
     ):
         assert f"--kubeconfig {kubeconfig} {command}" in done.stdout, done.stdout
     assert "default/demo-model is Ready: copies available 2/2" in done.stdout
-    assert done.stdout.rstrip().endswith("localcache: local control plane stopped")
     assert not kubeconfig.exists()
-    server = re.search(r"local control plane at https://127\.0\.0\.1:(\d+)", done.stdout)
+    server = re.search(r"control plane at https://127\.0\.0\.1:(\d+)", done.stdout)
     assert server is not None, done.stdout
     with pytest.raises(ConnectionRefusedError):  # the control plane was stopped
         socket.create_connection(("127.0.0.1", int(server[1])), 2).close()
+    return done, kubeconfig
+
+
+def realnodes_cache() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(os.environ.get("LOCALCACHE_IMAGE_CACHE") or Path(base) / "localcache" / "images")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_localcache_run_local_on_demo_nodes_says_so_reaches_ready_and_stops(
+    tmp_path: Path,
+) -> None:
+    done, _ = _run_local(tmp_path, LOCALCACHE_REAL_NODES="0")
+    assert "real nodes are not available here (disabled by LOCALCACHE_REAL_NODES=0)" in (
+        done.stdout
+    )
+    assert "using two demo nodes and the demo Job runner" in done.stdout
+    assert done.stdout.rstrip().endswith("localcache: local control plane stopped")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_localcache_run_local_on_real_nodes_says_so_reaches_ready_and_stops(
+    tmp_path: Path,
+) -> None:
+    reason = realnodes.unavailable_reason()
+    if reason is not None:
+        if os.environ.get("LOCALCACHE_REQUIRE_REAL_NODES") == "1":
+            pytest.fail(f"real nodes are required here: {reason}")
+        pytest.skip(reason)
+    done, _ = _run_local(tmp_path)
+    assert "this machine can host real nodes" in done.stdout
+    assert "real nodes node-1, node-2" in done.stdout
+    assert "operator deployed as pods" in done.stdout
+    assert done.stdout.rstrip().endswith("localcache: real nodes and control plane stopped")
 
 
 # ------------------------------------------------------------------ pieces on the session plane

@@ -67,8 +67,10 @@ def _deploy(found: Cluster) -> None:
     )
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def cluster() -> Iterator[Cluster]:
+    """The deployed operator on real nodes, for this package's tests: torn down when they
+    are done, so the rest of the suite does not share the machine with it."""
     external = os.environ.get("LOCALCACHE_E2E_KUBECONFIG")
     if external:
         yield _external(Path(external))
@@ -127,7 +129,7 @@ def _external(kubeconfig: Path) -> Cluster:
     return probe
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def sources(cluster: Cluster) -> Sources:
     if cluster.sources is None:
         pytest.skip("the model sources (HTTP, S3) are served by the real-node test bed")

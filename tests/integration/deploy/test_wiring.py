@@ -141,3 +141,39 @@ def test_the_configmap_holds_kserve_defaults_with_local_models_enabled(
         "caBundleConfigMapName",
         "caBundleVolumeMountPath",
     }  # fmt: skip  (the keys download Jobs use; the rest concern KServe's pod mutator)
+
+
+def test_the_test_bed_overlay_changes_only_image_references(control_plane: ControlPlane) -> None:
+    """The real-node e2e tests deploy the shipped manifests: manifests/testbed may change the
+    project image and the storage initializer's image, nothing else."""
+    shipped, testbed = build(control_plane, "default"), build(control_plane, "testbed")
+    images: list[str] = []
+
+    def strip_images(node: object) -> object:
+        if isinstance(node, dict):
+            out: dict[str, object] = {}
+            for key, value in node.items():
+                if key == "image":
+                    images.append(value)
+                    out[key] = "<image>"
+                else:
+                    out[key] = strip_images(value)
+            return out
+        if isinstance(node, list):
+            return [strip_images(v) for v in node]
+        return node
+
+    def normalise(doc: Doc) -> object:
+        doc = json.loads(json.dumps(doc))
+        if doc["kind"] == "ConfigMap" and "storageInitializer" in doc.get("data", {}):
+            init = json.loads(doc["data"]["storageInitializer"])
+            images.append(init.pop("image"))
+            doc["data"]["storageInitializer"] = init
+        return strip_images(doc)
+
+    assert [normalise(d) for d in testbed] == [normalise(d) for d in shipped]
+    changed = {i for i in images if i.startswith("localhost/localcache/")}
+    assert changed == {
+        "localhost/localcache/localcache:testbed",
+        "localhost/localcache/storage-initializer:testbed",
+    }
