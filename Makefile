@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
         control-plane node images deploy undeploy clean docker-build kind-create kind-load e2e-kind
 
 help: ## list targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s $$'\t'
+	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s $$'\t'
 
 $(PY): pyproject.toml
 	python3 -m venv $(VENV)

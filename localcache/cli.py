@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.metadata
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -24,6 +25,13 @@ _DESCRIPTIONS = {
 }
 
 
+def _version() -> str:
+    try:
+        return importlib.metadata.version("localcache")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree, not installed
+        return "unknown"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="localcache",
@@ -32,6 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
             "(serving.kserve.io/v1alpha1 LocalModelCache, LocalModelNamespaceCache)."
         ),
     )
+    parser.add_argument("--version", action="version", version=f"localcache {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for command in ("controller", "agent", "run"):
         help_text = _DESCRIPTIONS[command].split(":")[0].split(".")[0]

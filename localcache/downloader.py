@@ -373,9 +373,7 @@ def _os_message(exc: OSError) -> str:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The arguments of `localcache download`, for the CLI's subcommand parser."""
     parser.add_argument("uri", help="file:///path (a file or a directory) or http(s)://host/file")
-    parser.add_argument(
-        "dest", type=Path, help="directory to place the model in (created when missing)"
-    )
+    parser.add_argument("dest", help="directory to place the model in (created when missing)")
     parser.add_argument(
         "--timeout",
         type=float,
@@ -391,11 +389,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run a parsed `localcache download` command; 0 on success, 1 on failure."""
+    """Run a parsed `localcache download` command; 0 on success, 1 on failure (one line)."""
+    if not str(args.dest).strip():
+        print("localcache download: error: DEST must name a directory", file=sys.stderr)
+        return 1
     try:
         written = asyncio.run(
-            download(args.uri, args.dest, timeout=args.timeout, attempts=max(1, args.attempts))
+            download(
+                args.uri, Path(args.dest), timeout=args.timeout, attempts=max(1, args.attempts)
+            )
         )
+    except ValueError as exc:  # urllib's parse errors, e.g. an unclosed IPv6 bracket
+        print(f"localcache download: error: invalid URI {args.uri!r}: {exc}", file=sys.stderr)
+        return 1
     except DownloadError as exc:
         print(f"localcache download: error: {exc}", file=sys.stderr)
         return 1

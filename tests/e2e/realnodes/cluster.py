@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 import pytest
 import yaml
 
+from localcache import realnodes
 from localcache.api import groupversion
 from localcache.runtime.testing.waiting import wait_until_sync
 
@@ -27,12 +28,12 @@ T = TypeVar("T")
 Obj = dict[str, Any]
 
 REPO = Path(__file__).resolve().parents[3]
-SYSTEM_NS = "kserve"
+SYSTEM_NS = realnodes.SYSTEM_NS
 JOBS_NS = "kserve-localmodel-jobs"
-CONTROLLER = "kserve-localmodel-controller-manager"
-AGENT = "kserve-localmodelnode-agent"
-LOCALCACHE_IMAGE = "localhost/localcache/localcache:testbed"
-STORAGE_INITIALIZER_IMAGE = "localhost/localcache/storage-initializer:testbed"
+CONTROLLER = realnodes.CONTROLLER
+AGENT = realnodes.AGENT
+LOCALCACHE_IMAGE = realnodes.LOCALCACHE_IMAGE
+STORAGE_INITIALIZER_IMAGE = realnodes.STORAGE_INITIALIZER_IMAGE
 GROUP_LABEL = "localcache-e2e/group"
 
 
@@ -41,11 +42,16 @@ class Sources:
     """Model sources that pods reach, and the host-side handles the tests use to fill them."""
 
     http_base: str  # as pods see it, e.g. http://10.250.0.1:8000
-    http_dir: Path  # files served there
-    http_stats: Callable[[], Any]  # modelserver.ServerStats of the HTTP server
-    s3_endpoint_for_pods: str  # host:port
-    s3: Any  # localcache.runtime.testing.objectstore.ObjectStore (host-side endpoint)
-    slow_base: str  # throttled http server as pods see it
+    slow_base: str  # the throttled server, as pods see it
+    add_file: Callable[[str, bytes], None]  # (path below both servers' root, content)
+    s3_endpoint_for_pods: str | None = None  # host:port; None where no S3 store runs
+    s3: Any = None  # runtime.testing.objectstore.ObjectStore (host-side endpoint)
+
+    def require_s3(self) -> tuple[Any, str]:
+        """The store (host-side handle) and its endpoint as pods see it; skips without one."""
+        if self.s3 is None or self.s3_endpoint_for_pods is None:
+            pytest.skip("the S3 store that enforces credentials runs in the real-node test bed")
+        return self.s3, self.s3_endpoint_for_pods
 
 
 @dataclass
@@ -54,10 +60,27 @@ class Cluster:
     kubectl_bin: str
     node_names: list[str]
     node_models_dir: Callable[[str], Path] | None = None  # host path of a node's /mnt/models
+    read_disk: Callable[[str, str], dict[str, str]] | None = None  # (node, rel) -> digests
     sources: Sources | None = None
     cache_dir: Path = field(default_factory=lambda: Path("/tmp"))
 
     # ---------------------------------------------------------------------- kubectl
+
+    def kubectl_bytes(self, *args: str, data: bytes, timeout: float = 120) -> bytes:
+        env = {**os.environ, "KUBECACHEDIR": str(self.cache_dir / "kube-cache")}
+        done = subprocess.run(
+            [self.kubectl_bin, f"--kubeconfig={self.kubeconfig}", *args],
+            capture_output=True,
+            input=data,
+            timeout=timeout,
+            env=env,
+            check=False,
+        )
+        if done.returncode != 0:
+            raise AssertionError(
+                f"kubectl {args[0]} failed: {done.stderr.decode(errors='replace')}"
+            )
+        return done.stdout
 
     def kubectl(
         self, *args: str, check: bool = True, input_text: str | None = None, timeout: float = 120
@@ -173,15 +196,18 @@ class Cluster:
     # ------------------------------------------------------------------ node disks
 
     def model_files(self, node: str, storage_key: str) -> dict[str, str]:
-        """sha256 of every file in `models/<storage_key>` on `node`'s disk, by relative path."""
-        if self.node_models_dir is None:
-            pytest.skip("reading node disks needs the real-node test bed")
-        folder = self.node_models_dir(node) / "models" / storage_key
-        return tree_digests(folder)
+        """sha256 of every file in `models/<storage_key>` on `node`'s disk, by relative path
+        (empty when the folder is absent)."""
+        if self.node_models_dir is not None:
+            return tree_digests(self.node_models_dir(node) / "models" / storage_key)
+        if self.read_disk is None:
+            pytest.skip("no way to read this cluster's node disks")
+        return self.read_disk(node, f"models/{storage_key}")
 
     def models_root(self, node: str) -> Path:
+        """The node's models root on this machine: only the test bed has one."""
         if self.node_models_dir is None:
-            pytest.skip("reading node disks needs the real-node test bed")
+            pytest.skip("watching a node's disk continuously needs the real-node test bed")
         return self.node_models_dir(node)
 
 

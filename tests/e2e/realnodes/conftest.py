@@ -14,6 +14,7 @@ reason; with `LOCALCACHE_REQUIRE_REAL_NODES=1` (CI) they fail instead.
 
 from __future__ import annotations
 
+import functools
 import os
 import tempfile
 from collections.abc import Generator, Iterator
@@ -21,10 +22,11 @@ from pathlib import Path
 
 import pytest
 
+from localcache import realnodes
 from localcache.runtime.testing import modelserver, objectstore, testbed
-from tests.e2e.realnodes import assets
 from tests.e2e.realnodes import cluster as cluster_mod
-from tests.e2e.realnodes.cluster import REPO, Cluster, Sources
+from tests.e2e.realnodes import incluster
+from tests.e2e.realnodes.cluster import Cluster, Sources
 
 HTTP_PORT, SLOW_PORT, S3_PORT = 8000, 8001, 9000
 SLOW_RATE = 2 * 1024 * 1024  # bytes per second of the throttled server
@@ -37,51 +39,18 @@ def _fail_or_skip(reason: str) -> None:
     pytest.skip(reason)
 
 
-def _deploy(found: Cluster) -> None:
-    found.kubectl("apply", "-f", str(REPO / "manifests" / "test"))
-    found.kubectl(
-        "wait",
-        "--for=condition=Established",
-        "--timeout=60s",
-        "crd/inferenceservices.serving.kserve.io",
-        "crd/clusterstoragecontainers.serving.kserve.io",
-    )
-    found.kubectl("apply", "-k", str(REPO / "manifests" / "testbed"))
-    found.kubectl(
-        "-n",
-        cluster_mod.SYSTEM_NS,
-        "rollout",
-        "status",
-        f"deployment/{cluster_mod.CONTROLLER}",
-        f"--timeout={ROLLOUT_TIMEOUT}",
-        timeout=300,
-    )
-    found.kubectl(
-        "-n",
-        cluster_mod.SYSTEM_NS,
-        "rollout",
-        "status",
-        f"daemonset/{cluster_mod.AGENT}",
-        f"--timeout={ROLLOUT_TIMEOUT}",
-        timeout=300,
-    )
-
-
 @pytest.fixture(scope="package")
 def cluster() -> Iterator[Cluster]:
     """The deployed operator on real nodes, for this package's tests: torn down when they
     are done, so the rest of the suite does not share the machine with it."""
     external = os.environ.get("LOCALCACHE_E2E_KUBECONFIG")
     if external:
-        yield _external(Path(external))
+        yield from _external(Path(external))
         return
-    reason = testbed.unavailable_reason()
-    if reason is not None and "hack/build-node.sh" in reason:
-        assets.hack("build-node.sh")
-        reason = testbed.unavailable_reason()
+    reason = realnodes.unavailable_reason()
     if reason is not None:
         _fail_or_skip(reason)
-    bed = testbed.TestBed(nodes=2, images=assets.images())
+    bed = testbed.TestBed(nodes=2, images=realnodes.prepare_images())
     work = Path(tempfile.mkdtemp(prefix="localcache-e2e-"))
     servers: list[modelserver.ModelServer | objectstore.ObjectStore] = []
     try:
@@ -107,14 +76,13 @@ def cluster() -> Iterator[Cluster]:
             cache_dir=work,
             sources=Sources(
                 http_base=f"http://{testbed.HUB_IP}:{HTTP_PORT}",
-                http_dir=http_dir,
-                http_stats=http.stats,
+                add_file=functools.partial(_write_file, http_dir),
                 s3_endpoint_for_pods=f"{testbed.HUB_IP}:{S3_PORT}",
                 s3=store,
                 slow_base=f"http://{testbed.HUB_IP}:{SLOW_PORT}",
             ),
         )
-        _deploy(found)
+        realnodes.deploy(found.kubectl)
         yield found
     finally:
         for server in reversed(servers):
@@ -122,11 +90,28 @@ def cluster() -> Iterator[Cluster]:
         bed.stop()
 
 
-def _external(kubeconfig: Path) -> Cluster:
-    probe = Cluster(kubeconfig=kubeconfig, kubectl_bin="kubectl", node_names=[])
-    nodes = probe.items("nodes", selector="kserve/localmodel=worker")
-    probe.node_names = [n["metadata"]["name"] for n in nodes]
-    return probe
+def _write_file(root: Path, path: str, data: bytes) -> None:
+    target = root / path
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_bytes(data)
+
+
+def _external(kubeconfig: Path) -> Iterator[Cluster]:
+    """A cluster where the operator is deployed already (`make e2e-kind`): the model servers
+    run as a pod there, node disks are read by pods."""
+    work = Path(tempfile.mkdtemp(prefix="localcache-e2e-"))
+    found = Cluster(kubeconfig=kubeconfig, kubectl_bin="kubectl", node_names=[], cache_dir=work)
+    nodes = found.items("nodes", selector="kserve/localmodel=worker")
+    found.node_names = [n["metadata"]["name"] for n in nodes]
+    http = incluster.InClusterHttp(found, slow_rate=SLOW_RATE)
+    try:
+        found.read_disk = incluster.PodDisk(found).digests
+        found.sources = Sources(
+            http_base=http.http_base, slow_base=http.slow_base, add_file=http.add_file
+        )
+        yield found
+    finally:
+        http.close()
 
 
 @pytest.fixture(scope="package")

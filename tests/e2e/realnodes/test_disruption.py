@@ -57,12 +57,11 @@ def test_an_agent_killed_mid_download_leaves_one_complete_copy_and_never_a_parti
     _label(cluster, node, labelled)
     run = uuid.uuid4().hex[:6]
     data = os.urandom(12 * 1024 * 1024)  # six seconds at the slow server's rate
-    (sources.http_dir / f"big-{run}").mkdir()
-    (sources.http_dir / f"big-{run}" / "model.bin").write_bytes(data)
+    root = cluster.models_root(node)
+    sources.add_file(f"big-{run}/model.bin", data)
     uri = f"{sources.slow_base}/big-{run}/model.bin"
     key = keys.storage_key(uri)
     want = {"model.bin": hashlib.sha256(data).hexdigest()}
-    root = cluster.models_root(node)
     group = f"g-{run}"
     name = f"big-{run}"
 
@@ -139,8 +138,7 @@ def test_a_node_that_leaves_the_group_loses_its_model_folders(
         _label(cluster, node, labelled)
     run = uuid.uuid4().hex[:6]
     data = os.urandom(100 * 1024)
-    (sources.http_dir / f"leave-{run}").mkdir()
-    (sources.http_dir / f"leave-{run}" / "model.bin").write_bytes(data)
+    sources.add_file(f"leave-{run}/model.bin", data)
     uri = f"{sources.http_base}/leave-{run}/model.bin"
     key = keys.storage_key(uri)
     name, group = f"leave-{run}", f"g-{run}"
@@ -150,15 +148,16 @@ def test_a_node_that_leaves_the_group_loses_its_model_folders(
     )
     cluster.wait_ready(LMC.plural, name, timeout=180)
     staying, leaving = cluster.node_names[0], cluster.node_names[-1]
-    assert (cluster.models_root(leaving) / "models" / key).is_dir()
+    want = {"model.bin": hashlib.sha256(data).hexdigest()}
+    assert cluster.model_files(leaving, key) == want
 
     cluster.kubectl("label", "node", leaving, f"{GROUP_LABEL}-")
     cluster.wait(
-        lambda: not (cluster.models_root(leaving) / "models" / key).exists(),
+        lambda: cluster.model_files(leaving, key) == {},
         timeout=120,
         what=f"the model folder {key} removed from {leaving}'s disk",
     )
-    assert (cluster.models_root(staying) / "models" / key).is_dir()
+    assert cluster.model_files(staying, key) == want
     cluster.kubectl("delete", LMC.plural, name, "--wait=false")
 
 
@@ -169,11 +168,9 @@ def test_the_other_controller_replica_takes_over_when_the_leader_pod_is_deleted(
     _label(cluster, node, labelled)
     run = uuid.uuid4().hex[:6]
     prefix = f"{sources.http_base}/many-{run}/"
-    folder = sources.http_dir / f"many-{run}"
-    folder.mkdir()
     names = [f"many-{run}-{i:02d}" for i in range(20)]
     for name in names:
-        (folder / f"{name}.bin").write_bytes(os.urandom(4096))
+        sources.add_file(f"many-{run}/{name}.bin", os.urandom(4096))
     group = f"g-{run}"
     csc = objects.localcache_downloader(f"many-{run}", prefix)
     caches = [objects.cache(n, f"{prefix}{n}.bin", group) for n in names]

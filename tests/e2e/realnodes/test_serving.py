@@ -31,8 +31,7 @@ def test_an_inference_service_pod_reads_the_model_through_the_serving_pvc(
 ) -> None:
     run = uuid.uuid4().hex[:6]
     data = os.urandom(200 * 1024)
-    (sources.http_dir / f"serve-{run}").mkdir()
-    (sources.http_dir / f"serve-{run}" / "model.onnx").write_bytes(data)
+    sources.add_file(f"serve-{run}/model.onnx", data)
     uri = f"{sources.http_base}/serve-{run}/model.onnx"
     namespace = cluster.namespace("serving")
     group = f"g-{run}"

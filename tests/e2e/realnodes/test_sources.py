@@ -43,9 +43,10 @@ def _job_images(cluster: Cluster, namespace: str, storage_key: str) -> set[str]:
 
 def _private_model(sources: Sources, bucket: str) -> tuple[str, dict[str, bytes]]:
     files = {"model.bin": os.urandom(1024 * 1024), "config.json": b'{"arch": "bert"}\n'}
-    sources.s3.create_bucket(bucket)
+    store, _ = sources.require_s3()
+    store.create_bucket(bucket)
     for name, data in files.items():
-        sources.s3.put_object(bucket, f"bert/{name}", data)
+        store.put_object(bucket, f"bert/{name}", data)
     return f"s3://{bucket}/bert", files
 
 
@@ -60,12 +61,13 @@ def test_credentialed_namespace_cache_is_downloaded_by_kserve_storage_and_others
 
     # Tenant A: the ServiceAccount's Secret holds keys the store accepts.
     tenant_a = cluster.namespace("tenant-a")
-    key_id, secret = sources.s3.create_user(f"tenant-a-{bucket}")
+    store, endpoint = sources.require_s3()
+    key_id, secret = store.create_user(f"tenant-a-{bucket}")
     cluster.apply(
         *objects.s3_credentials(
             tenant_a,
             name="s3-reader",
-            endpoint=sources.s3_endpoint_for_pods,
+            endpoint=endpoint,
             key_id=key_id,
             secret=secret,
         ),
@@ -83,7 +85,7 @@ def test_credentialed_namespace_cache_is_downloaded_by_kserve_storage_and_others
         *objects.s3_credentials(
             tenant_b,
             name="s3-reader",
-            endpoint=sources.s3_endpoint_for_pods,
+            endpoint=endpoint,
             key_id="AKIAUNKNOWNTENANTB00",
             secret="not-a-valid-secret",
         ),
@@ -134,8 +136,7 @@ def test_cluster_cache_of_an_http_model_is_downloaded_on_every_node(
 ) -> None:
     name = f"iris-{uuid.uuid4().hex[:6]}"
     data = os.urandom(300 * 1024)
-    (sources.http_dir / name).mkdir()
-    (sources.http_dir / name / "model.joblib").write_bytes(data)
+    sources.add_file(f"{name}/model.joblib", data)
     uri = f"{sources.http_base}/{name}/model.joblib"
     group = f"g-{uuid.uuid4().hex[:6]}"
     cluster.apply(cluster.node_group(group), objects.cache(name, uri, group))
@@ -153,14 +154,15 @@ def test_storage_key_gives_the_download_the_storage_config_entry(
 ) -> None:
     bucket = f"spec-{uuid.uuid4().hex[:8]}"
     uri, files = _private_model(sources, bucket)
-    key_id, secret = sources.s3.create_user(f"spec-{bucket}")
+    store, endpoint = sources.require_s3()
+    key_id, secret = store.create_user(f"spec-{bucket}")
     namespace = cluster.namespace("storage-spec")
     group = f"g-{uuid.uuid4().hex[:6]}"
     entry = {
         "type": "s3",
         "access_key_id": key_id,
         "secret_access_key": secret,
-        "endpoint_url": f"http://{sources.s3_endpoint_for_pods}",
+        "endpoint_url": f"http://{endpoint}",
         "bucket": bucket,
         "region": "us-east-1",
     }
@@ -179,9 +181,8 @@ def test_a_cluster_storage_container_takes_precedence_over_the_storage_initializ
 ) -> None:
     run = uuid.uuid4().hex[:6]
     prefix = f"{sources.http_base}/csc-{run}/"
-    (sources.http_dir / f"csc-{run}").mkdir()
     data = os.urandom(64 * 1024)
-    (sources.http_dir / f"csc-{run}" / "weights.bin").write_bytes(data)
+    sources.add_file(f"csc-{run}/weights.bin", data)
     uri = prefix + "weights.bin"
     group = f"g-{run}"
     csc = objects.localcache_downloader(f"e2e-{run}", prefix)

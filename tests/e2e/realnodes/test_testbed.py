@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from localcache import realnodes
 from localcache.runtime.testing import cgroups, testbed
-from tests.e2e.realnodes import assets
 from tests.e2e.realnodes.cluster import Cluster
 
 pytestmark = pytest.mark.timeout(240)
@@ -60,7 +60,7 @@ def test_a_second_test_bed_starts_cleans_a_crashed_run_and_leaves_nothing_behind
 ) -> None:
     if cluster.node_models_dir is None:
         pytest.skip("the test bed's own behaviour is checked only where it runs")
-    (pause,) = assets.images("pause")
+    (pause,) = realnodes.prepare_images(["pause"])
     links, mounts = _host_links(), _host_mounts()
 
     crashed = subprocess.Popen(
