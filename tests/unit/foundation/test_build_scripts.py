@@ -22,7 +22,7 @@ def _fake_binary(tmp_path: Path) -> Path:
     fake.write_text(
         "#!/usr/bin/env bash\n"
         'echo "etcd Version: 3.6.13"\n'
-        "for i in $(seq 1 20000); do echo \"Git SHA: padding line $i\"; done\n"
+        'for i in $(seq 1 20000); do echo "Git SHA: padding line $i"; done\n'
     )
     fake.chmod(0o755)
     return fake
