@@ -25,12 +25,10 @@ import http.client
 import json
 import os
 import shutil
-import signal
 import socket
 import ssl
 import subprocess
 import tempfile
-import time
 import urllib.parse
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -39,11 +37,10 @@ from typing import Any
 
 import yaml
 
-from localcache.runtime.testing import certs
+from localcache.runtime.testing import certs, processes
 
 PREFERRED_VERSIONS = ("v1.36.3", "v1.35.4", "v1.34.4")
 START_TIMEOUT_S = 90.0
-STOP_TIMEOUT_S = 10.0
 
 KCM_CONTROLLERS = (
     "garbage-collector-controller",
@@ -129,53 +126,6 @@ def free_port() -> int:
 
 
 @dataclass
-class _Process:
-    name: str
-    args: list[str]
-    log_path: Path
-    popen: subprocess.Popen[bytes] | None = None
-    preexec: Callable[[], None] | None = None
-
-    def start(self) -> None:
-        log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
-        try:
-            self.popen = subprocess.Popen(
-                self.args,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-                preexec_fn=self.preexec,
-            )
-        finally:
-            log.close()
-
-    def running(self) -> bool:
-        return self.popen is not None and self.popen.poll() is None
-
-    def stop(self) -> None:
-        if self.popen is None:
-            return
-        if self.popen.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.popen.pid, signal.SIGTERM)
-            try:
-                self.popen.wait(STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.popen.pid, signal.SIGKILL)
-                self.popen.wait(STOP_TIMEOUT_S)
-        self.popen = None
-
-    def log_tail(self, lines: int = 30) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except OSError:
-            return "(no log)"
-        return "\n".join(text.splitlines()[-lines:])
-
-
-@dataclass
 class Credentials:
     """Paths of a user's client certificate, as written for kubeconfigs and `rest()`."""
 
@@ -207,7 +157,7 @@ class ControlPlane:
         self.etcd_peer_port = free_port()
         self.api_port = free_port()
         self.kcm_port = free_port()
-        self._procs: dict[str, _Process] = {}
+        self._procs: dict[str, processes.ManagedProcess] = {}
         self._write_pki()
         self.admin = self.add_user("admin", ["system:masters"])
         self.kubeconfig_path = self.write_kubeconfig(self.admin, self.work_dir / "admin.kubeconfig")
@@ -370,8 +320,8 @@ class ControlPlane:
             raise
         return self
 
-    def _launch(self, name: str, args: list[str]) -> _Process:
-        proc = _Process(
+    def _launch(self, name: str, args: list[str]) -> processes.ManagedProcess:
+        proc = processes.ManagedProcess(
             name, [*self.launch_prefix, *args], self.work_dir / f"{name}.log", preexec=self.preexec
         )
         self._procs[name] = proc
@@ -393,17 +343,8 @@ class ControlPlane:
             proc, lambda: self._http_ok(url, verify=False), "kube-controller-manager /healthz"
         )
 
-    def _wait(self, proc: _Process, ready: Any, what: str) -> None:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if not proc.running():
-                raise ControlPlaneError(f"{proc.name} exited before {what}:\n{proc.log_tail()}")
-            if ready():
-                return
-            time.sleep(0.1)
-        raise ControlPlaneError(
-            f"{what} not ready after {START_TIMEOUT_S:.0f}s:\n{proc.log_tail()}"
-        )
+    def _wait(self, proc: processes.ManagedProcess, ready: Any, what: str) -> None:
+        proc.wait_ready(ready, what=what, timeout=START_TIMEOUT_S, error=ControlPlaneError)
 
     def _http_ok(self, url: str, *, verify: bool = True) -> bool:
         parsed = urllib.parse.urlsplit(url)

@@ -22,9 +22,7 @@ uploads, any order between the counts of concurrent requests and their bodies' c
 
 `ModelServer` starts that module as a subprocess (with an optional argv prefix such as
 `["nsenter", "--net=/proc/<pid>/ns/net", "--"]`), waits for it with a deadline and reads its
-stats. `ServerProcess` is the subprocess part, shared with `objectstore`: own session (so
-`stop` signals the whole process group), output to a log file, a readiness poll with a
-deadline that fails with the log's tail.
+stats; the subprocess itself is a `processes.ManagedProcess`.
 """
 
 from __future__ import annotations
@@ -35,25 +33,22 @@ import functools
 import http.client
 import http.server
 import json
-import os
 import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from localcache.runtime.testing import processes
+
 STATS_PATH = "/_stats"
-START_TIMEOUT_S = 30.0
-STOP_TIMEOUT_S = 10.0
 HTTP_TIMEOUT_S = 5.0
-POLL_INTERVAL_S = 0.05
 MAX_CHUNK = 64 * 1024
 
 
@@ -196,70 +191,6 @@ def http_get(url: str, *, timeout: float = HTTP_TIMEOUT_S) -> tuple[int, bytes]:
         conn.close()
 
 
-@dataclass
-class ServerProcess:
-    """A test server subprocess in its own session, its output appended to `log_path`."""
-
-    name: str
-    argv: Sequence[str]
-    log_path: Path
-    env: Mapping[str, str] | None = None
-    popen: subprocess.Popen[bytes] | None = field(default=None, init=False)
-
-    def start(self) -> None:
-        log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
-        try:
-            self.popen = subprocess.Popen(
-                list(self.argv),
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=None if self.env is None else dict(self.env),
-                start_new_session=True,
-            )
-        finally:
-            log.close()
-
-    def running(self) -> bool:
-        return self.popen is not None and self.popen.poll() is None
-
-    def wait_ready(
-        self, ready: Callable[[], bool], *, what: str, timeout: float = START_TIMEOUT_S
-    ) -> None:
-        """Poll `ready()` until true; raise ServerError if the process exits or the deadline
-        passes first. `ready` must not raise for "not yet" (return False)."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if not self.running():
-                raise ServerError(f"{self.name} exited before {what}:\n{self.log_tail()}")
-            if ready():
-                return
-            time.sleep(POLL_INTERVAL_S)
-        raise ServerError(f"{what} not seen after {timeout:.0f}s:\n{self.log_tail()}")
-
-    def stop(self, timeout: float = STOP_TIMEOUT_S) -> None:
-        """SIGTERM to the process group, then SIGKILL after `timeout`; waits. Idempotent."""
-        if self.popen is None:
-            return
-        if self.popen.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.popen.pid, signal.SIGTERM)
-            try:
-                self.popen.wait(timeout)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.popen.pid, signal.SIGKILL)
-                self.popen.wait(timeout)
-        self.popen = None
-
-    def log_tail(self, lines: int = 30) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except OSError:
-            return "(no log)"
-        return "\n".join(text.splitlines()[-lines:])
-
-
 @dataclass(frozen=True, slots=True)
 class ServerStats:
     """What `/_stats` reported: requests and body bytes per URL path."""
@@ -285,7 +216,7 @@ class ModelServer:
     log_path: Path | None = None
     host: str = field(default="127.0.0.1", init=False)
     port: int = field(default=0, init=False)
-    process: ServerProcess | None = field(default=None, init=False)
+    process: processes.ManagedProcess | None = field(default=None, init=False)
     reach: str | None = field(default=None, init=False)
 
     def start(
@@ -317,10 +248,12 @@ class ModelServer:
         ]
         if self.rate is not None:
             argv += ["--rate", str(self.rate)]
-        self.process = ServerProcess("modelserver", argv, log_path)
+        self.process = processes.ManagedProcess("modelserver", argv, log_path)
         self.process.start()
         try:
-            self.process.wait_ready(self._answers, what=f"model server on {self._own_url}")
+            self.process.wait_ready(
+                self._answers, what=f"model server on {self._own_url}", error=ServerError
+            )
         except BaseException:
             self.stop()
             raise

@@ -18,7 +18,6 @@ The host fixes come from the study in `shared/reference/real-nodes`: `restrict_o
 
 from __future__ import annotations
 
-import contextlib
 import json
 import subprocess
 from collections.abc import Callable
@@ -27,7 +26,7 @@ from pathlib import Path
 
 import yaml
 
-from localcache.runtime.testing import netns
+from localcache.runtime.testing import netns, processes
 
 NODE_LABELS = {"kserve/localmodel": "worker"}
 KUBERNETES_SERVICE_IP = "10.0.0.1"
@@ -93,8 +92,7 @@ class RealNode:
     cgroup_root: str
     preexec: Callable[[], None]
     anchor: netns.Anchor = field(init=False)
-    _procs: list[subprocess.Popen[bytes]] = field(default_factory=list, init=False)
-    _named: list[tuple[str, subprocess.Popen[bytes]]] = field(default_factory=list, init=False)
+    _procs: list[processes.ManagedProcess] = field(default_factory=list, init=False)
 
     @property
     def name(self) -> str:
@@ -128,35 +126,27 @@ class RealNode:
             },
         )
 
-    def _spawn(self, name: str, args: list[str]) -> subprocess.Popen[bytes]:
-        log = open(self.log_dir / f"{self.name}-{name}.log", "ab")  # noqa: SIM115 - for the child
-        try:
-            proc = subprocess.Popen(
-                [*self.anchor.prefix(mount=True), *args],
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                env={"PATH": f"{self.bin_dir}:{SYSTEM_PATH}"},
-                preexec_fn=self.preexec,
-            )
-        finally:
-            log.close()
+    def _spawn(self, name: str, args: list[str]) -> None:
+        proc = processes.ManagedProcess(
+            f"{self.name} {name}",
+            [*self.anchor.prefix(mount=True), *args],
+            self.log_dir / f"{self.name}-{name}.log",
+            env={"PATH": f"{self.bin_dir}:{SYSTEM_PATH}"},
+            preexec=self.preexec,
+        )
+        proc.start()
         self._procs.append(proc)
-        self._named.append((name, proc))
-        return proc
 
     def reap(self) -> None:
-        """Wait for the node's processes, once the test bed has killed them."""
+        """Stop the node's processes (the test bed has usually killed them already)."""
         for proc in self._procs:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(10)
+            proc.stop()
         if hasattr(self, "anchor"):
             self.anchor.stop()
 
     def exited(self) -> list[str]:
         """The node's processes that exited (empty while all run), by name."""
-        return [f"{self.name} {name}" for name, p in self._named if p.poll() is not None]
+        return [proc.name for proc in self._procs if not proc.running()]
 
     # ----------------------------------------------------------------------- containerd
 

@@ -53,7 +53,7 @@ import boto3
 import botocore.config
 import botocore.exceptions
 
-from localcache.runtime.testing import modelserver
+from localcache.runtime.testing import modelserver, processes
 
 if TYPE_CHECKING:
     from wsgiref.types import StartResponse, WSGIApplication, WSGIEnvironment
@@ -181,7 +181,7 @@ class ObjectStore:
     host: str = field(default="127.0.0.1", init=False)
     port: int = field(default=0, init=False)
     admin: AccessKey | None = field(default=None, init=False)
-    process: modelserver.ServerProcess | None = field(default=None, init=False)
+    process: processes.ManagedProcess | None = field(default=None, init=False)
     reach: str | None = field(default=None, init=False)
 
     def start(
@@ -202,12 +202,14 @@ class ObjectStore:
         log_path = self.log_path or Path(tempfile.mkdtemp(prefix="localcache-s3-")) / "log"
         argv = [*argv_prefix, sys.executable, "-m", __name__, "--host", host]
         env = {**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": str(BOOTSTRAP_ACTIONS)}
-        self.process = modelserver.ServerProcess(
+        self.process = processes.ManagedProcess(
             "objectstore", [*argv, "--port", str(self.port)], log_path, env=env
         )
         self.process.start()
         try:
-            self.process.wait_ready(self._answers, what=f"object store on {self.endpoint}")
+            self.process.wait_ready(
+                self._answers, what=f"object store on {self.endpoint}", error=ObjectStoreError
+            )
             self.admin = self._bootstrap()
             self._check_enforced()
         except BaseException:

@@ -394,24 +394,6 @@ class TestBed:
     def node(self, name: str) -> node.RealNode:
         return next(n for n in self.node_list if n.name == name)
 
-    def spawn_in_hub(
-        self, name: str, args: Sequence[str], env: dict[str, str] | None = None
-    ) -> subprocess.Popen[bytes]:
-        """A long-running process (a test server) in the hub namespace and the test bed's cgroup."""
-        log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 - for the child
-        try:
-            return subprocess.Popen(
-                [*self.hub.prefix(), *args],
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                env=env,
-                preexec_fn=self._join_daemons,
-            )
-        finally:
-            log.close()
-
     def stop(self) -> None:
         """Kill everything the test bed started; remove its cgroups, namespaces and files."""
         tree = getattr(self, "cgroups", None)
