@@ -66,38 +66,30 @@ class Cluster:
 
     # ---------------------------------------------------------------------- kubectl
 
-    def kubectl_bytes(self, *args: str, data: bytes, timeout: float = 120) -> bytes:
-        env = {**os.environ, "KUBECACHEDIR": str(self.cache_dir / "kube-cache")}
-        done = subprocess.run(
-            [self.kubectl_bin, f"--kubeconfig={self.kubeconfig}", *args],
-            capture_output=True,
-            input=data,
-            timeout=timeout,
-            env=env,
-            check=False,
-        )
+    def kubectl_bytes(self, *args: str, data: bytes, timeout: float = 120) -> None:
+        """kubectl with binary standard input (e.g. `exec -i` writing a file)."""
+        done = self._run(list(args), data, timeout)
         if done.returncode != 0:
-            raise AssertionError(
-                f"kubectl {args[0]} failed: {done.stderr.decode(errors='replace')}"
-            )
-        return done.stdout
+            raise AssertionError(f"kubectl {args[0]} failed: {done.stderr!r}")
 
     def kubectl(
         self, *args: str, check: bool = True, input_text: str | None = None, timeout: float = 120
     ) -> subprocess.CompletedProcess[str]:
-        env = {**os.environ, "KUBECACHEDIR": str(self.cache_dir / "kube-cache")}
-        done = subprocess.run(
-            [self.kubectl_bin, f"--kubeconfig={self.kubeconfig}", *args],
-            capture_output=True,
-            text=True,
-            input=input_text,
-            timeout=timeout,
-            env=env,
-            check=False,
-        )
+        done = self._run(list(args), input_text, timeout)
         if check and done.returncode != 0:
             raise AssertionError(f"kubectl {' '.join(args)} failed: {done.stderr.strip()}")
         return done
+
+    def _run(self, args: list[str], stdin: Any, timeout: float) -> subprocess.CompletedProcess[Any]:
+        return subprocess.run(
+            [self.kubectl_bin, f"--kubeconfig={self.kubeconfig}", *args],
+            capture_output=True,
+            text=not isinstance(stdin, bytes),
+            input=stdin,
+            timeout=timeout,
+            env={**os.environ, "KUBECACHEDIR": str(self.cache_dir / "kube-cache")},
+            check=False,
+        )
 
     def apply(self, *objs: Obj) -> None:
         self.kubectl("apply", "-f", "-", input_text=yaml.safe_dump_all(objs))
