@@ -25,6 +25,7 @@ import contextlib
 import json
 import os
 import shutil
+import stat
 import uuid
 from collections.abc import Collection, Mapping
 from pathlib import Path, PurePosixPath
@@ -72,17 +73,34 @@ def _fsync_dir(path: Path) -> None:
 
 
 def _fsync_tree(path: Path) -> None:
-    """Best effort: flush every file and directory a download wrote before it is published."""
+    """Best effort: flush every regular file and directory a download wrote before it is
+    published. Files are opened non-blocking and only regular ones are flushed: a download
+    pod may leave a FIFO or a device node, whose blocking open would hang the agent."""
     for dirpath, _dirnames, filenames in os.walk(path):
         for name in filenames:
             with contextlib.suppress(OSError):
-                fd = os.open(os.path.join(dirpath, name), os.O_RDONLY | os.O_NOFOLLOW)
+                flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY
+                fd = os.open(os.path.join(dirpath, name), flags)
                 try:
-                    os.fsync(fd)
+                    if stat.S_ISREG(os.fstat(fd).st_mode):
+                        os.fsync(fd)
                 finally:
                     os.close(fd)
         with contextlib.suppress(OSError):
             _fsync_dir(Path(dirpath))
+
+
+def _plain_directory(path: Path) -> None:
+    """Make `path` a directory if it is missing; raise `DiskError` if it is anything else."""
+    with contextlib.suppress(FileExistsError):
+        path.mkdir(parents=True)
+    info = os.lstat(path)
+    if not stat.S_ISDIR(info.st_mode):
+        kind = "a symlink" if stat.S_ISLNK(info.st_mode) else "not a directory"
+        raise layout.DiskError(
+            f"{path} is {kind}: refusing to move or delete anything through it; "
+            "remove it and the agent recreates it"
+        )
 
 
 def _write_json_atomic(path: Path, data: Mapping[str, Any]) -> None:
@@ -118,9 +136,11 @@ class ModelDisk:
 
     # ---- layout -------------------------------------------------------------------------
     def ensure_layout(self) -> None:
-        """Create the root's sub-directories (idempotent)."""
+        """Create the root's sub-directories (idempotent); raise `DiskError` when one of them
+        is a symlink or not a directory (a `.trash` linked to `models` would make one pass
+        delete every model): nothing is moved or deleted through it."""
         for path in (self.models, self.staging, self.manifests, self.trash):
-            path.mkdir(parents=True, exist_ok=True)
+            _plain_directory(path)
 
     def check_root(self, pv_path: str) -> None:
         """Raise `layout.RootMismatch` when a node group's PV path is not the agent's models root:
@@ -337,7 +357,8 @@ class ModelDisk:
             return []
 
     def _move_to_trash(self, path: Path) -> None:
-        self.trash.mkdir(parents=True, exist_ok=True)
+        _plain_directory(self.models)
+        _plain_directory(self.trash)
         os.rename(path, self.trash / f"{path.name}.{uuid.uuid4().hex}")
         _fsync_dir(path.parent)
 
@@ -347,6 +368,7 @@ class ModelDisk:
             self._empty_trash()
 
     def _empty_trash(self) -> None:
+        _plain_directory(self.trash)
         for path in self._list(self.trash):
             if path.is_dir() and not path.is_symlink():
                 shutil.rmtree(path, ignore_errors=True)

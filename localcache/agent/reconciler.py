@@ -119,15 +119,13 @@ class Reconciler:
         )
         self._report = report.Reporter(node_name=node_name, api=api, wall_clock=wall_clock)
         self._counted_failures: set[tuple[str, str]] = set()
-        self._laid_out = False
 
     async def reconcile(self, key: keys.ObjectKey) -> reconcile.Result:
         if key.name != self.node_name or key.namespace:
             log.debug("reconcile_skipped_other_node", node=str(key))
             return reconcile.Result()
-        if not self._laid_out:
-            await asyncio.to_thread(self._disk.ensure_layout)
-            self._laid_out = True
+        # Every pass: a layout directory replaced by a symlink is refused before any move.
+        await asyncio.to_thread(self._disk.ensure_layout)
         await asyncio.to_thread(self._disk.recover)
         node_obj = self._stores.nodes.get(keys.ObjectKey("", self.node_name))
         if node_obj is None:

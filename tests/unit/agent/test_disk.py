@@ -394,3 +394,41 @@ def test_prepare_staging_makes_a_writable_empty_folder(tmp_path: Path) -> None:
     assert d.prepare_staging(KEY, JOB) == path  # idempotent
     d.remove_staging(KEY, JOB)
     assert not path.exists()
+
+
+def test_a_fifo_in_a_download_does_not_hang_promotion(tmp_path: Path) -> None:
+    """Issue 13: the agent fsynced every file with a blocking open; a FIFO hung it for good."""
+    import concurrent.futures
+
+    d = disk.ModelDisk(tmp_path)
+    staging = _download(d)
+    os.mkfifo(staging / "weights" / "pipe")
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        done = pool.submit(d.promote, staging, KEY, _manifest())
+        try:
+            done.result(timeout=10)
+        except concurrent.futures.TimeoutError:
+            with open(d.model_path(KEY) / "weights" / "pipe", "wb"):  # unblock the reader
+                pass
+            pytest.fail("promotion hung on a FIFO")
+    _assert_promoted(d)
+
+
+@pytest.mark.parametrize("linked", [layout.TRASH_DIR, layout.STAGING_DIR, layout.MANIFESTS_DIR])
+def test_a_layout_directory_replaced_by_a_symlink_deletes_nothing(
+    tmp_path: Path, linked: str
+) -> None:
+    """Issue 13: `.trash` linked to `models` made one normal pass delete every model."""
+    d = disk.ModelDisk(tmp_path)
+    d.promote(_download(d), KEY, _manifest())
+    d.promote(_download(d, key=OTHER), OTHER, _manifest(key=OTHER))
+    target = tmp_path / linked
+    target.rename(tmp_path / f"{linked}.moved-aside")
+    target.symlink_to(d.models)
+    with pytest.raises(layout.DiskError, match="symlink"):
+        d.ensure_layout()
+    if linked == layout.TRASH_DIR:
+        with pytest.raises(layout.DiskError, match="symlink"):
+            d.delete_unreferenced({KEY})
+    assert (d.models / KEY / "weights" / "model.bin").is_file()
+    assert (d.models / OTHER).is_dir()
