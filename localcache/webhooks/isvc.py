@@ -275,6 +275,9 @@ class IsvcMutator:
         obj = request.object
         if obj is None or request.operation not in ("CREATE", "UPDATE"):
             return admission.allowed()
+        if not isinstance(obj.get("metadata", {}), dict):  # not from an apiserver: say so
+            return admission.denied("metadata must be an object", field="metadata", code=400,
+                                    reason="BadRequest")  # fmt: skip
         if (obj.get("metadata") or {}).get("deletionTimestamp"):
             return admission.allowed()
         if not self._synced():

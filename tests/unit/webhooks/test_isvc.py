@@ -417,3 +417,13 @@ async def test_the_handler_skips_a_cache_it_cannot_parse() -> None:
     stores.caches.upsert(cache_obj("fine", "gs://bucket/model"))
     answer = await stores.mutator()(request(isvc_obj("gs://bucket/model/x")))
     assert apply(isvc_obj("x"), answer.patch)["metadata"]["labels"] == {LABEL: "fine"}
+
+
+@pytest.mark.parametrize("metadata", [["not", "an", "object"], "name", 7])
+async def test_metadata_that_is_not_an_object_is_refused_naming_the_field(metadata: Any) -> None:
+    """Issue 13: the handler raised (HTTP 500) on such input from callers other than the
+    apiserver."""
+    answer = await Stores().mutator()(request({"metadata": metadata, "spec": {}}))
+    assert not answer.allowed
+    assert answer.code == 400
+    assert "metadata must be an object" in answer.message
