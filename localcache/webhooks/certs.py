@@ -187,9 +187,11 @@ class CertManager:
                     )
                     await self.store.replace_secret(s.namespace, s.secret_name, body)
             except errors.Conflict:
-                log.info("certs.lost_race", secret=s.secret_name, namespace=s.namespace)
+                log.info("certs.lost_race", secret_name=s.secret_name, namespace=s.namespace)
                 continue
-            log.info("certs.issued", secret=s.secret_name, reason=reason, serial=hex(fresh.serial))
+            log.info(
+                "certs.issued", secret_name=s.secret_name, reason=reason, serial=hex(fresh.serial)
+            )
             return fresh
         raise errors.TerminalError(
             f"could not settle Secret {s.namespace}/{s.secret_name} after 5 tries"

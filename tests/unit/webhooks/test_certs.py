@@ -381,3 +381,16 @@ async def test_a_cert_manager_secret_is_left_alone(store: FakeStore, tmp_path: P
     with pytest.raises(errors.TerminalError, match="managed by cert-manager"):
         await manager.ensure()
     assert store.writes == writes
+
+
+async def test_the_secret_name_is_logged_not_redacted(store: FakeStore, tmp_path: Path) -> None:
+    """Issue 14: the webhook Secret's *name* was logged as [REDACTED] (key `secret`)."""
+    import structlog
+
+    from localcache.runtime import logging as logging_mod
+
+    with structlog.testing.capture_logs() as logs:
+        await certs.CertManager(store, _settings(tmp_path), now=lambda: NOW).ensure()
+    issued = next(e for e in logs if e["event"] == "certs.issued")
+    shown = logging_mod.redact_secrets(None, "info", dict(issued))
+    assert _settings(tmp_path).secret_name in shown.values()
