@@ -256,8 +256,8 @@ async def reconcile_volumes(
 
 def ownerless_pvs(sc: scope.Scope, cache: scope.CacheModel, *, stores: state.Stores) -> list[str]:
     """Names of the PVs the finalizer deletes: our annotated PVs without an ownerReference
-    to the cache, and for a namespace cache the PV names its spec implies (for objects
-    KServe created)."""
+    to the cache, and for a namespace cache the PVs its spec implies (objects KServe created)
+    when they are claimed by that cache's own PVCs: a name alone proves nothing."""
     owner = sc.owner_id(cache)
     names = {
         _meta(pv)["name"]
@@ -266,9 +266,25 @@ def ownerless_pvs(sc: scope.Scope, cache: scope.CacheModel, *, stores: state.Sto
     }
     if not sc.pvs_owned:
         for group in cache.spec.node_groups:
-            names.add(sc.download_pv_name(cache, group))
-            names.add(sc.serving_pv_name(cache, group, cache.namespace))
+            download = (sc.download_pv_name(cache, group), sc.download_pvc(
+                cache, group, job_namespace=cache.namespace)[1])  # fmt: skip
+            serving = (
+                sc.serving_pv_name(cache, group, cache.namespace),
+                sc.serving_pvc_name(cache, group),
+            )
+            for pv_name, claim in (download, serving):
+                pv = stores.persistent_volumes.get(runtime_keys.ObjectKey("", pv_name))
+                if pv is not None and _claimed_by(pv, cache.namespace, claim):
+                    names.add(pv_name)
     return sorted(names)
+
+
+def _claimed_by(pv: Obj, namespace: str, claim: str) -> bool:
+    """Whether `pv` is bound (or pre-bound) to PVC `namespace/claim`: a name the spec implies
+    may belong to another cache (cluster cache `llama-cpu` owns `llama-cpu-gpu-download`,
+    which is also namespace cache `llama`'s name in `gpu` on group `cpu`)."""
+    ref = (pv.get("spec") or {}).get("claimRef") or {}
+    return ref.get("namespace") == namespace and ref.get("name") == claim
 
 
 async def delete_pvs(api: state.Api, names: Iterable[str]) -> None:

@@ -70,3 +70,41 @@ def test_namespace_cache_plan_keeps_pvs_ownerless_and_pvcs_in_its_namespace() ->
     for pair in pairs:
         assert "ownerReferences" not in pair.pv["metadata"]
         assert pair.pvc["metadata"]["ownerReferences"][0]["kind"] == "LocalModelNamespaceCache"
+
+
+def _stores_with_pvs(*pvs: dict[str, object]) -> state.Stores:
+    from localcache.runtime import store
+
+    pv_store = store.Store(indexers=state.VOLUME_INDEXERS)
+    for pv in pvs:
+        pv_store.upsert(pv)
+    empty = store.Store().view()
+    return state.Stores(
+        caches=empty, namespace_caches=empty, nodes=empty, local_model_nodes=empty,
+        node_groups=empty, persistent_volumes=pv_store.view(), persistent_volume_claims=empty,
+        inference_services=None,
+    )  # fmt: skip
+
+
+def _pv(name: str, claim_namespace: str, claim: str) -> dict[str, object]:
+    return {
+        "metadata": {"name": name},
+        "spec": {"claimRef": {"namespace": claim_namespace, "name": claim}},
+    }
+
+
+def test_a_namespace_cache_never_deletes_another_caches_pv_that_shares_its_implied_name() -> None:
+    """Issue 13 bug 5: namespace cache `llama` in `gpu` on group `cpu` deleted cluster cache
+    `llama-cpu`'s PV `llama-cpu-gpu-download` by its guessed name."""
+    cache = modelcache.LocalModelNamespaceCache.from_dict(
+        {
+            "metadata": {"name": "llama", "namespace": "gpu", "uid": "u2"},
+            "spec": {"sourceModelUri": "s3://b/m", "modelSize": "1Gi", "nodeGroups": ["cpu"]},
+        }
+    )
+    others = _pv("llama-cpu-gpu-download", "kserve-localmodel-jobs", "llama-cpu")
+    assert volumes.ownerless_pvs(namespacecache.SCOPE, cache, stores=_stores_with_pvs(others)) == []
+    kserves = _pv("llama-cpu-gpu-download", "gpu", "llama-cpu-download")
+    assert volumes.ownerless_pvs(namespacecache.SCOPE, cache, stores=_stores_with_pvs(kserves)) == [
+        "llama-cpu-gpu-download"
+    ]
