@@ -57,16 +57,13 @@ class RealNodesError(RuntimeError):
 
 
 def unavailable_reason() -> str | None:
-    """Why real nodes cannot be used here, in one line; None when they can (binaries that
-    `hack/build-node.sh` builds may still be missing: `prepare_images` builds them)."""
+    """Why real nodes cannot be used here, in one line; None when they can (what
+    `hack/build-node.sh` builds may still be missing: `prepare_images` builds it)."""
     if os.environ.get("LOCALCACHE_REAL_NODES") == "0":
         return "disabled by LOCALCACHE_REAL_NODES=0"
     if not (HACK / "build-images.sh").is_file() or not (MANIFESTS / "testbed").is_dir():
         return f"the build recipes are not here ({HACK}): run from a clone of the repository"
-    reason = testbed.unavailable_reason()
-    if reason is not None and "hack/build-node.sh" not in reason:
-        return reason
-    return None
+    return testbed.host_unsupported_reason()
 
 
 def hack(script: str, *args: str) -> str:
@@ -81,7 +78,7 @@ def hack(script: str, *args: str) -> str:
 
 def prepare_images(names: Sequence[str] = OPERATOR_IMAGES) -> list[testbed.Image]:
     """Build (or reuse) the node binaries and the images `names`, for a test bed."""
-    if testbed.unavailable_reason() is not None:
+    if testbed.missing_assets() is not None:
         hack("build-node.sh")
     built = json.loads(Path(hack("build-images.sh")).read_text())
     return [

@@ -30,7 +30,7 @@ from typing import Any
 import pytest
 import yaml
 
-from localcache import local, localmode, realnodes
+from localcache import local, localmode
 from localcache import settings as settings_mod
 from localcache.agent import layout
 from localcache.api import groupversion
@@ -40,6 +40,7 @@ from localcache.runtime import kube
 from localcache.runtime.testing import controlplane, jobpods, jobrunner, testbed
 from localcache.runtime.testing.controlplane import ControlPlane
 from localcache.runtime.testing.waiting import wait_until
+from tests.e2e.realnodes import cluster as realnodes_cluster
 
 pytestmark = pytest.mark.kcm
 
@@ -211,11 +212,7 @@ def test_localcache_run_local_on_demo_nodes_says_so_reaches_ready_and_stops(
 def test_localcache_run_local_on_real_nodes_says_so_reaches_ready_and_stops(
     tmp_path: Path,
 ) -> None:
-    reason = realnodes.unavailable_reason()
-    if reason is not None:
-        if os.environ.get("LOCALCACHE_REQUIRE_REAL_NODES") == "1":
-            pytest.fail(f"real nodes are required here: {reason}")
-        pytest.skip(reason)
+    realnodes_cluster.require_real_nodes()
     done, _ = _run_local(tmp_path)
     assert "this machine can host real nodes" in done.stdout
     assert "real nodes node-1, node-2" in done.stdout

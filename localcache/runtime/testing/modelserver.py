@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from localcache.runtime.testing import processes
+from localcache.runtime.testing import controlplane, processes
 
 STATS_PATH = "/_stats"
 HTTP_TIMEOUT_S = 5.0
@@ -169,16 +169,6 @@ def format_host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port free on `host` in this process's network namespace right now (racy, as
-    every such probe; in another namespace, pick the port yourself)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 def http_get(url: str, *, timeout: float = HTTP_TIMEOUT_S) -> tuple[int, bytes]:
     """One unsigned GET with a timeout: (status, body). Connection errors raise OSError."""
     parts = urllib.parse.urlsplit(url)
@@ -232,7 +222,7 @@ class ModelServer:
             raise ServerError("model server already started")
         self.host = host
         self.reach = reach
-        self.port = free_port() if port is None else port
+        self.port = controlplane.free_port() if port is None else port
         log_path = self.log_path or Path(tempfile.mkdtemp(prefix="localcache-modelsrv-")) / "log"
         argv = [
             *argv_prefix,
@@ -263,6 +253,7 @@ class ModelServer:
         if self.process is not None:
             self.process.stop()
             self.process = None
+        controlplane.release_port(self.port)  # a no-op unless free_port reserved it
 
     def __enter__(self) -> ModelServer:
         return self

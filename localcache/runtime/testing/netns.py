@@ -8,8 +8,8 @@ enough to remove every namespace, link, address, route, iptables rule and mount 
   returns once it exists.
 - `Anchor.run(...)` runs a command inside it (`nsenter`), `Anchor.prefix()` is the argv prefix
   for long-running processes.
-- `in_netns(path, fn)` calls `fn` on a thread that has entered the network namespace at `path`,
-  so a socket made there belongs to that namespace for life (used by the port forwarder).
+- `setns_net(fd)` moves the calling thread into a network namespace (the port forwarder's
+  connecting threads).
 """
 
 from __future__ import annotations
@@ -17,14 +17,10 @@ from __future__ import annotations
 import ctypes
 import os
 import subprocess
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
-
-T = TypeVar("T")
 
 CLONE_NEWNET = 0x40000000
 START_TIMEOUT_S = 10.0
@@ -34,35 +30,13 @@ class NamespaceError(RuntimeError):
     """A namespace could not be created or entered."""
 
 
-def _libc_setns(fd: int, nstype: int) -> None:
+def setns_net(fd: int) -> None:
+    """Move the calling thread into the network namespace open at `fd`; sockets made on the
+    thread afterwards belong to that namespace for life (used by the port forwarder)."""
     libc = ctypes.CDLL(None, use_errno=True)
-    if libc.setns(fd, nstype) != 0:
+    if libc.setns(fd, CLONE_NEWNET) != 0:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err))
-
-
-def in_netns(netns_path: str, fn: Callable[[], T]) -> T:
-    """`fn()` run on a fresh thread inside the network namespace at `netns_path`."""
-    result: list[T] = []
-    failure: list[BaseException] = []
-
-    def body() -> None:
-        try:
-            fd = os.open(netns_path, os.O_RDONLY)
-            try:
-                _libc_setns(fd, CLONE_NEWNET)
-            finally:
-                os.close(fd)
-            result.append(fn())
-        except BaseException as exc:  # handed to the caller's thread
-            failure.append(exc)
-
-    thread = threading.Thread(target=body, name="in-netns")
-    thread.start()
-    thread.join()
-    if failure:
-        raise failure[0]
-    return result[0]
 
 
 @dataclass

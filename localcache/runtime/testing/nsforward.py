@@ -51,7 +51,7 @@ class Forwarder:
         self._pool = ThreadPoolExecutor(4, initializer=self._enter, thread_name_prefix="netns")
 
     def _enter(self) -> None:
-        netns._libc_setns(self._netns_fd, netns.CLONE_NEWNET)
+        netns.setns_net(self._netns_fd)
 
     async def _target_socket(self) -> socket.socket:
         loop = asyncio.get_running_loop()

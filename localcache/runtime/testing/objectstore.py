@@ -53,7 +53,7 @@ import boto3
 import botocore.config
 import botocore.exceptions
 
-from localcache.runtime.testing import modelserver, processes
+from localcache.runtime.testing import controlplane, modelserver, processes
 
 if TYPE_CHECKING:
     from wsgiref.types import StartResponse, WSGIApplication, WSGIEnvironment
@@ -198,7 +198,7 @@ class ObjectStore:
             raise ObjectStoreError("object store already started")
         self.host = host
         self.reach = reach
-        self.port = modelserver.free_port() if port is None else port
+        self.port = controlplane.free_port() if port is None else port
         log_path = self.log_path or Path(tempfile.mkdtemp(prefix="localcache-s3-")) / "log"
         argv = [*argv_prefix, sys.executable, "-m", __name__, "--host", host]
         env = {**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": str(BOOTSTRAP_ACTIONS)}
@@ -221,6 +221,7 @@ class ObjectStore:
         if self.process is not None:
             self.process.stop()
             self.process = None
+        controlplane.release_port(self.port)  # a no-op unless free_port reserved it
         self.admin = None
 
     def __enter__(self) -> ObjectStore:

@@ -24,7 +24,6 @@ crashed run left (its owner process is gone).
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
 import json
 import os
 import shutil
@@ -100,8 +99,8 @@ def _start_time(pid: int) -> str | None:
         return None
 
 
-def unavailable_reason() -> str | None:
-    """Why this machine cannot host real nodes, in one line; None when it can."""
+def host_unsupported_reason() -> str | None:
+    """Why this machine cannot host real nodes at all, in one line; None when it can."""
     if os.geteuid() != 0:
         return "real nodes need root (network and mount namespaces, cgroups, mounts)"
     try:
@@ -112,6 +111,11 @@ def unavailable_reason() -> str | None:
         cgroups.CgroupTree.below_own("probe")
     except cgroups.CgroupError as exc:
         return str(exc)
+    return None
+
+
+def missing_assets() -> str | None:
+    """What `hack/build-node.sh` still has to build or install, in one line; None if nothing."""
     try:
         bins = node_binaries()
     except ControlPlaneError as exc:
@@ -125,6 +129,11 @@ def unavailable_reason() -> str | None:
     if not (CNI_PLUGINS / "bridge").exists():
         return f"no CNI plugins in {CNI_PLUGINS}: run hack/build-node.sh"
     return None
+
+
+def unavailable_reason() -> str | None:
+    """Why a test bed cannot start right now, in one line; None when it can."""
+    return host_unsupported_reason() or missing_assets()
 
 
 def clean_stale_runs() -> list[str]:
@@ -246,7 +255,9 @@ class TestBed:
         }
         self.scheduler_port = free_port()
         self.forward(
-            [plane.etcd_port, plane.api_port, plane.kcm_port, self.scheduler_port], host="127.0.0.1"
+            [plane.etcd_port, plane.api_port, plane.kcm_port, self.scheduler_port],
+            host="127.0.0.1",
+            same_port=True,
         )
         addresses = [node.NodeAddresses(i) for i in range(1, self.nodes + 1)]
         for addr in addresses:
@@ -331,12 +342,13 @@ class TestBed:
         url = f"https://127.0.0.1:{self.scheduler_port}/healthz"
         plane._wait(proc, lambda: plane._http_ok(url, verify=False), "kube-scheduler /healthz")
 
-    def forward(self, ports: Sequence[int], *, host: str = HUB_IP) -> list[int]:
-        """Host loopback ports that reach `host:port` in the hub namespace, one per port.
-
-        Ports already reserved on the host (the control plane's) are forwarded as themselves.
-        """
-        host_ports = [p if host == "127.0.0.1" else free_port() for p in ports]
+    def forward(
+        self, ports: Sequence[int], *, host: str = HUB_IP, same_port: bool = False
+    ) -> list[int]:
+        """Host loopback ports that reach `host:port` in the hub namespace, one per port:
+        fresh ones, or with `same_port` the ports themselves (already reserved on the host,
+        as the control plane's are)."""
+        host_ports = list(ports) if same_port else [free_port() for _ in ports]
         args = [
             sys.executable,
             "-m",
@@ -363,7 +375,7 @@ class TestBed:
         line = proc.stdout.readline().strip()
         if line != "ready":
             raise TestBedError(f"port forwarder did not start: {line!r}")
-        self._forwarders.append((proc, [p for p in host_ports if host != "127.0.0.1"]))
+        self._forwarders.append((proc, [] if same_port else host_ports))
         return host_ports
 
     def _nodes_ready(self) -> bool:
@@ -399,8 +411,6 @@ class TestBed:
         tree = getattr(self, "cgroups", None)
         if tree is not None:
             tree.kill_all()
-            with contextlib.suppress(cgroups.CgroupError):
-                tree.remove()
         for real in self.node_list:
             real.reap()
         hub = getattr(self, "hub", None)

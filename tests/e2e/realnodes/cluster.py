@@ -37,6 +37,17 @@ STORAGE_INITIALIZER_IMAGE = realnodes.STORAGE_INITIALIZER_IMAGE
 GROUP_LABEL = "localcache-e2e/group"
 
 
+def require_real_nodes() -> None:
+    """Skip, saying why, where this machine cannot host real nodes; with
+    `LOCALCACHE_REQUIRE_REAL_NODES=1` (CI, which can) fail instead."""
+    reason = realnodes.unavailable_reason()
+    if reason is None:
+        return
+    if os.environ.get("LOCALCACHE_REQUIRE_REAL_NODES") == "1":
+        pytest.fail(f"real nodes are required here (LOCALCACHE_REQUIRE_REAL_NODES=1): {reason}")
+    pytest.skip(reason)
+
+
 @dataclass
 class Sources:
     """Model sources that pods reach, and the host-side handles the tests use to fill them."""

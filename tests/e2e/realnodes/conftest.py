@@ -33,12 +33,6 @@ SLOW_RATE = 2 * 1024 * 1024  # bytes per second of the throttled server
 ROLLOUT_TIMEOUT = "240s"
 
 
-def _fail_or_skip(reason: str) -> None:
-    if os.environ.get("LOCALCACHE_REQUIRE_REAL_NODES") == "1":
-        pytest.fail(f"real nodes are required here (LOCALCACHE_REQUIRE_REAL_NODES=1): {reason}")
-    pytest.skip(reason)
-
-
 @pytest.fixture(scope="package")
 def cluster() -> Iterator[Cluster]:
     """The deployed operator on real nodes, for this package's tests: torn down when they
@@ -47,9 +41,7 @@ def cluster() -> Iterator[Cluster]:
     if external:
         yield from _external(Path(external))
         return
-    reason = realnodes.unavailable_reason()
-    if reason is not None:
-        _fail_or_skip(reason)
+    cluster_mod.require_real_nodes()
     bed = testbed.TestBed(nodes=2, images=realnodes.prepare_images())
     work = Path(tempfile.mkdtemp(prefix="localcache-e2e-"))
     servers: list[modelserver.ModelServer | objectstore.ObjectStore] = []
@@ -58,11 +50,12 @@ def cluster() -> Iterator[Cluster]:
         http_dir = work / "http"
         http_dir.mkdir()
         prefix = bed.hub.prefix()
-        host_s3, host_http = (f"http://127.0.0.1:{p}" for p in bed.forward([S3_PORT, HTTP_PORT]))
+        host_s3, host_http, host_slow = (
+            f"http://127.0.0.1:{p}" for p in bed.forward([S3_PORT, HTTP_PORT, SLOW_PORT])
+        )
         http = modelserver.ModelServer(http_dir, log_path=work / "http.log")
         servers.append(http.start(prefix, testbed.HUB_IP, HTTP_PORT, reach=host_http))
         slow = modelserver.ModelServer(http_dir, rate=SLOW_RATE, log_path=work / "slow.log")
-        (host_slow,) = (f"http://127.0.0.1:{p}" for p in bed.forward([SLOW_PORT]))
         servers.append(slow.start(prefix, testbed.HUB_IP, SLOW_PORT, reach=host_slow))
         store = objectstore.ObjectStore(log_path=work / "s3.log")
         servers.append(store.start(prefix, testbed.HUB_IP, S3_PORT, reach=host_s3))
