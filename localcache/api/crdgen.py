@@ -7,7 +7,8 @@ Writes `<plural>.yaml` per kind in `groupversion.OWN_KINDS` and a `kustomization
 them. Output is deterministic (sorted keys, fixed order), so the committed files can be
 compared with a fresh generation (`tests/unit/api/test_crds_up_to_date.py`). Names, scope,
 short names, categories and the status subresource come from `groupversion`; schemas from
-`schema`; printer columns are declared here.
+`schema` (and, for embedded core/v1 types, the checked-in extraction of `coreschema`, so no
+network is needed); printer columns are declared here.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ from typing import Final
 
 from pydantic import Field
 
-from localcache.api import groupversion, meta
+from localcache.api import groupversion, meta, schema
 from localcache.api.quantity import Quantity
 from localcache.api.storage import LocalModelStorageSpec
 
@@ -50,7 +50,8 @@ class LocalModelCacheSpec(meta.ApiModel):
         description=(
             "Size of the model on disk. It must not exceed the disk space reserved on the "
             "node group (its storageLimit)."
-        )
+        ),
+        json_schema_extra=schema.positive_quantity("modelSize"),
     )
     node_groups: list[str] = Field(
         min_length=1,

@@ -3,21 +3,20 @@ and the PV/PVC templates for the volumes that expose the models. Compatible with
 kind; localcache adds optional `spec.tolerations` for download Jobs and fills in
 `status.used`/`status.available` (there is no status subresource, as in KServe).
 
-The PV and PVC specs are kept as free-form core/v1 JSON: we copy them into the objects we
-create and read only a few paths (`node_selector_terms`, `local_path`).
+The PV and PVC specs are plain core/v1 JSON in the models: we copy them into the objects we
+create and read only a few paths (`node_selector_terms`, `local_path`). The CRD gives them the
+full core/v1 schemas of the Kubernetes version we build (`coreschema`), so the apiserver
+refuses invalid specs on write and `kubectl explain` describes them.
 """
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import Annotated, Any, cast
 
 from pydantic import Field
-from pydantic.config import JsonDict
 
-from localcache.api import groupversion, meta
+from localcache.api import coreschema, groupversion, meta, schema
 from localcache.api.quantity import Quantity
-
-_PRESERVE: JsonDict = {"x-kubernetes-preserve-unknown-fields": True}
 
 
 class Toleration(meta.ApiModel):
@@ -38,18 +37,21 @@ class Toleration(meta.ApiModel):
 
 class LocalModelNodeGroupSpec(meta.ApiModel):
     storage_limit: Quantity = Field(
-        description="Disk space each node of the group reserves for cached models."
+        description="Disk space each node of the group reserves for cached models.",
+        json_schema_extra=schema.positive_quantity("storageLimit"),
     )
-    persistent_volume_spec: dict[str, Any] = Field(
-        json_schema_extra=_PRESERVE,
+    persistent_volume_spec: Annotated[
+        dict[str, Any], coreschema.CoreSchema("PersistentVolumeSpec")
+    ] = Field(
         description=(
             "core/v1 PersistentVolumeSpec copied into every PV created for this group. Its "
             "nodeAffinity.required selects the group's nodes; its local or hostPath path must "
             "be the agent's models root."
         ),
     )
-    persistent_volume_claim_spec: dict[str, Any] = Field(
-        json_schema_extra=_PRESERVE,
+    persistent_volume_claim_spec: Annotated[
+        dict[str, Any], coreschema.CoreSchema("PersistentVolumeClaimSpec")
+    ] = Field(
         description=(
             "core/v1 PersistentVolumeClaimSpec copied into every PVC created for this group "
             "(volumeName is set to the matching PV)."

@@ -8,6 +8,7 @@ The mapping, type by type:
     list[T]                   array of T
     dict[str, Any]            object with x-kubernetes-preserve-unknown-fields
     dict[str, T]              object with additionalProperties T
+    Annotated[.., CoreSchema] the core/v1 type's schema from `coreschema` (Kubernetes' OpenAPI)
     ApiModel subclass         object with properties (JSON names), `required`
     T | None                  T (optional)
 
@@ -30,7 +31,7 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
-from localcache.api import meta
+from localcache.api import coreschema, meta
 from localcache.api.quantity import CRD_PATTERN, Quantity
 
 Schema = dict[str, Any]
@@ -49,6 +50,23 @@ KIND_DESCRIPTION = (
     "Kind is a string value representing the REST resource this object represents. Servers "
     "may infer this from the endpoint the client submits requests to. In CamelCase."
 )
+
+
+def positive_quantity(field: str) -> Schema:
+    """`x-kubernetes-validations` refusing a quantity that is not greater than zero, with a
+    message naming `field`. `self` is an integer or a string (int-or-string); strings that are
+    no quantity at all are left to the pattern, which reports them."""
+    return {
+        "x-kubernetes-validations": [
+            {
+                "rule": (
+                    "type(self) == int ? self > 0 : "
+                    "(!isQuantity(self) || quantity(self).isGreaterThan(quantity('0')))"
+                ),
+                "message": f"{field} must be greater than zero",
+            }
+        ]
+    }
 
 
 def _strip_optional(annotation: Any) -> Any:
@@ -101,6 +119,8 @@ def _constraints(info: FieldInfo, schema: Schema) -> Schema:
     }
     out: Schema = {}
     for item in info.metadata:
+        if isinstance(item, coreschema.CoreSchema):
+            continue
         found = {kw: getattr(item, attr) for attr, kw in keywords.items() if hasattr(item, attr)}
         found = {kw: value for kw, value in found.items() if value is not None}
         if not found:
@@ -111,7 +131,8 @@ def _constraints(info: FieldInfo, schema: Schema) -> Schema:
 
 def field_schema(info: FieldInfo) -> Schema:
     """The schema of one model field: its type, constraints, description and extras."""
-    schema = type_schema(info.annotation)
+    core = [item for item in info.metadata if isinstance(item, coreschema.CoreSchema)]
+    schema = core[0].schema() if core else type_schema(info.annotation)
     schema.update(_constraints(info, schema))
     if info.description:
         schema["description"] = info.description

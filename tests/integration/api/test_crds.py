@@ -66,7 +66,6 @@ def _node_group(name: str, limit: Any = "10Gi") -> dict[str, Any]:
                 "capacity": {"storage": "10Gi"},
                 "local": {"path": "/models"},
                 "nodeAffinity": {"required": {"nodeSelectorTerms": []}},
-                "anythingAtAll": {"kept": True},
             },
             "persistentVolumeClaimSpec": {"resources": {"requests": {"storage": "10Gi"}}},
         },

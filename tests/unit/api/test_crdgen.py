@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from localcache.api import crdgen, groupversion, schema
+from localcache.api import coreschema, crdgen, groupversion, schema
 from localcache.api.quantity import CRD_PATTERN
 
 CRDS = {source.info.kind: crdgen.crd(source) for source in crdgen.SOURCES}
@@ -120,6 +120,21 @@ def test_cache_spec_carries_the_reference_validations(kind: str) -> None:
     ]
 
 
+@pytest.mark.parametrize(
+    ("kind", "path"),
+    [
+        ("LocalModelCache", ("spec", "modelSize")),
+        ("LocalModelNamespaceCache", ("spec", "modelSize")),
+        ("LocalModelNodeGroup", ("spec", "storageLimit")),
+    ],
+)
+def test_sizes_must_be_positive_in_the_schema(kind: str, path: tuple[str, ...]) -> None:
+    (validation,) = _at(kind, *path)["x-kubernetes-validations"]
+    assert "quantity(self).isGreaterThan(quantity('0'))" in validation["rule"]
+    assert "self > 0" in validation["rule"]  # the integer form of int-or-string
+    assert validation["message"] == f"{path[-1]} must be greater than zero"
+
+
 def test_cache_kinds_share_one_spec_and_status_schema() -> None:
     assert _at("LocalModelCache", "spec") == _at("LocalModelNamespaceCache", "spec")
     assert _at("LocalModelCache", "status") == _at("LocalModelNamespaceCache", "status")
@@ -154,16 +169,24 @@ def test_model_status_keeps_the_reference_enum() -> None:
     assert _at("LocalModelNode", "spec")["required"] == ["localModels"]
 
 
-def test_node_group_pv_specs_are_free_form() -> None:
+def test_node_group_pv_specs_have_the_core_schemas() -> None:
     spec = _at("LocalModelNodeGroup", "spec")
     assert spec["required"] == [
         "persistentVolumeClaimSpec",
         "persistentVolumeSpec",
         "storageLimit",
     ]
-    for name in ("persistentVolumeSpec", "persistentVolumeClaimSpec"):
-        assert spec["properties"][name]["x-kubernetes-preserve-unknown-fields"] is True
-        assert spec["properties"][name]["type"] == "object"
+    for name, core in (
+        ("persistentVolumeSpec", "PersistentVolumeSpec"),
+        ("persistentVolumeClaimSpec", "PersistentVolumeClaimSpec"),
+    ):
+        field = spec["properties"][name]
+        assert "x-kubernetes-preserve-unknown-fields" not in field
+        assert field["type"] == "object"
+        assert field["properties"] == coreschema.load()["schemas"][core]["properties"]
+        assert field["description"].startswith("core/v1 ")
+    host_path = _at("LocalModelNodeGroup", "spec", "persistentVolumeSpec", "hostPath")
+    assert host_path["required"] == ["path"]
     assert _at("LocalModelNodeGroup", "spec", "storageLimit")["pattern"] == CRD_PATTERN
     assert _at("LocalModelNodeGroup", "status", "used")["x-kubernetes-int-or-string"] is True
     assert _at("LocalModelNodeGroup", "spec", "tolerations")["type"] == "array"
