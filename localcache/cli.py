@@ -1,6 +1,12 @@
 """Command line: `localcache controller|agent|run|download`, each with `--help`.
 
 Flags and their environment variables are defined once in `localcache.settings`.
+
+Expected failures end in one line on stderr, `localcache COMMAND: error: ...`, and exit 1:
+a kubeconfig that is missing or unusable, an apiserver that does not answer or refuses us
+(`controller` and `agent` check this before anything starts), a bad URI or destination
+(`download`). Usage errors are argparse's (usage line and message, exit 2). A traceback
+means a bug.
 """
 
 from __future__ import annotations
@@ -14,6 +20,10 @@ from pathlib import Path
 
 from localcache import downloader
 from localcache import settings as settings_mod
+from localcache.runtime import errors
+
+PROBE_TIMEOUT_S = 10.0
+"""How long `controller` and `agent` wait for the apiserver's `/version` before giving up."""
 
 _DESCRIPTIONS = {
     "controller": "Run the LocalModelCache and LocalModelNamespaceCache reconcilers and the "
@@ -109,19 +119,59 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     app.configure_logging(settings)
     try:
-        if args.command == "controller":
-            return asyncio.run(app.run_controller(settings))
-        if args.command == "agent":
-            return asyncio.run(app.run_agent(settings))
-        from localcache import local
-
-        return asyncio.run(
-            local.run(settings, force_local=args.local, exit_when_ready=args.exit_when_ready)
-        )
+        return asyncio.run(_run(args, settings))
     except KeyboardInterrupt:
         return 130
-    except Exception as exc:  # start-up failures become an exit code and a one-line log
-        return app.exit_code_for(exc)
+    except errors.LocalcacheError as exc:  # expected: one line, no traceback
+        print(f"localcache {args.command}: error: {_one_line(exc)}", file=sys.stderr)
+        return 1
+
+
+async def _run(args: argparse.Namespace, settings: settings_mod.Settings) -> int:
+    from localcache import app
+
+    if args.command == "run":
+        from localcache import local
+
+        return await local.run(
+            settings, force_local=args.local, exit_when_ready=args.exit_when_ready
+        )
+    await _check_apiserver(settings)
+    if args.command == "controller":
+        return await app.run_controller(settings)
+    return await app.run_agent(settings)
+
+
+async def _check_apiserver(settings: settings_mod.Settings) -> None:
+    """Raise `errors.ConfigError` for a kubeconfig that cannot be used, `errors.TransportError`
+    for an apiserver that does not answer `/version`, `errors.ApiError` for one that refuses
+    us; each with a message naming the kubeconfig and server."""
+    from localcache import app
+
+    where = f"kubeconfig {settings.kubeconfig}" if settings.kubeconfig else "default config"
+    client = await app.connect(settings)
+    try:
+        await client.raw("/version", request_timeout=PROBE_TIMEOUT_S)
+    except errors.TransportError as exc:
+        raise errors.TransportError(
+            f"the apiserver {client.server} ({where}) does not answer: {_cause(exc)}"
+        ) from exc
+    except errors.ApiError as exc:
+        raise errors.ConfigError(
+            f"the apiserver {client.server} ({where}) refused us: {exc}"
+        ) from exc
+    finally:
+        await client.close()
+
+
+def _cause(exc: BaseException) -> str:
+    """The underlying reason of a transport error (aiohttp's message is the readable one)."""
+    cause = exc.__cause__
+    return str(cause) if cause is not None and str(cause) else str(exc)
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
 
 
 if __name__ == "__main__":

@@ -17,6 +17,13 @@
   printed, and so is its Ready state; `--exit-when-ready` stops there (exit 0, or 1 when it is
   not Ready within `READY_TIMEOUT_S`). The control plane is always stopped on the way out.
 
+Each local run writes its kubeconfig into a directory of its own,
+`$XDG_CACHE_HOME/localcache/run/<pid>-<random>/` (`run_directory`), printed with the kubectl
+commands and removed by that run only when it ends; so runs side by side never share or
+delete each other's kubeconfig. Attaching to a cluster is announced by a banner naming its
+context, server and kubeconfig, and every mode that runs the operator in this process prints
+its metrics, health and webhook addresses.
+
 The pure parts (settings, objects, messages) are `localmode`; this module does the I/O.
 
 Messages for the user go to stdout; logs go to stderr.
@@ -63,11 +70,31 @@ LMNG = groupversion.LOCAL_MODEL_NODE_GROUP.api
 async def run(settings: settings_mod.Settings, *, force_local: bool, exit_when_ready: bool) -> int:
     """`localcache run`; returns the exit code (see the module docstring)."""
     if not force_local:
-        path = await reachable_kubeconfig(settings)
+        path, problem = await probe_kubeconfig(settings)
         if path is not None:
             return await _run_against(settings, path)
+        if problem is not None:
+            print(f"localcache: not attaching to a cluster: {problem}", flush=True)
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    kubeconfig = cache / "localcache" / "run" / "kubeconfig"
+    private = run_directory(cache)
+    kubeconfig = private / "kubeconfig"
+    try:
+        return await _run_locally(settings, kubeconfig, exit_when_ready=exit_when_ready)
+    finally:
+        await asyncio.to_thread(shutil.rmtree, private, True)
+
+
+def run_directory(cache_home: Path) -> Path:
+    """A new directory for one run's kubeconfig, `<cache_home>/localcache/run/<pid>-<random>`,
+    private to that run: it alone writes and removes it."""
+    base = cache_home / "localcache" / "run"
+    base.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=f"{os.getpid()}-", dir=base))
+
+
+async def _run_locally(
+    settings: settings_mod.Settings, kubeconfig: Path, *, exit_when_ready: bool
+) -> int:
     reason = realnodes.unavailable_reason()
     if reason is None:
         return await realnodes.run(kubeconfig_path=kubeconfig, exit_when_ready=exit_when_ready)
@@ -108,28 +135,48 @@ def kubeconfig_candidate(
 
 async def reachable_kubeconfig(settings: settings_mod.Settings) -> Path | None:
     """The kubeconfig of a cluster that answers `/version` within `PROBE_TIMEOUT_S`, or None."""
+    path, _ = await probe_kubeconfig(settings)
+    return path
+
+
+async def probe_kubeconfig(settings: settings_mod.Settings) -> tuple[Path | None, str | None]:
+    """(the kubeconfig of a cluster that answers `/version` within `PROBE_TIMEOUT_S`, None),
+    or (None, why the kubeconfig found cannot be used), or (None, None) when there is none."""
     path = kubeconfig_candidate(settings, os.environ, Path.home())
     if path is None:
-        return None
+        return None, None
     try:
         client = await kube.Kube.from_kubeconfig(path, request_timeout=PROBE_TIMEOUT_S)
-    except Exception as exc:  # kubernetes_asyncio raises its own configuration errors
+    except errors.ConfigError as exc:
         _log.info("local_kubeconfig_unusable", kubeconfig=str(path), error=str(exc))
-        return None
+        return None, str(exc)
     try:
         await client.raw("/version", request_timeout=PROBE_TIMEOUT_S)
     except (errors.LocalcacheError, OSError) as exc:
         _log.info("local_cluster_unreachable", kubeconfig=str(path), error=str(exc))
-        return None
+        return None, f"the cluster of {path} ({client.server}) does not answer: {exc}"
     finally:
         await client.close()
-    return path
+    return path, None
 
 
 async def _run_against(settings: settings_mod.Settings, path: Path) -> int:
     agents = ((settings.node_name, settings.models_root),) if settings.node_name else ()
-    what = "controller and webhooks" + (f", agent of {settings.node_name}" if agents else "")
-    print(f"localcache: running {what} against the cluster of {path}", flush=True)
+    what = "controller" + (" and webhooks" if settings.webhook_port else "")
+    what += f", agent of {settings.node_name}" if agents else ""
+    try:
+        doc = yaml.safe_load(await asyncio.to_thread(path.read_text))
+    except (OSError, yaml.YAMLError):  # it was just loaded: unlikely, and only the banner loses
+        doc = None
+    context, server = localmode.kubeconfig_target(doc)
+    banner = localmode.attach_banner(
+        kubeconfig=path,
+        context=context,
+        server=server,
+        running=what,
+        addresses=localmode.service_addresses(settings),
+    )
+    print("\n".join(banner), flush=True)
     components = app.Components(controller=True, webhooks=True, agent_nodes=agents)
     return await app.run_components(dataclasses.replace(settings, kubeconfig=str(path)), components)
 
@@ -283,8 +330,11 @@ class LocalRun:
             f"{self.node_group['metadata']['name']} (models under {self.run_dir / 'nodes'})\n"
             f"  applied LocalModelNamespaceCache {meta['namespace']}/{meta['name']} "
             f"({sample['spec']['sourceModelUri']})\n"
-            f"  kubeconfig: {self.kubeconfig_path}\nwatch it with:"
+            f"  kubeconfig: {self.kubeconfig_path}"
         )
+        for line in localmode.service_addresses(self.settings):
+            self.say(f"  {line}")
+        self.say("watch it with:")
         for line in localmode.watch_commands(
             kubectl, self.kubeconfig_path, name=meta["name"], namespace=meta["namespace"]
         ):

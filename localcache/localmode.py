@@ -6,7 +6,9 @@
   shipped objects as a local run creates them (`LOCAL_MODEL_OVERRIDES`, URL webhooks on
   127.0.0.1, demo Nodes `DEMO_NODES` labelled `WORKER_LABEL`).
 - `cache_ready`, `watch_commands`, `ready_line`: when the sample cache is Ready, and what the
-  user is told. `localcache.local` does the I/O with them.
+  user is told; `service_addresses`: where the process serves metrics, health and webhooks;
+  `kubeconfig_target` and `attach_banner`: which cluster `localcache run` attaches to, told
+  so that it cannot be missed. `localcache.local` does the I/O with them.
 """
 
 from __future__ import annotations
@@ -41,9 +43,10 @@ def local_settings(
     pv_path: str,
     pick_port: Callable[[], int] = controlplane.free_port,
 ) -> settings_mod.Settings:
-    """`settings` for local mode: the local kubeconfig; a free metrics port, a free webhook
-    port, loopback binding and certificates under `run_dir` where the defaults were kept;
-    models roots under `run_dir` standing for the node group's PV path `pv_path`."""
+    """`settings` for local mode: the local kubeconfig; a free metrics port and a free
+    webhook port (picked here, so they can be printed), loopback binding and certificates
+    under `run_dir` where the defaults were kept; models roots under `run_dir` standing for
+    the node group's PV path `pv_path`."""
     default = {f.dest: f.default for f in settings_mod.FLAGS}
     changes: dict[str, Any] = {
         "kubeconfig": str(kubeconfig),
@@ -51,7 +54,7 @@ def local_settings(
         "host_models_root": Path(pv_path),
     }
     if settings.metrics_port == int(default["metrics_port"]):
-        changes["metrics_port"] = 0
+        changes["metrics_port"] = pick_port()  # not 0: the address is printed for the user
     if settings.webhook_port == int(default["webhook_port"]):
         changes["webhook_port"] = pick_port()
     if settings.bind_address == default["bind_address"]:
@@ -119,3 +122,61 @@ def ready_line(obj: Obj) -> str:
         f"localcache: LocalModelNamespaceCache {meta.get('namespace')}/{meta.get('name')} is "
         f"Ready: copies available {copies.get('available', 0)}/{copies.get('total', 0)} ({nodes})"
     )
+
+
+def _url_host(bind_address: str) -> str:
+    """A host for URLs to a server bound to `bind_address` (any address: localhost)."""
+    if bind_address in ("", "0.0.0.0", "::"):
+        return "localhost"
+    return f"[{bind_address}]" if ":" in bind_address else bind_address
+
+
+def service_addresses(settings: settings_mod.Settings) -> list[str]:
+    """Where a process with `settings` serves /metrics, the probes and the webhooks."""
+    host = _url_host(settings.bind_address)
+    if settings.metrics_port:
+        base = f"http://{host}:{settings.metrics_port}"
+        lines = [f"metrics: {base}/metrics", f"health:  {base}/healthz {base}/readyz"]
+    else:
+        lines = ["metrics and health: on a free port (logged as http_server_started)"]
+    if settings.webhook_port:
+        lines.append(f"webhooks: https://{host}:{settings.webhook_port}")
+    else:
+        lines.append("webhooks: off (--webhook-port 0)")
+    return lines
+
+
+def kubeconfig_target(doc: object, *, context: str | None = None) -> tuple[str, str]:
+    """(context name, server URL) that a kubeconfig document selects: `context`, else its
+    current-context; "?" for what it does not say."""
+    config = doc if isinstance(doc, dict) else {}
+    name = context or str(config.get("current-context") or "")
+
+    def named(section: str, wanted: str) -> Obj:
+        for item in config.get(section) or []:
+            if isinstance(item, dict) and item.get("name") == wanted:
+                inner = item.get(section.removesuffix("s"))
+                return inner if isinstance(inner, dict) else {}
+        return {}
+
+    cluster = str(named("contexts", name).get("cluster") or "")
+    server = str(named("clusters", cluster).get("server") or "") if cluster else ""
+    return name or "?", server or "?"
+
+
+def attach_banner(
+    *, kubeconfig: Path, context: str, server: str, running: str, addresses: list[str]
+) -> list[str]:
+    """What `localcache run` prints when it attaches to an existing cluster."""
+    rule = "=" * 78
+    return [
+        rule,
+        "localcache run: ATTACHING TO AN EXISTING CLUSTER (no local control plane is started)",
+        f"  context:    {context}",
+        f"  server:     {server}",
+        f"  kubeconfig: {kubeconfig}",
+        f"  running:    {running}",
+        *(f"  {line}" for line in addresses),
+        "  (`localcache run --local` starts a local control plane instead)",
+        rule,
+    ]

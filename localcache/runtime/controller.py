@@ -12,7 +12,11 @@ line logged during the reconcile carries them), then a four-way switch on the ou
     Result() / requeue_after 0 or None   forget                         success
 
 Errors of either kind count in `controller_runtime_reconcile_errors_total`; a timeout also
-counts in `controller_runtime_reconcile_timeouts_total`. `done(key)` is always called, so a
+counts in `controller_runtime_reconcile_timeouts_total`. An unexpected exception (our analogue
+of a Go panic, which controller-runtime recovers and counts in
+`controller_runtime_reconcile_panics_total`) is one that is not an `errors.LocalcacheError`,
+nor a timeout, nor an ExceptionGroup of LocalcacheErrors only: it counts there too, and is the
+only kind of failure logged with a traceback. `done(key)` is always called, so a
 key added during its reconcile runs again afterwards. An ExceptionGroup whose members are all
 TerminalErrors is terminal; any other member makes it a retryable error.
 
@@ -63,6 +67,7 @@ class ControllerMetrics(Protocol):
     def inc_reconcile_total(self, result: str) -> None: ...
     def inc_reconcile_errors(self) -> None: ...
     def inc_terminal_reconcile_errors(self) -> None: ...
+    def inc_reconcile_panics(self) -> None: ...
     def inc_reconcile_timeouts(self) -> None: ...
     def observe_reconcile_time(self, seconds: float) -> None: ...
 
@@ -81,6 +86,8 @@ class ControllerStats:
     errors: int
     """Reconciles that raised or timed out, terminal ones included."""
     terminal_errors: int
+    panics: int
+    """Reconciles that raised an unexpected exception (see the module docstring)."""
     timeouts: int
     longest_running_reconcile_seconds: float
     """Age of the oldest reconcile in flight (0 when idle)."""
@@ -175,6 +182,7 @@ class Controller:
         self._reconciles = 0
         self._errors = 0
         self._terminal = 0
+        self._panics = 0
         self._timeouts = 0
         self._running = False
         self._log = _log
@@ -214,6 +222,7 @@ class Controller:
             reconciles=self._reconciles,
             errors=self._errors,
             terminal_errors=self._terminal,
+            panics=self._panics,
             timeouts=self._timeouts,
             longest_running_reconcile_seconds=max(
                 (max(0.0, now - t) for t in self._in_flight.values()), default=0.0
@@ -305,8 +314,13 @@ class Controller:
     def _on_error(self, key: keys.ObjectKey, exc: Exception, *, timed_out: bool) -> None:
         self._errors += 1
         self._count("error")
+        unexpected = not timed_out and _is_unexpected(exc)
         if self._metrics is not None:
             self._metrics.inc_reconcile_errors()
+        if unexpected:
+            self._panics += 1
+            if self._metrics is not None:
+                self._metrics.inc_reconcile_panics()
         if _is_terminal(exc):
             self._terminal += 1
             if self._metrics is not None:
@@ -327,12 +341,20 @@ class Controller:
             error=str(exc),
             error_type=type(exc).__name__,
             requeues=self.queue.num_requeues(key),
-            exc_info=None if timed_out or isinstance(exc, errors.LocalcacheError) else exc,
+            exc_info=exc if unexpected else None,
         )
 
     def _count(self, result: str) -> None:
         if self._metrics is not None:
             self._metrics.inc_reconcile_total(result)
+
+
+def _is_unexpected(exc: BaseException) -> bool:
+    """Not one of our own errors: a bug (what a Go reconciler would panic on)."""
+    if isinstance(exc, BaseExceptionGroup):
+        _, rest = exc.split(errors.LocalcacheError)
+        return rest is not None
+    return not isinstance(exc, errors.LocalcacheError)
 
 
 def _is_terminal(exc: BaseException) -> bool:

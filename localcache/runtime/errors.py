@@ -13,6 +13,7 @@ LocalcacheError
 │   └── ServerError           5xx
 ├── TransportError            no answer: connection refused/reset, TLS, DNS
 │   └── ApiTimeout            the call's client-side deadline passed
+├── ConfigError               no usable client configuration (kubeconfig, in-cluster)
 └── TerminalError             a reconcile failure that retrying cannot fix (not requeued)
 """
 
@@ -85,6 +86,11 @@ class TransportError(LocalcacheError):
 
 class ApiTimeout(TransportError):
     """A call's client-side timeout passed before an answer arrived."""
+
+
+class ConfigError(LocalcacheError):
+    """The client configuration is missing or unusable: a kubeconfig that does not exist or
+    does not parse, no current context, no in-cluster service account."""
 
 
 class TerminalError(LocalcacheError):

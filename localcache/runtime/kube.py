@@ -14,7 +14,10 @@ Contract:
   `ApiError` (so 410 arrives as `errors.Gone` whether it comes as a status or in the stream).
   A connection that delivers no bytes for `read_deadline` seconds raises `ApiTimeout`.
 - List items get `apiVersion`/`kind` filled in when the server omits them.
-- `requests` counts calls per verb, as data for tests and benchmarks.
+- `requests` counts calls per verb, as data for tests and benchmarks; `instrument()` also
+  reports every request to client-go's `rest_client_*` metrics.
+- A configuration that cannot be used (a kubeconfig that is missing or does not parse, no
+  current context, not in a pod) raises `errors.ConfigError` from the constructors.
 Not promised: retries. Callers (reflector, lease, reconcilers) decide how to retry.
 """
 
@@ -26,6 +29,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, Self
 
+import yaml
 from kubernetes_asyncio import client as k8s_client
 from kubernetes_asyncio import config as k8s_config
 
@@ -58,6 +62,24 @@ DEFAULT_TIMEOUT_S = 30.0
 DEFAULT_READ_DEADLINE_S = 120.0
 
 
+# What kubernetes_asyncio raises for a configuration it cannot use: its own exception, and
+# whatever a kubeconfig of the wrong shape makes its parser raise (it reads YAML by key).
+_CONFIG_ERRORS = (
+    k8s_config.ConfigException,
+    yaml.YAMLError,
+    OSError,
+    ValueError,
+    TypeError,
+    KeyError,
+    AttributeError,
+)
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
+
+
 def _current_kubeconfig() -> str:
     env = os.environ.get("KUBECONFIG", "")
     first = next((p for p in env.split(os.pathsep) if p), "")
@@ -85,6 +107,10 @@ class Kube:
     def request_timeout(self) -> float:
         return self._http.request_timeout
 
+    def instrument(self, metrics: transport.RequestMetrics) -> None:
+        """Report every request from now on to `metrics` (`metrics.Metrics.rest_client()`)."""
+        self._http.metrics = metrics
+
     # ---------------------------------------------------------------- constructors
 
     @classmethod
@@ -96,22 +122,34 @@ class Kube:
         request_timeout: float = DEFAULT_TIMEOUT_S,
     ) -> Kube:
         """From a kubeconfig file; `None` means the current one ($KUBECONFIG, ~/.kube/config)."""
+        file = str(path) if path is not None else _current_kubeconfig()
+        # Checked first, as the loader would log a warning of its own. (One stat: the loader
+        # reads the file without a thread too.)
+        if not Path(file).is_file():  # noqa: ASYNC240
+            what = "not a file" if Path(file).exists() else "no such file"  # noqa: ASYNC240
+            raise errors.ConfigError(f"kubeconfig {file}: {what}")
         configuration = k8s_client.Configuration()
-        await k8s_config.load_kube_config(
-            config_file=str(path) if path is not None else _current_kubeconfig(),
-            context=context,
-            client_configuration=configuration,
-            persist_config=False,
-        )
+        try:
+            await k8s_config.load_kube_config(
+                config_file=file,
+                context=context,
+                client_configuration=configuration,
+                persist_config=False,
+            )
+        except _CONFIG_ERRORS as exc:
+            raise errors.ConfigError(f"kubeconfig {file} is unusable: {_first_line(exc)}") from exc
         return cls(configuration, request_timeout=request_timeout)
 
     @classmethod
     async def in_cluster(cls, *, request_timeout: float = DEFAULT_TIMEOUT_S) -> Kube:
         """From the pod's service account (the token is re-read as it rotates)."""
         configuration = k8s_client.Configuration()
-        k8s_config.load_incluster_config(  # type: ignore[no-untyped-call]
-            client_configuration=configuration, try_refresh_token=True
-        )
+        try:
+            k8s_config.load_incluster_config(  # type: ignore[no-untyped-call]
+                client_configuration=configuration, try_refresh_token=True
+            )
+        except _CONFIG_ERRORS as exc:
+            raise errors.ConfigError(f"in-cluster configuration: {_first_line(exc)}") from exc
         return cls(configuration, request_timeout=request_timeout)
 
     @classmethod

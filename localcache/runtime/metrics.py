@@ -9,6 +9,9 @@ global and the process-wide default registry is never touched. It holds:
   `controller`, both the controller name; `workqueue_depth` also carries `priority=""` as the
   classic queue does), via `Metrics.workqueue(name)`;
 - `leader_election_master_status{name}`, via `Metrics.leader_election(name)`;
+- client-go's REST client metrics `rest_client_requests_total{code,method,host}` and
+  `rest_client_request_duration_seconds{verb,host}`, via `Metrics.rest_client()`, which
+  returns the recorder `transport.Transport` reports every API request to;
 - process and Python runtime collectors (`process_*`, `python_*`);
 - domain metrics made with `counter()`, `gauge()` and `histogram()`, so domain code never
   imports prometheus_client.
@@ -19,8 +22,11 @@ observation is one `bisect`) that one collector turns into metric families when 
 is read; a scrape therefore always sees current values. Everything runs on one event loop.
 
 Names, labels and buckets follow controller-runtime v0.24 (`pkg/internal/controller/metrics`,
-`pkg/metrics/workqueue.go`, `pkg/metrics/leaderelection.go`). The `*_created` series that
-prometheus_client adds to counters and histograms are left out of `render()`, as Go has none.
+`pkg/metrics/workqueue.go`, `pkg/metrics/leaderelection.go`) and client-go v0.36
+(`component-base/metrics/prometheus/restclient`: `method`/`verb` carry the HTTP method,
+`host` the apiserver's host:port, `code` the HTTP status or `<error>` when none came).
+The `*_created` series that prometheus_client adds to counters and histograms are left out
+of `render()`, as Go has none.
 """
 
 from __future__ import annotations
@@ -46,6 +52,10 @@ RECONCILE_TIME_BUCKETS: tuple[float, ...] = (
 #: workqueue duration buckets: Go's ExponentialBuckets(10e-9, 10, 12) = 1e-8 … 1e3 seconds.
 WORKQUEUE_BUCKETS: tuple[float, ...] = (
     *(1e-8, 1e-7, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 0.1, 1.0, 10.0, 100.0, 1000.0),
+)
+#: rest_client_request_duration_seconds buckets, from client-go.
+REST_CLIENT_LATENCY_BUCKETS: tuple[float, ...] = (
+    *(0.005, 0.025, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60.0),
 )
 #: Values of the `result` label of controller_runtime_reconcile_total.
 RECONCILE_RESULTS = ("success", "error", "requeue", "requeue_after")
@@ -120,6 +130,13 @@ _FAMILIES: tuple[tuple[str, str, str, tuple[str, ...], tuple[float, ...]], ...] 
     ),
     (
         "counter",
+        "controller_runtime_reconcile_panics_total",
+        "Total number of reconciliation panics per controller",
+        _CTL,
+        (),
+    ),
+    (
+        "counter",
         "controller_runtime_reconcile_timeouts_total",
         "Total number of reconciliation timeouts per controller",
         _CTL,
@@ -179,6 +196,20 @@ _FAMILIES: tuple[tuple[str, str, str, tuple[str, ...], tuple[float, ...]], ...] 
         (),
     ),
     ("counter", "workqueue_retries_total", "Total number of retries handled by workqueue", _WQ, ()),
+    (
+        "counter",
+        "rest_client_requests_total",
+        "Number of HTTP requests, partitioned by status code, method, and host.",
+        ("code", "method", "host"),
+        (),
+    ),
+    (
+        "histogram",
+        "rest_client_request_duration_seconds",
+        "Request latency in seconds. Broken down by verb, and host.",
+        ("verb", "host"),
+        REST_CLIENT_LATENCY_BUCKETS,
+    ),
 )
 
 
@@ -254,6 +285,7 @@ class ControllerRecorder:
         }
         self._errors = f["controller_runtime_reconcile_errors_total"].number(name)
         self._terminal = f["controller_runtime_terminal_reconcile_errors_total"].number(name)
+        self._panics = f["controller_runtime_reconcile_panics_total"].number(name)
         self._timeouts = f["controller_runtime_reconcile_timeouts_total"].number(name)
         self._time = f["controller_runtime_reconcile_time_seconds"].buckets(name)
         self._max_concurrent = f["controller_runtime_max_concurrent_reconciles"].number(name)
@@ -276,6 +308,9 @@ class ControllerRecorder:
 
     def inc_terminal_reconcile_errors(self) -> None:
         self._terminal.value += 1
+
+    def inc_reconcile_panics(self) -> None:
+        self._panics.value += 1
 
     def inc_reconcile_timeouts(self) -> None:
         self._timeouts.value += 1
@@ -323,6 +358,24 @@ class WorkqueueRecorder:
 
     def set_longest_running_processor(self, seconds: float) -> None:
         self._longest.value = seconds
+
+
+class RestClientRecorder:
+    """client-go's `rest_client_*` series (see `transport.RequestMetrics`); one per process,
+    shared by every client that reports to it."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        f = metrics._framework.families
+        self._requests = f["rest_client_requests_total"]
+        self._latency = f["rest_client_request_duration_seconds"]
+
+    def inc_requests(self, code: str, method: str, host: str) -> None:
+        self._requests.number(code, method, host).value += 1
+
+    def observe_request_duration(self, verb: str, host: str, seconds: float) -> None:
+        series = self._latency.buckets(verb, host)
+        series.counts[_bisect(series.bounds, seconds)] += 1
+        series.sum += seconds
 
 
 class LeaderElectionRecorder:
@@ -412,6 +465,10 @@ class Metrics:
     def workqueue(self, name: str) -> WorkqueueRecorder:
         """The recorder for the work queue of controller `name`."""
         return WorkqueueRecorder(self, name)
+
+    def rest_client(self) -> RestClientRecorder:
+        """The recorder of API requests (`kube.Kube.instrument` takes it)."""
+        return RestClientRecorder(self)
 
     def leader_election(self, name: str) -> LeaderElectionRecorder:
         """The recorder for the lease `name` (starts at 0: not leading)."""

@@ -7,6 +7,12 @@ a non-2xx answer → the `ApiError` subclass for its status with the Status reas
 (429 with `retry_after` from Retry-After or the Status details); a refused, reset or broken
 connection → `TransportError`; a passed deadline → `ApiTimeout`.
 
+Every request is sent by `Transport.open`, which counts it for `metrics` (when set) in
+client-go's `rest_client_requests_total{code,method,host}` (`code` is the HTTP status, or
+`<error>` when no answer came); `call` and `WatchStream` time it in
+`rest_client_request_duration_seconds{verb,host}` (until the body is read; for a WATCH,
+until its response headers arrived), however it ends.
+
 `WatchStream` is one open WATCH: an async iterator of raw `{"type", "object"}` events that
 raises the mapped `ApiError` for an ERROR event and `ApiTimeout` once the connection has been
 silent for its read deadline.
@@ -16,10 +22,13 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import json as _json
-from collections.abc import AsyncIterator, Mapping, Sequence
+import time
+import urllib.parse
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Protocol, Self
 
 import aiohttp
 
@@ -28,6 +37,15 @@ from localcache.runtime.apitypes import Obj
 
 MAX_EVENT_BYTES = 16 * 1024 * 1024
 """A watch event larger than this is a broken stream (etcd caps objects at 1.5 MiB)."""
+NO_ANSWER = "<error>"
+"""The `code` of a request that got no HTTP answer (client-go's label value)."""
+
+
+class RequestMetrics(Protocol):
+    """Where API requests are reported (`metrics.Metrics.rest_client()` returns one)."""
+
+    def inc_requests(self, code: str, method: str, host: str) -> None: ...
+    def observe_request_duration(self, verb: str, host: str, seconds: float) -> None: ...
 
 
 def error_from_status(
@@ -87,6 +105,10 @@ class Transport:
         self.request_timeout = request_timeout
         self.requests: collections.Counter[str] = collections.Counter()
         """Requests sent, per verb (get, list, watch, create, update, patch, delete, raw)."""
+        self.metrics: RequestMetrics | None = None
+        """Reported to for every request, when set."""
+        self.host = urllib.parse.urlsplit(str(configuration.host)).netloc or "none"
+        """The apiserver's host:port, the `host` label of the request metrics."""
 
     async def headers(self, content_type: str) -> dict[str, str]:
         headers = {"Accept": "application/json", "Content-Type": content_type}
@@ -108,9 +130,12 @@ class Transport:
         client_timeout: aiohttp.ClientTimeout,
     ) -> aiohttp.ClientResponse:
         """Send a request and return the response once its headers arrived (body unread).
-        Non-2xx answers are read, released and raised as `ApiError`."""
+        Non-2xx answers are read, released and raised as `ApiError`. Counts the request
+        in `rest_client_requests_total`; callers observe its duration (`timed`)."""
         self.requests[verb] += 1
+        metrics = self.metrics
         headers = await self.headers(content_type)
+        code = NO_ANSWER
         try:
             resp: aiohttp.ClientResponse = await self._rest.request(
                 method,
@@ -121,10 +146,14 @@ class Transport:
                 _preload_content=False,
                 _request_timeout=client_timeout,
             )
+            code = str(resp.status)
         except TimeoutError as exc:
             raise errors.ApiTimeout(f"{method} {path}: no answer in time") from exc
         except (aiohttp.ClientError, OSError) as exc:
             raise errors.TransportError(f"{method} {path}: {exc!r}") from exc
+        finally:
+            if metrics is not None:
+                metrics.inc_requests(code, method, self.host)
         if 200 <= resp.status < 300:
             return resp
         try:
@@ -141,6 +170,18 @@ class Transport:
             decoded = raw.decode(errors="replace")
         raise error_from_status(resp.status, decoded, retry_after=_retry_after(resp.headers))
 
+    @contextlib.contextmanager
+    def timed(self, method: str) -> Iterator[None]:
+        """Observe the enclosed request's duration in `rest_client_request_duration_seconds`,
+        however it ends."""
+        started = time.monotonic()
+        try:
+            yield
+        finally:
+            if self.metrics is not None:
+                seconds = max(0.0, time.monotonic() - started)
+                self.metrics.observe_request_duration(method, self.host, seconds)
+
     async def call(
         self,
         verb: str,
@@ -154,20 +195,21 @@ class Transport:
     ) -> bytes:
         limit = self.request_timeout if request_timeout is None else request_timeout
         try:
-            async with asyncio.timeout(limit):
-                resp = await self.open(
-                    verb,
-                    method,
-                    path,
-                    query=query,
-                    body=body,
-                    content_type=content_type,
-                    client_timeout=aiohttp.ClientTimeout(total=limit),
-                )
-                try:
-                    return await resp.read()
-                finally:
-                    resp.release()
+            with self.timed(method):
+                async with asyncio.timeout(limit):
+                    resp = await self.open(
+                        verb,
+                        method,
+                        path,
+                        query=query,
+                        body=body,
+                        content_type=content_type,
+                        client_timeout=aiohttp.ClientTimeout(total=limit),
+                    )
+                    try:
+                        return await resp.read()
+                    finally:
+                        resp.release()
         except TimeoutError as exc:
             raise errors.ApiTimeout(f"{method} {path}: no answer within {limit:.1f}s") from exc
         except (aiohttp.ClientError, OSError) as exc:
@@ -223,10 +265,15 @@ class WatchStream:
             sock_read=self._read_deadline,
         )
         try:
-            async with asyncio.timeout(self._connect_timeout + self._read_deadline):
-                self._resp = await self._transport.open(
-                    "watch", "GET", self._path, query=self._query, client_timeout=client_timeout
-                )
+            with self._transport.timed("GET"):
+                async with asyncio.timeout(self._connect_timeout + self._read_deadline):
+                    self._resp = await self._transport.open(
+                        "watch",
+                        "GET",
+                        self._path,
+                        query=self._query,
+                        client_timeout=client_timeout,
+                    )
         except TimeoutError as exc:
             raise errors.ApiTimeout(f"WATCH {self._path}: not opened in time") from exc
         self._loop = asyncio.get_running_loop()

@@ -172,7 +172,10 @@ def _run_local(tmp_path: Path, **extra_env: str) -> tuple[subprocess.CompletedPr
     )
     tail = "\n".join(done.stderr.splitlines()[-30:])
     assert done.returncode == 0, f"exit {done.returncode}\n{done.stdout}\n{tail}"
-    kubeconfig = tmp_path / "cache" / "localcache" / "run" / "kubeconfig"
+    printed = re.search(r"^  kubeconfig: (\S+)$", done.stdout, re.MULTILINE)
+    assert printed is not None, done.stdout
+    kubeconfig = Path(printed[1])  # private to the run (issue 14 item 7)
+    assert kubeconfig.parent.parent == tmp_path / "cache" / "localcache" / "run", kubeconfig
     for command in (
         "get lmnc -A -w",
         "get lmn",
@@ -181,7 +184,7 @@ def _run_local(tmp_path: Path, **extra_env: str) -> tuple[subprocess.CompletedPr
     ):
         assert f"--kubeconfig {kubeconfig} {command}" in done.stdout, done.stdout
     assert "default/demo-model is Ready: copies available 2/2" in done.stdout
-    assert not kubeconfig.exists()
+    assert not kubeconfig.parent.exists(), "the run left its private directory behind"
     server = re.search(r"control plane at https://127\.0\.0\.1:(\d+)", done.stdout)
     assert server is not None, done.stdout
     with pytest.raises(ConnectionRefusedError):  # the control plane was stopped
@@ -204,6 +207,8 @@ def test_localcache_run_local_on_demo_nodes_says_so_reaches_ready_and_stops(
         done.stdout
     )
     assert "using two demo nodes and the demo Job runner" in done.stdout
+    for served in (r"metrics: http://127\.0\.0\.1:\d+/", r"webhooks: https://127\.0\.0\.1:\d+"):
+        assert re.search(served, done.stdout), done.stdout
     assert done.stdout.rstrip().endswith("localcache: local control plane stopped")
 
 

@@ -4,9 +4,11 @@ Job runner (localcache/runtime/testing/jobpods.py): no network, no processes."""
 from __future__ import annotations
 
 import argparse
+import asyncio
 import dataclasses
 import datetime
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -73,10 +75,10 @@ def test_local_settings_use_free_ports_loopback_and_the_run_dir(tmp_path: Path) 
         run_dir=tmp_path,
         kubeconfig=tmp_path / "kc",
         pv_path="/mnt/models",
-        pick_port=lambda: 41234,
+        pick_port=iter([41234, 41235]).__next__,
     )
     assert result.kubeconfig == str(tmp_path / "kc")
-    assert (result.metrics_port, result.webhook_port) == (0, 41234)
+    assert (result.metrics_port, result.webhook_port) == (41234, 41235)
     assert result.bind_address == "127.0.0.1"
     assert result.webhook_cert_dir == tmp_path / "webhook-certs"
     assert result.models_root == tmp_path / "nodes"
@@ -310,3 +312,100 @@ def test_finished_status_reports_success_and_failure() -> None:
     terminated = bad["status"]["containerStatuses"][0]["state"]["terminated"]
     assert (terminated["exitCode"], terminated["reason"]) == (2, "Error")
     assert "no such file" in terminated["message"]
+
+
+# ------------------------------------------------------------------ one run's own files
+
+
+def test_each_run_gets_a_kubeconfig_directory_of_its_own(tmp_path: Path) -> None:
+    first, second = local.run_directory(tmp_path), local.run_directory(tmp_path)
+    assert first != second
+    assert first.parent == second.parent == tmp_path / "localcache" / "run"
+    assert first.name.startswith(f"{os.getpid()}-")
+
+
+async def test_a_run_removes_its_own_kubeconfig_and_leaves_another_runs_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    other = local.run_directory(tmp_path) / "kubeconfig"  # a run side by side
+    other.write_text("the other run's")
+    used: list[Path] = []
+
+    async def run_locally(settings: Any, kubeconfig: Path, *, exit_when_ready: bool) -> int:
+        await asyncio.to_thread(kubeconfig.write_text, "this run's")
+        used.append(kubeconfig)
+        return 0
+
+    monkeypatch.setattr(local, "_run_locally", run_locally)
+    assert await local.run(_settings(), force_local=True, exit_when_ready=True) == 0
+    assert await local.run(_settings(), force_local=True, exit_when_ready=True) == 0
+    assert len(set(used)) == 2, "two runs shared a kubeconfig"
+    assert other.parent not in {u.parent for u in used}
+    for kubeconfig in used:
+        assert kubeconfig.parent.parent == tmp_path / "localcache" / "run"
+        assert not kubeconfig.parent.exists(), "a run left its directory behind"
+    assert other.read_text() == "the other run's"
+
+
+# ------------------------------------------------------------------ what the user is told
+
+
+def test_service_addresses_name_metrics_health_and_webhooks() -> None:
+    lines = localmode.service_addresses(
+        _settings(bind_address="127.0.0.1", metrics_port=18080, webhook_port=19443)
+    )
+    assert lines == [
+        "metrics: http://127.0.0.1:18080/metrics",
+        "health:  http://127.0.0.1:18080/healthz http://127.0.0.1:18080/readyz",
+        "webhooks: https://127.0.0.1:19443",
+    ]
+
+
+def test_service_addresses_of_any_address_use_localhost_and_say_what_is_off() -> None:
+    lines = localmode.service_addresses(
+        _settings(bind_address="0.0.0.0", metrics_port=0, webhook_port=0)
+    )
+    assert lines == [
+        "metrics and health: on a free port (logged as http_server_started)",
+        "webhooks: off (--webhook-port 0)",
+    ]
+    ipv6 = localmode.service_addresses(_settings(bind_address="::1", metrics_port=1))
+    assert ipv6[0] == "metrics: http://[::1]:1/metrics"
+
+
+def test_kubeconfig_target_is_the_current_context_and_its_server() -> None:
+    doc = {
+        "current-context": "prod",
+        "contexts": [
+            {"name": "dev", "context": {"cluster": "dev-cluster"}},
+            {"name": "prod", "context": {"cluster": "prod-cluster"}},
+        ],
+        "clusters": [
+            {"name": "dev-cluster", "cluster": {"server": "https://dev:6443"}},
+            {"name": "prod-cluster", "cluster": {"server": "https://prod:6443"}},
+        ],
+    }
+    assert localmode.kubeconfig_target(doc) == ("prod", "https://prod:6443")
+    assert localmode.kubeconfig_target(doc, context="dev") == ("dev", "https://dev:6443")
+    assert localmode.kubeconfig_target({"clusters": 5}) == ("?", "?")
+    assert localmode.kubeconfig_target(None) == ("?", "?")
+
+
+def test_attach_banner_names_context_server_kubeconfig_and_addresses() -> None:
+    banner = localmode.attach_banner(
+        kubeconfig=Path("/home/u/.kube/config"),
+        context="prod",
+        server="https://prod:6443",
+        running="controller and webhooks",
+        addresses=["metrics: http://localhost:8080/metrics"],
+    )
+    text = "\n".join(banner)
+    assert banner[0] == banner[-1]
+    assert set(banner[0]) == {"="}
+    assert "ATTACHING TO AN EXISTING CLUSTER" in text
+    assert "context:    prod" in text
+    assert "server:     https://prod:6443" in text
+    assert "kubeconfig: /home/u/.kube/config" in text
+    assert "  metrics: http://localhost:8080/metrics" in text
+    assert "--local" in text

@@ -411,3 +411,51 @@ def test_controller_needs_a_worker() -> None:
 def test_result_rejects_a_negative_requeue_after() -> None:
     with pytest.raises(ValueError, match="requeue_after"):
         reconcile.Result(requeue_after=-1.0)
+
+
+async def test_an_unexpected_exception_counts_as_a_panic(harness: Harness) -> None:
+    harness.reconciler.script = [KeyError("a bug")]
+    harness.queue.add(A)
+    await reconciled(harness, 1)
+    assert harness.counter("controller_runtime_reconcile_panics_total") == 1
+    assert harness.counter("controller_runtime_reconcile_errors_total") == 1
+    assert harness.total("error") == 1
+    assert harness.ctl.stats().panics == 1
+    assert harness.queue.stats().waiting == 1, "a panic is retried like any error"
+
+
+@pytest.mark.parametrize(
+    "raised",
+    [
+        errors.Conflict(409, "stale"),
+        errors.TransportError("connection refused"),
+        errors.TerminalError("spec can never work"),
+        ExceptionGroup("parts", [errors.Conflict(409, "stale"), errors.TerminalError("x")]),
+    ],
+    ids=["api-error", "transport-error", "terminal-error", "group-of-our-errors"],
+)
+async def test_expected_errors_are_not_panics(harness: Harness, raised: Exception) -> None:
+    harness.reconciler.script = [raised]
+    harness.queue.add(A)
+    await reconciled(harness, 1)
+    assert harness.counter("controller_runtime_reconcile_errors_total") == 1
+    assert harness.counter("controller_runtime_reconcile_panics_total") == 0
+    assert harness.ctl.stats().panics == 0
+
+
+async def test_a_group_with_an_unexpected_member_is_a_panic(harness: Harness) -> None:
+    harness.reconciler.script = [
+        ExceptionGroup("parts", [errors.Conflict(409, "stale"), ValueError("a bug")])
+    ]
+    harness.queue.add(A)
+    await reconciled(harness, 1)
+    assert harness.counter("controller_runtime_reconcile_panics_total") == 1
+
+
+async def test_a_timed_out_reconcile_is_not_a_panic(harness: Harness) -> None:
+    never = asyncio.Event()  # the reconcile waits on it until its 50 ms timeout cuts it
+    harness.reconciler.script = [never.wait]
+    harness.queue.add(A)
+    await reconciled(harness, 1)
+    assert harness.counter("controller_runtime_reconcile_timeouts_total") == 1
+    assert harness.counter("controller_runtime_reconcile_panics_total") == 0

@@ -18,6 +18,7 @@ FRAMEWORK_NAMES = (
     "controller_runtime_reconcile_total",
     "controller_runtime_reconcile_errors_total",
     "controller_runtime_terminal_reconcile_errors_total",
+    "controller_runtime_reconcile_panics_total",
     "controller_runtime_reconcile_timeouts_total",
     "controller_runtime_reconcile_time_seconds",
     "controller_runtime_max_concurrent_reconciles",
@@ -66,6 +67,7 @@ def test_controller_series_are_pre_initialised_to_zero() -> None:
     for name in (
         "controller_runtime_reconcile_errors_total",
         "controller_runtime_terminal_reconcile_errors_total",
+        "controller_runtime_reconcile_panics_total",
         "controller_runtime_active_workers",
     ):
         assert m.value(name, controller="widget") == 0.0, name
@@ -204,3 +206,43 @@ def test_redeclaring_a_series_with_other_labels_is_refused() -> None:
         m.gauge("localcache_test_depth", "depth", labels=("other",))
     with pytest.raises(ValueError, match="already exists as a gauge"):
         m.counter("localcache_test_depth", "depth", labels=("queue",))
+
+
+def test_reconcile_panics_are_counted_per_controller() -> None:
+    m = metrics.Metrics()
+    m.controller("widget").inc_reconcile_panics()
+    m.controller("gadget")
+    assert m.value("controller_runtime_reconcile_panics_total", controller="widget") == 1
+    assert m.value("controller_runtime_reconcile_panics_total", controller="gadget") == 0
+    text = _exposition(m)
+    assert "# TYPE controller_runtime_reconcile_panics_total counter" in text
+    assert 'controller_runtime_reconcile_panics_total{controller="widget"} 1.0' in text
+
+
+def test_rest_client_metrics_have_client_gos_names_labels_and_buckets() -> None:
+    m = metrics.Metrics()
+    rest = m.rest_client()
+    rest.inc_requests("200", "GET", "127.0.0.1:6443")
+    rest.inc_requests("200", "GET", "127.0.0.1:6443")
+    rest.inc_requests("<error>", "PATCH", "127.0.0.1:6443")
+    rest.observe_request_duration("GET", "127.0.0.1:6443", 0.02)
+    labels = {"method": "GET", "host": "127.0.0.1:6443"}
+    assert m.value("rest_client_requests_total", code="200", **labels) == 2
+    assert (
+        m.value("rest_client_requests_total", code="<error>", method="PATCH", host=labels["host"])
+        == 1
+    )
+    timed = {"verb": "GET", "host": "127.0.0.1:6443"}
+    assert m.value("rest_client_request_duration_seconds_bucket", le="0.005", **timed) == 0
+    assert m.value("rest_client_request_duration_seconds_bucket", le="0.025", **timed) == 1
+    assert m.value("rest_client_request_duration_seconds_count", **timed) == 1
+    assert metrics.REST_CLIENT_LATENCY_BUCKETS == (
+        0.005, 0.025, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60.0,
+    )  # fmt: skip
+    text = _exposition(m)
+    assert "# TYPE rest_client_requests_total counter" in text
+    assert "# TYPE rest_client_request_duration_seconds histogram" in text
+    assert 'rest_client_requests_total{code="200",host="127.0.0.1:6443",method="GET"} 2.0' in text
+    # Another recorder (another client of the process) adds to the same series.
+    m.rest_client().inc_requests("200", "GET", "127.0.0.1:6443")
+    assert m.value("rest_client_requests_total", code="200", **labels) == 3
