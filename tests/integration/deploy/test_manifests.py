@@ -96,13 +96,13 @@ ACCESS: dict[str, list[A]] = {
         A("get list watch", f"localmodelnamespacecaches.{SERVING}", TENANT),
         A("get list watch create delete", "jobs.batch", JOBS_NS),
         A("get list watch create delete", "jobs.batch", TENANT),
-        A("get list watch", "pods", TENANT),
+        A("list", "pods", TENANT),
         A("get", "serviceaccounts", TENANT),
         A("get", "secrets", TENANT),
-        A("get list watch", "nodes"),
+        A("get", "nodes"),
         A("get list watch", "configmaps", NS, CONFIGMAP),
-        A("create patch", "events", TENANT),
-        A("create patch", "events.events.k8s.io", TENANT),
+        A("create", "events", "default"),
+        A("create", "events.events.k8s.io", "default"),
     ],
 }
 EVERYTHING = A("* get list create delete", "*.*")
@@ -133,7 +133,10 @@ DENIED: dict[str, list[A]] = {
         A("create update patch delete", f"localmodelnodes.{SERVING}"),
         A("update patch", f"localmodelnodegroups.{SERVING}"),
         A("list watch create update", "secrets", TENANT),
-        A("create delete", "pods", TENANT),
+        A("create delete get watch", "pods", TENANT),
+        A("list watch", "nodes"),
+        A("create patch", "events", TENANT),
+        A("patch", "events", "default"),
         A("create delete", "persistentvolumes"),
         A("create delete", "persistentvolumeclaims", TENANT),
         A("get", "configmaps", NS, "other-config"),
@@ -186,7 +189,7 @@ def _existing(control_plane: ControlPlane, path: Path) -> set[tuple[str, str, st
 
 
 def _cache(name: str) -> Doc:
-    spec = {"sourceModelUri": f"file:///m/{name}", "modelSize": "1Mi", "nodeGroups": ["g"]}
+    spec = {"sourceModelUri": f"s3://m/{name}", "modelSize": "1Mi", "nodeGroups": ["g"]}
     return {"apiVersion": "serving.kserve.io/v1alpha1", "kind": "LocalModelCache",
             "metadata": {"name": name}, "spec": spec}  # fmt: skip
 

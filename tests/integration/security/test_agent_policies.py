@@ -1,0 +1,233 @@
+"""Issue 13 risk 3: the agent's token acts only for the node named in it (the node-name claim
+of a bound ServiceAccount token, as a pod on that node gets it): it writes only its own
+LocalModelNode, and creates Jobs only pinned to and owned by its node, in a namespace with a
+namespace cache (as the ServiceAccount that cache names) or in the job namespace."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from localcache.agent import jobs
+from localcache.api import groupversion, modelnode, nodegroup
+from localcache.caching import config, credentials, keys
+from localcache.runtime.testing.controlplane import ControlPlane
+from localcache.runtime.testing.waiting import wait_until
+from tests.integration.security import harness
+
+pytestmark = pytest.mark.usefixtures("policies")
+LMN = f"/apis/{groupversion.API_VERSION}/localmodelnodes"
+
+
+def _lmn(plane: ControlPlane, name: str) -> str:
+    body = {
+        "apiVersion": groupversion.API_VERSION,
+        "kind": "LocalModelNode",
+        "metadata": {"name": name},
+        "spec": {"localModels": []},
+    }
+    return str(
+        harness.ok(plane.rest("POST", LMN, body), f"LocalModelNode {name}")["metadata"]["uid"]
+    )
+
+
+@pytest.fixture
+def nodes(control_plane: ControlPlane) -> Iterator[dict[str, str]]:
+    """Two LocalModelNodes, node name -> uid."""
+    suffix = uuid.uuid4().hex[:6]
+    names = [f"node-1-{suffix}", f"node-2-{suffix}"]
+    yield {name: _lmn(control_plane, name) for name in names}
+    for name in names:
+        control_plane.rest("DELETE", f"{LMN}/{name}")
+
+
+def _namespace_cache(plane: ControlPlane, namespace: str, name: str, sa: str | None) -> None:
+    spec: dict[str, Any] = {
+        "sourceModelUri": f"s3://bucket/{name}",
+        "modelSize": "1Gi",
+        "nodeGroups": ["gpu"],
+    }
+    if sa:
+        spec["serviceAccountName"] = sa
+    body = {
+        "apiVersion": groupversion.API_VERSION,
+        "kind": "LocalModelNamespaceCache",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": spec,
+    }
+    path = f"/apis/{groupversion.API_VERSION}/namespaces/{namespace}/localmodelnamespacecaches"
+    harness.ok(plane.rest("POST", path, body), f"LocalModelNamespaceCache {namespace}/{name}")
+
+
+def _download_spec(sa: str | None = None) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "containers": [{"name": "kserve-localmodel-download", "image": "storage-initializer"}],
+    }
+    if sa:
+        spec["serviceAccountName"] = sa
+    return spec
+
+
+def _jobs(namespace: str, dry_run: bool = False) -> str:
+    return f"/apis/batch/v1/namespaces/{namespace}/jobs" + ("?dryRun=All" if dry_run else "")
+
+
+async def _eventually_denied(call: Any, what: str) -> str:
+    def attempt() -> str:
+        return harness.denied(call(), what)
+
+    return await wait_until(attempt, timeout=30, what=f"{what} is denied at admission")
+
+
+async def test_agent_token_carries_its_node_and_writes_only_that_nodes_status(
+    control_plane: ControlPlane, nodes: dict[str, str]
+) -> None:
+    node1, node2 = nodes
+    token = harness.agent_token(control_plane, node1)
+    patch: dict[str, Any] = {"status": {"modelStatus": {}}}
+    message = await _eventually_denied(
+        lambda: harness.rest_as_token(
+            control_plane, token, "PATCH", f"{LMN}/{node2}/status?dryRun=All", patch
+        ),
+        f"the agent of {node1} updating {node2}'s status",
+    )
+    assert f"may write only its own LocalModelNode, not {node2}" in message, message
+    harness.ok(
+        harness.rest_as_token(control_plane, token, "PATCH", f"{LMN}/{node1}/status", patch),
+        f"the agent of {node1} updating its own status",
+    )
+
+
+async def test_agent_identity_without_a_node_claim_is_denied(
+    control_plane: ControlPlane, nodes: dict[str, str]
+) -> None:
+    node1 = next(iter(nodes))
+    creds = control_plane.service_account_credentials(harness.AGENT_NS, harness.AGENT_SA)
+    message = await _eventually_denied(
+        lambda: control_plane.rest(
+            "PATCH",
+            f"{LMN}/{node1}/status?dryRun=All",
+            {"status": {"modelStatus": {}}},
+            creds=creds,
+            content_type="application/merge-patch+json",
+        ),
+        "the agent's identity without a bound pod token",
+    )
+    assert "names none" in message, message
+
+
+async def test_agent_creates_jobs_only_in_namespaces_with_a_namespace_cache(
+    control_plane: ControlPlane, namespace: str, nodes: dict[str, str]
+) -> None:
+    node1, node2 = nodes
+    token = harness.agent_token(control_plane, node1)
+
+    def create(ns: str, job: dict[str, Any], dry_run: bool = True) -> Any:
+        return harness.rest_as_token(control_plane, token, "POST", _jobs(ns, dry_run), job)
+
+    def job(ns: str, *, node: str = node1, sa: str | None = None, model: str = "bert") -> Any:
+        return harness.job(
+            ns, f"lmd-{uuid.uuid4().hex[:8]}", _download_spec(sa),
+            node=node, node_uid=nodes[node], labels={"model": model},
+        )  # fmt: skip
+
+    for ns in (namespace, "kube-system"):
+        await _eventually_denied(
+            lambda ns=ns: create(ns, job(ns)),
+            f"the agent creating a Job in {ns}, which has no namespace cache",
+        )
+    _namespace_cache(control_plane, namespace, "bert", "bert-reader")
+    await wait_until(
+        lambda: create(namespace, job(namespace, sa="bert-reader"))[0] == 201,
+        timeout=30,
+        what="the agent may create a Job in a namespace with a namespace cache",
+    )
+    harness.ok(create(namespace, job(namespace, sa="bert-reader"), dry_run=False), "the Job")
+    message = harness.denied(
+        create(namespace, job(namespace, sa="namespace-admin")),
+        "a Job of cache bert running as a ServiceAccount the cache does not name",
+    )
+    assert "runs as the ServiceAccount the cache names" in message, message
+    message = harness.denied(
+        create(namespace, job(namespace, node=node2, sa="bert-reader")),
+        f"the agent of {node1} creating a Job for {node2}",
+    )
+    assert f"owned by LocalModelNode {node1}" in message, message
+    pinned_elsewhere = job(namespace, sa="bert-reader")
+    pinned_elsewhere["spec"]["template"]["spec"]["nodeSelector"] = {"kubernetes.io/hostname": node2}
+    message = harness.denied(
+        create(namespace, pinned_elsewhere), f"a Job of {node1}'s agent pinned to {node2}"
+    )
+    assert "pinned to that node" in message, message
+
+
+async def test_the_agents_real_download_job_and_its_pod_are_admitted(
+    control_plane: ControlPlane, namespace: str, nodes: dict[str, str]
+) -> None:
+    """The Job as agent/jobs.py builds it passes every policy, and so does its pod as the Job
+    controller creates it (the staging subPath, read-write)."""
+    node1 = next(iter(nodes))
+    uri = "s3://bucket/bert"
+    key = keys.storage_key(uri)
+    entry = modelnode.LocalModelInfo.model_validate(
+        {"sourceModelUri": uri, "modelName": "bert", "nodeGroup": "gpu", "namespace": namespace}
+    )
+    node = modelnode.LocalModelNode.model_validate(
+        {"metadata": {"name": node1, "uid": nodes[node1]}, "spec": {"localModels": []}}
+    )
+    group = nodegroup.LocalModelNodeGroup.model_validate(
+        {
+            "metadata": {"name": "gpu"},
+            "spec": {
+                "storageLimit": "10Gi",
+                "persistentVolumeSpec": {"hostPath": {"path": "/mnt/models"}},
+                "persistentVolumeClaimSpec": {},
+            },
+        }
+    )
+    job = jobs.build_job(
+        entry=entry, node=node, node_group=group, storage_key=key, attempt=0,
+        container=jobs.select_container(uri, [], config.StorageInitializerConfig()),
+        injection=credentials.Injection(uri=uri, service_account_name="bert-reader"),
+        local_model=config.LocalModelConfig(), suffix="abcd1234",
+    )  # fmt: skip
+    pod_spec = job["spec"]["template"]["spec"]
+    claim = pod_spec["volumes"][0]["persistentVolumeClaim"]["claimName"]
+    pv, pvc = harness.volume_pair(namespace=namespace, claim=claim, role="download", key=key)
+    harness.ok(control_plane.rest("POST", "/api/v1/persistentvolumes", pv), "download PV")
+    try:
+        harness.ok(
+            control_plane.rest(
+                "POST", f"/api/v1/namespaces/{namespace}/persistentvolumeclaims", pvc
+            ),
+            "download PVC",
+        )
+        _namespace_cache(control_plane, namespace, "bert", "bert-reader")
+        token = harness.agent_token(control_plane, node1)
+        created = await wait_until(
+            lambda: harness.ok(
+                harness.rest_as_token(control_plane, token, "POST", _jobs(namespace), job),
+                "the agent's real download Job",
+            ),
+            timeout=30,
+            what="the agent's real download Job is admitted",
+        )
+        job_controller = control_plane.service_account_credentials("kube-system", "job-controller")
+        harness.grant(control_plane, namespace, job_controller.user)
+        owner = {
+            "apiVersion": "batch/v1", "kind": "Job", "name": created["metadata"]["name"],
+            "uid": created["metadata"]["uid"], "controller": True,
+        }  # fmt: skip
+        pod = harness.pod(namespace, f"{created['metadata']['name']}-x", pod_spec, owner=owner)
+        harness.ok(
+            control_plane.rest(
+                "POST", f"/api/v1/namespaces/{namespace}/pods", pod, creds=job_controller
+            ),
+            "the download Job's pod",
+        )
+    finally:
+        control_plane.rest("DELETE", f"/api/v1/persistentvolumes/{pv['metadata']['name']}")

@@ -1,0 +1,204 @@
+"""Issue 13 risk 1: a pod that mounts a localcache PVC (bound to a PV at the node group's
+models root) is admitted only read-only at its cache's `models/<key>` subPath, as KServe's pod
+mutator mounts it; only the agent's download Jobs mount a download PVC, at their staging
+subPath. The shipped policies (manifests/policies) on a real apiserver."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from localcache.caching import keys
+from localcache.runtime.testing.controlplane import ControlPlane, Credentials
+from localcache.runtime.testing.waiting import wait_until
+from tests.integration.security import harness
+
+pytestmark = pytest.mark.usefixtures("policies")
+
+KEY = keys.storage_key("s3://bucket/tenant-a/private-model")
+OTHER_KEY = keys.storage_key("s3://bucket/tenant-b/private-model")
+STAGING = f".staging/{KEY}-lmd-{KEY}-0123abcd-0"
+STAGING_JOB = f"lmd-{KEY}-0123abcd-0"
+
+
+def _create_pair(plane: ControlPlane, namespace: str, claim: str, role: str) -> None:
+    pv, pvc = harness.volume_pair(namespace=namespace, claim=claim, role=role, key=KEY)
+    harness.ok(plane.rest("POST", "/api/v1/persistentvolumes", pv), "PV")
+    harness.ok(
+        plane.rest("POST", f"/api/v1/namespaces/{namespace}/persistentvolumeclaims", pvc), "PVC"
+    )
+
+
+@pytest.fixture
+def serving_claim(control_plane: ControlPlane, namespace: str) -> Any:
+    _create_pair(control_plane, namespace, "bert-gpu", "serving")
+    yield "bert-gpu"
+    control_plane.rest("DELETE", f"/api/v1/persistentvolumes/{namespace}-bert-gpu")
+
+
+@pytest.fixture
+def download_claim(control_plane: ControlPlane, namespace: str) -> Any:
+    _create_pair(control_plane, namespace, "bert-gpu-download", "download")
+    yield "bert-gpu-download"
+    control_plane.rest("DELETE", f"/api/v1/persistentvolumes/{namespace}-bert-gpu-download")
+
+
+async def _denied(
+    plane: ControlPlane, creds: Credentials | None, path: str, obj: Any, what: str
+) -> str:
+    """Poll (dry run) until the request is denied by a policy: the policies' parameter
+    informers sync after the policies are applied. Returns the denial message."""
+
+    def attempt() -> str:
+        status, body = plane.rest("POST", f"{path}?dryRun=All", obj, creds=creds)
+        assert status in (403, 422), f"{status} {body}"
+        return harness.denied((status, body), what)
+
+    return await wait_until(attempt, timeout=30, what=f"{what} is denied at admission")
+
+
+def _pods(namespace: str) -> str:
+    return f"/api/v1/namespaces/{namespace}/pods"
+
+
+async def test_tenant_pod_mounting_the_serving_claim_without_subpath_is_denied_with_the_reason(
+    control_plane: ControlPlane, namespace: str, tenant: Credentials, serving_claim: str
+) -> None:
+    spec = harness.pod_spec(serving_claim, {"readOnly": True})
+    message = await _denied(
+        control_plane, tenant, _pods(namespace), harness.pod(namespace, "snoop", spec),
+        "a tenant pod mounting the serving PVC at its root",
+    )  # fmt: skip
+    assert f"subPath models/{KEY}" in message, message
+    assert "every tenant's models" in message, message
+
+
+async def test_tenant_pod_mounting_the_serving_claim_read_write_is_denied(
+    control_plane: ControlPlane, namespace: str, tenant: Credentials, serving_claim: str
+) -> None:
+    spec = harness.pod_spec(serving_claim, {"subPath": f"models/{KEY}", "readOnly": False})
+    message = await _denied(
+        control_plane, tenant, _pods(namespace), harness.pod(namespace, "writer", spec),
+        "a tenant pod mounting the serving PVC read-write",
+    )  # fmt: skip
+    assert "readOnly: true" in message, message
+
+
+@pytest.mark.parametrize(
+    "mount",
+    [
+        {"subPath": f"models/{OTHER_KEY}", "readOnly": True},
+        {"subPath": "models", "readOnly": True},
+        {"subPath": STAGING, "readOnly": True},
+        {"subPathExpr": f"models/{KEY}", "readOnly": True},
+    ],
+    ids=["another-cache", "models-dir", "staging", "subpathexpr"],
+)
+async def test_tenant_pod_with_any_other_subpath_is_denied(
+    control_plane: ControlPlane,
+    namespace: str,
+    tenant: Credentials,
+    serving_claim: str,
+    mount: dict[str, Any],
+) -> None:
+    spec = harness.pod_spec(serving_claim, mount)
+    await _denied(
+        control_plane, tenant, _pods(namespace), harness.pod(namespace, "other", spec),
+        f"a tenant pod mounting the serving PVC with {mount}",
+    )  # fmt: skip
+
+
+async def test_init_container_mount_is_checked_too(
+    control_plane: ControlPlane, namespace: str, tenant: Credentials, serving_claim: str
+) -> None:
+    spec = harness.pod_spec(serving_claim, {"subPath": f"models/{KEY}", "readOnly": True})
+    spec["initContainers"] = [
+        {"name": "init", "image": "busybox",
+         "volumeMounts": [{"name": "models", "mountPath": "/all"}]}
+    ]  # fmt: skip
+    await _denied(
+        control_plane, tenant, _pods(namespace), harness.pod(namespace, "init", spec),
+        "an init container mounting the serving PVC at its root",
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("sub", ["", "/", "/model1"])
+async def test_isvc_style_serving_pod_read_only_at_its_key_is_admitted(
+    control_plane: ControlPlane, namespace: str, tenant: Credentials, serving_claim: str, sub: str
+) -> None:
+    # what KServe's pod mutator produces: models/<key><subPath>, readOnly (ref §6.4)
+    await _denied(
+        control_plane, tenant, _pods(namespace),
+        harness.pod(namespace, "probe", harness.pod_spec(serving_claim, {"readOnly": True})),
+        "the probe pod without subPath (the policy is in force)",
+    )  # fmt: skip
+    spec = harness.pod_spec(serving_claim, {"subPath": f"models/{KEY}{sub}", "readOnly": True})
+    harness.ok(
+        control_plane.rest(
+            "POST", _pods(namespace), harness.pod(namespace, "isvc", spec), creds=tenant
+        ),
+        "the ISVC-style serving pod",
+    )
+
+
+async def test_pods_without_localcache_claims_are_not_affected(
+    control_plane: ControlPlane, namespace: str, tenant: Credentials, serving_claim: str
+) -> None:
+    pvc = {
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "metadata": {"name": "own-data", "namespace": namespace},
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
+    }  # fmt: skip
+    harness.ok(
+        control_plane.rest(
+            "POST", f"/api/v1/namespaces/{namespace}/persistentvolumeclaims", pvc, creds=tenant
+        ),
+        "the tenant's own PVC",
+    )
+    spec = harness.pod_spec("own-data", {})
+    harness.ok(
+        control_plane.rest(
+            "POST", _pods(namespace), harness.pod(namespace, "own", spec), creds=tenant
+        ),
+        "a pod mounting the tenant's own PVC read-write at its root",
+    )
+
+
+async def test_download_claim_staging_mount_only_for_the_agents_jobs(
+    control_plane: ControlPlane, namespace: str, tenant: Credentials, download_claim: str
+) -> None:
+    mount = {"subPath": STAGING, "readOnly": False}
+    spec = harness.pod_spec(download_claim, mount)
+    job_owner = {
+        "apiVersion": "batch/v1", "kind": "Job", "name": STAGING_JOB,
+        "uid": "00000000-0000-0000-0000-000000000001", "controller": True,
+    }  # fmt: skip
+    message = await _denied(
+        control_plane, tenant, _pods(namespace),
+        harness.pod(namespace, "forged", spec, owner=job_owner),
+        "a tenant pod (claiming to belong to a download Job) writing the staging folder",
+    )  # fmt: skip
+    assert "only the localcache agent's download Jobs may mount it" in message, message
+    tenant_job = harness.job(namespace, STAGING_JOB, spec, node="node-1", node_uid="u")
+    await _denied(
+        control_plane, tenant, f"/apis/batch/v1/namespaces/{namespace}/jobs", tenant_job,
+        "a tenant Job writing the staging folder",
+    )  # fmt: skip
+    # The Job controller creates the pods of a Job; its identity may mount the staging subPath
+    # of the owning Job, and only that one.
+    job_controller = control_plane.service_account_credentials("kube-system", "job-controller")
+    harness.grant(control_plane, namespace, job_controller.user)
+    wrong = {**job_owner, "name": "lmd-some-other-job-0"}
+    await _denied(
+        control_plane, job_controller, _pods(namespace),
+        harness.pod(namespace, "other-job", spec, owner=wrong),
+        "a Job's pod mounting the staging folder of another Job",
+    )  # fmt: skip
+    harness.ok(
+        control_plane.rest(
+            "POST", _pods(namespace), harness.pod(namespace, "download", spec, owner=job_owner),
+            creds=job_controller,
+        ),
+        "the download Job's pod created by the Job controller",
+    )  # fmt: skip
