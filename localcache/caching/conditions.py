@@ -1,24 +1,36 @@
 """A cache's status from its member nodes: `nodeStatus`, `copies`, `Ready`/`Degraded`, events.
 
-Pure rules, no I/O. Inputs are the cache's current member nodes (with readiness) and the
-download state its status key has on each node's LocalModelNode.
+Pure rules, no I/O. Inputs are the cache's current member nodes (with readiness), the
+download state (and progress) its status key has on each node's LocalModelNode, and the
+derived objects (PV, PVC) the apiserver refused in this reconcile.
 
 - `nodeStatus` has exactly one entry per current member node [P7]: `NodeNotReady` for a
   node that is not Ready, whatever it had before [P8]; otherwise the LocalModelNode's
-  state mapped one to one (missing or unknown → `NodeDownloadPending`).
+  state mapped one to one (missing or unknown → `NodeDownloadPending`), except that a
+  *retry after a failure* stays `NodeDownloadError` until it succeeds: the agent turns the
+  entry back to Pending/Downloading while the next attempt runs, and a cache must not look
+  recovered merely because a retry started. The agent gives no explicit signal for it; the
+  read-side rule (`is_retry_after_failure`) is an entry not yet downloaded whose
+  `modelProgress` shows a later attempt (`attempts` > 1) that carries a failure `message`
+  (the agent keeps the last failure message while retrying, and clears it when it
+  re-downloads a lost folder, which is no failure).
 - `copies` counts over those entries only: `total` members, `available` downloaded, `failed`
-  download errors. All three are written, zeros included.
+  download errors (retries after a failure included). All three are written, zeros included.
 - Conditions (metav1.Condition shape): `Ready` is True when there is at least one member,
   every member has the model and no node group is missing. `Degraded` is True when a node
-  group is missing [P5] or some download failed. `lastTransitionTime` changes only when a
-  condition's status changes; reason and message may change without it.
+  group is missing [P5], the apiserver refused a derived object (`VolumeRefused`, with its
+  code, reason and message), or some download failed (`DownloadFailed`, naming the nodes, the
+  ones retrying, and the first failure message); the reason is the first of these that
+  applies, the message lists them all. `lastTransitionTime` changes only when a condition's
+  status changes; reason and message may change without it.
 - `events` lists what deserves a Kubernetes Event when the status moves from `old` to `new`:
-  a node finishing or failing its download, and `Ready`/`Degraded` changing.
+  a node finishing or failing its download, a derived object newly refused, and
+  `Ready`/`Degraded` changing (so `Recovered` only once nothing fails any more).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final, Literal
 
@@ -38,8 +50,11 @@ REASON_DOWNLOAD_FAILED: Final = "DownloadFailed"
 REASON_NODES_NOT_READY: Final = "NodesNotReady"
 REASON_DOWNLOADING: Final = "DownloadInProgress"
 REASON_AS_EXPECTED: Final = "AsExpected"
+REASON_VOLUME_REFUSED: Final = "VolumeRefused"
 
 MAX_NAMES_IN_MESSAGE: Final = 5
+MAX_REFUSALS_IN_MESSAGE: Final = 3
+DETAIL_LIMIT: Final = 400
 
 _FROM_MODEL_STATUS: Final = {
     ModelStatus.DOWNLOAD_PENDING: NodeStatus.DOWNLOAD_PENDING,
@@ -49,14 +64,57 @@ _FROM_MODEL_STATUS: Final = {
 }
 
 
-def node_status(*, ready: bool, model_status: str | None) -> NodeStatus:
-    """One member node's entry in `status.nodeStatus`."""
+def is_retry_after_failure(
+    *, model_status: str | None, attempts: int | None, message: str | None
+) -> bool:
+    """Whether an entry the agent reports as Pending/Downloading is a retry of a failed
+    download (module docstring): a later attempt that carries the last failure message."""
+    retrying = model_status in (ModelStatus.DOWNLOAD_PENDING, ModelStatus.DOWNLOADING)
+    return retrying and (attempts or 0) > 1 and bool(message)
+
+
+def node_status(
+    *,
+    ready: bool,
+    model_status: str | None,
+    attempts: int | None = None,
+    message: str | None = None,
+) -> NodeStatus:
+    """One member node's entry in `status.nodeStatus`; `attempts` and `message` are the
+    entry's `modelProgress` fields (a retry after a failure stays an error)."""
     if not ready:
         return NodeStatus.NOT_READY
+    if is_retry_after_failure(model_status=model_status, attempts=attempts, message=message):
+        return NodeStatus.DOWNLOAD_ERROR
     try:
         return _FROM_MODEL_STATUS.get(ModelStatus(model_status or ""), NodeStatus.DOWNLOAD_PENDING)
     except ValueError:
         return NodeStatus.DOWNLOAD_PENDING
+
+
+def clip(text: str, limit: int = DETAIL_LIMIT) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """The apiserver refused a write of one of the cache's derived objects (a PV or PVC):
+    `code` and `reason` are the HTTP status and the Status reason (`Invalid`, `Forbidden`,
+    ...), `message` the apiserver's own text."""
+
+    verb: Literal["create", "delete"]
+    kind: str
+    name: str
+    namespace: str
+    code: int
+    reason: str
+    message: str
+
+    def describe(self) -> str:
+        where = f"{self.namespace}/{self.name}" if self.namespace else self.name
+        why = f"{self.code} {self.reason}" if self.reason else str(self.code)
+        return f"cannot {self.verb} {self.kind} {where}: {why}: {clip(self.message)}"
 
 
 def copies(statuses: Mapping[str, NodeStatus]) -> modelcache.ModelCopies:
@@ -102,17 +160,48 @@ def _ready(statuses: Mapping[str, NodeStatus], missing: Sequence[str]) -> tuple[
     return False, REASON_DOWNLOADING, progress
 
 
-def _degraded(statuses: Mapping[str, NodeStatus], missing: Sequence[str]) -> tuple[bool, str, str]:
+def _refusals_message(refused: Sequence[Refusal]) -> str:
+    shown = "; ".join(r.describe() for r in refused[:MAX_REFUSALS_IN_MESSAGE])
+    extra = len(refused) - MAX_REFUSALS_IN_MESSAGE
+    return f"{shown}; and {extra} more refused" if extra > 0 else shown
+
+
+def _failures_message(
+    failed: Sequence[str], retrying: Collection[str], details: Mapping[str, str]
+) -> str:
+    text = f"download failed on {_names(failed)}"
+    again = [node for node in failed if node in retrying]
+    if again:
+        text += f" (retry running on {_names(again)})"
+    first = next((node for node in failed if details.get(node)), None)
+    if first is not None:
+        text += f"; {first}: {clip(details[first])}"
+    return text
+
+
+def _degraded(
+    statuses: Mapping[str, NodeStatus],
+    missing: Sequence[str],
+    *,
+    refused: Sequence[Refusal],
+    retrying: Collection[str],
+    details: Mapping[str, str],
+) -> tuple[bool, str, str]:
     failed = _with(statuses, NodeStatus.DOWNLOAD_ERROR)
     parts = []
+    reasons = []
     if missing:
         parts.append(_group_message(missing))
+        reasons.append(REASON_NODE_GROUP_NOT_FOUND)
+    if refused:
+        parts.append(_refusals_message(refused))
+        reasons.append(REASON_VOLUME_REFUSED)
     if failed:
-        parts.append(f"download failed on {_names(failed)}")
+        parts.append(_failures_message(failed, retrying, details))
+        reasons.append(REASON_DOWNLOAD_FAILED)
     if not parts:
         return False, REASON_AS_EXPECTED, "no download failed and every node group exists"
-    reason = REASON_NODE_GROUP_NOT_FOUND if missing else REASON_DOWNLOAD_FAILED
-    return True, reason, "; ".join(parts)
+    return True, reasons[0], "; ".join(parts)
 
 
 def _find(conds: Sequence[meta.Condition], type_: str) -> meta.Condition | None:
@@ -151,13 +240,25 @@ def conditions(
     previous: Sequence[meta.Condition] | None,
     generation: int | None,
     now: str,
+    refused: Sequence[Refusal] = (),
+    retrying: Collection[str] = (),
+    failure_messages: Mapping[str, str] | None = None,
 ) -> list[meta.Condition]:
-    """`Ready` then `Degraded`, followed by any other condition types already present."""
+    """`Ready` then `Degraded`, followed by any other condition types already present.
+    `refused` are this reconcile's refused derived objects, `retrying` the member nodes whose
+    failed download is being retried, `failure_messages` the agent's text per node."""
     prior = list(previous or [])
     out = []
+    degraded = _degraded(
+        statuses,
+        missing_groups,
+        refused=refused,
+        retrying=retrying,
+        details=failure_messages or {},
+    )
     for type_, (status, reason, message) in (
         (READY, _ready(statuses, missing_groups)),
-        (DEGRADED, _degraded(statuses, missing_groups)),
+        (DEGRADED, degraded),
     ):
         out.append(
             set_condition(
@@ -193,12 +294,20 @@ def events(
     old_conditions: Sequence[meta.Condition],
     new_conditions: Sequence[meta.Condition],
     failure_messages: Mapping[str, str] | None = None,
+    refused: Sequence[Refusal] = (),
 ) -> list[EventSpec]:
     """Events for a status change: downloads completed or failed on a node (only when the
-    node's state changed to that), and `Ready`/`Degraded` transitions. `failure_messages`
+    node's state changed to that), derived objects refused that the old `Degraded` message
+    did not already report, and `Ready`/`Degraded` transitions. `failure_messages`
     (node → text) adds the agent's reason to a failure event."""
     out: list[EventSpec] = []
     details = failure_messages or {}
+    old_degraded = _find(old_conditions, DEGRADED)
+    reported = old_degraded.message if old_degraded is not None else ""
+    for refusal in refused:
+        text = refusal.describe()
+        if text not in reported:
+            out.append(EventSpec("Warning", REASON_VOLUME_REFUSED, text))
     for node in sorted(new_nodes):
         state = new_nodes[node]
         if old_nodes.get(node) == state:

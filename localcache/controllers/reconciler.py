@@ -11,9 +11,14 @@ A reconcile of cache C (level-based, reading informer stores, writing only what 
    `disableVolumeManagement` is off, a serving pair per (ISVC namespace, node group)
    (`volumes.reconcile_volumes`).
 5. Status: `nodeStatus`, `copies`, `conditions` and `inferenceServices`, patched only when
-   they differ; Events for downloads completed or failed and condition changes.
+   they differ (from what this process last wrote, when the store lags behind it); Events
+   for downloads completed or failed, derived objects refused, and condition changes.
 Failures of steps 3 and 4 do not stop the others; the first is raised at the end (retry with
-backoff), after the status was written.
+backoff), after the status was written, except when step 4 got no answer from the apiserver
+(a transport error): then the status is left as it is. A PV/PVC write the apiserver refuses
+reaches `Degraded` (reason `VolumeRefused`, with the apiserver's code, reason and message)
+and a Warning Event in the same reconcile, and is still raised, so retries keep their
+backoff.
 
 Finalize (C has a deletionTimestamp and our finalizer): wait for LocalModelNode writes in
 flight, then remove C's entry from every LocalModelNode found by a fresh LIST (so entries
@@ -67,6 +72,18 @@ def _tracked(isvcs: list[Obj]) -> list[Obj]:
     return [{"namespace": ns, "name": name} for ns, name in sorted(refs)]
 
 
+def _int_or_none(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _parse_status(raw: Obj) -> modelcache.LocalModelCacheStatus:
+    """The cache's status as last written; unreadable (a newer version's) → empty."""
+    try:
+        return modelcache.LocalModelCacheStatus.model_validate(raw)
+    except pydantic.ValidationError:
+        return modelcache.LocalModelCacheStatus()
+
+
 class CacheReconciler:
     """Reconciles one cache kind (see the module docstring)."""
 
@@ -89,6 +106,7 @@ class CacheReconciler:
         self._recorder = recorder
         self._now = now
         self._nodes = writer
+        self._written = status.WrittenStatus()
 
     async def reconcile(self, key: runtime_keys.ObjectKey) -> reconcile.Result:
         raw = self.scope.store(self._stores).get(key)
@@ -123,7 +141,7 @@ class CacheReconciler:
             job_namespace=cfg.job_namespace,
         )
         try:
-            await volumes.reconcile_volumes(
+            outcome = await volumes.reconcile_volumes(
                 self._api,
                 stores=self._stores,
                 owner=self.scope.owner_id(cache),
@@ -131,8 +149,15 @@ class CacheReconciler:
                 manage_serving=manage_serving,
             )
         except errors.LocalcacheError as exc:
-            failures.append(exc)
-        await self._write_status(raw, cache, snap, members, isvcs)
+            # no answer (refusals are returned, not raised): what the volumes are is unknown,
+            # so the status is not rewritten, lest a refusal reported earlier look recovered
+            if failures:
+                raise failures[0] from exc
+            raise
+        refused = outcome.refused
+        if outcome.error is not None:
+            failures.append(outcome.error)
+        await self._write_status(raw, cache, snap, members, isvcs, refused)
         if failures:
             raise failures[0]
         return reconcile.Result()
@@ -188,27 +213,41 @@ class CacheReconciler:
         snap: placement.Snapshot,
         members: dict[str, str],
         isvcs: list[Obj],
+        refused: list[conditions.Refusal],
     ) -> None:
         key = self.scope.status_key(cache)
         node_status: dict[str, conditions.NodeStatus] = {}
         failure_messages: dict[str, str] = {}
+        retrying: set[str] = set()
         for node in sorted(members):
             node_obj = self._lmn(node)
             lmn_status = (node_obj or {}).get("status") or {}
+            model_status = (lmn_status.get("modelStatus") or {}).get(key)
+            progress = (lmn_status.get("modelProgress") or {}).get(key) or {}
+            message = str(progress.get("message") or "")
+            attempts = _int_or_none(progress.get("attempts"))
             node_status[node] = conditions.node_status(
                 ready=snap.is_ready(node),
-                model_status=(lmn_status.get("modelStatus") or {}).get(key),
+                model_status=model_status,
+                attempts=attempts,
+                message=message,
             )
-            progress = (lmn_status.get("modelProgress") or {}).get(key) or {}
-            if progress.get("message"):
-                failure_messages[node] = str(progress["message"])
-        old = cache.status or modelcache.LocalModelCacheStatus()
+            if message:
+                failure_messages[node] = message
+            if conditions.is_retry_after_failure(
+                model_status=model_status, attempts=attempts, message=message
+            ):
+                retrying.add(node)
+        old = _parse_status(self._written.current(raw))
         conds = conditions.conditions(
             node_status,
             missing_groups=snap.missing_groups(cache.spec.node_groups),
             previous=old.conditions,
             generation=cache.metadata.generation,
             now=self._now(),
+            refused=refused,
+            retrying=retrying,
+            failure_messages=failure_messages,
         )
         desired: Obj = {
             "nodeStatus": {node: str(state_) for node, state_ in node_status.items()},
@@ -217,7 +256,9 @@ class CacheReconciler:
         }
         if self._stores.inference_services is not None:
             desired["inferenceServices"] = _tracked(isvcs)
-        if not await status.write_status(self._api, self.scope, current=raw, desired=desired):
+        if not await status.write_status(
+            self._api, self.scope, current=raw, desired=desired, written=self._written
+        ):
             return
         for event in conditions.events(
             old_nodes=old.node_status or {},
@@ -225,6 +266,7 @@ class CacheReconciler:
             old_conditions=old.conditions or [],
             new_conditions=conds,
             failure_messages=failure_messages,
+            refused=refused,
         ):
             await self._recorder.record(self.scope, cache, event)
 

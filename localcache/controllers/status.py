@@ -7,6 +7,11 @@
   `conditions`, and `inferenceServices` when ISVCs are tracked) through the status
   subresource, and only when they differ from what the store holds. Other status fields
   (`llmInferenceServices`, fields of newer versions) are left alone.
+- `WrittenStatus` remembers the status this process last wrote to each cache until the
+  informer store shows that write. A reconcile that runs before then (a retry 5 ms after a
+  refused PVC, a second event in a burst) diffs against what was written, not against the
+  store's older copy: otherwise it would write the same status again and record its Events
+  twice, or skip a needed write because the old copy happens to equal the new state.
 - `EventRecorder` creates core/v1 Events on an object, as client-go's recorder does (a
   cluster-scoped object's Events go to `default`). Failing to record an Event is logged,
   never raised: Events are informative.
@@ -15,13 +20,15 @@
 from __future__ import annotations
 
 import uuid
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final
 
 import structlog
 
-from localcache.caching import conditions
+from localcache.caching import conditions, names
 from localcache.controllers import scope, state
 from localcache.runtime import errors, kube
 
@@ -52,17 +59,62 @@ def merge_diff(old: Mapping[str, Any], new: Mapping[str, Any]) -> Obj:
     return patch
 
 
+@dataclass(frozen=True, slots=True)
+class _Written:
+    based_on: str  # the resourceVersion the store held when we wrote
+    status: Obj  # the status the apiserver answered with
+
+
+class WrittenStatus:
+    """What this process last wrote to each cache's status (module docstring), by uid.
+    An entry is dropped once the store's copy moved past the version the write was based
+    on; at most `limit` caches are remembered (the oldest are forgotten first)."""
+
+    def __init__(self, limit: int = 4096) -> None:
+        self._limit = limit
+        self._by_uid: OrderedDict[str, _Written] = OrderedDict()
+
+    def current(self, obj: Obj) -> Obj:
+        """The status to treat as the cache's current one, for the store's copy `obj`."""
+        meta = obj.get("metadata") or {}
+        uid = str(meta.get("uid") or "")
+        found = self._by_uid.get(uid)
+        if found is not None and found.based_on == str(meta.get("resourceVersion") or ""):
+            return found.status  # the store has not seen our write yet
+        self._by_uid.pop(uid, None)
+        return dict(obj.get("status") or {})
+
+    def remember(self, obj: Obj, answer: Obj) -> None:
+        meta = obj.get("metadata") or {}
+        uid = str(meta.get("uid") or "")
+        if not uid:
+            return
+        self._by_uid[uid] = _Written(
+            str(meta.get("resourceVersion") or ""), dict(answer.get("status") or {})
+        )
+        self._by_uid.move_to_end(uid)
+        while len(self._by_uid) > self._limit:
+            self._by_uid.popitem(last=False)
+
+
 async def write_status(
-    api: state.Api, sc: scope.Scope, *, current: Obj, desired: Mapping[str, Any]
+    api: state.Api,
+    sc: scope.Scope,
+    *,
+    current: Obj,
+    desired: Mapping[str, Any],
+    written: WrittenStatus | None = None,
 ) -> bool:
-    """Patch the owned status fields of the cache object `current` towards `desired`;
-    True when a write was needed."""
+    """Patch the owned status fields of the cache object `current` (the store's copy)
+    towards `desired`; True when a write was needed. With `written`, the diff is taken
+    against what this process wrote last when the store has not caught up with it."""
     meta = current.get("metadata") or {}
-    diff = merge_diff(current.get("status") or {}, desired)
+    base = written.current(current) if written is not None else current.get("status") or {}
+    diff = merge_diff(base, desired)
     if not diff:
         return False
     try:
-        await api.patch_status(
+        answer = await api.patch_status(
             sc.resource,
             str(meta["name"]),
             {"status": diff},
@@ -71,6 +123,8 @@ async def write_status(
     except errors.NotFound:
         _log.debug("cache_already_gone")  # deleted since the store's copy was taken
         return False
+    if written is not None:
+        written.remember(current, answer)
     _log.info("cache_status_updated", fields=sorted(diff))
     return True
 
@@ -108,7 +162,10 @@ class EventRecorder:
         body: Obj = {
             "apiVersion": "v1",
             "kind": "Event",
-            "metadata": {"name": f"{cache.name}.{uuid.uuid4().hex[:16]}", "namespace": namespace},
+            "metadata": {
+                "name": names.event_name(cache.name, uuid.uuid4().hex[:16]),
+                "namespace": namespace,
+            },
             "involvedObject": involved,
             "reason": event.reason,
             "message": event.message,

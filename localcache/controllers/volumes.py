@@ -18,6 +18,10 @@ Every object we create carries `OWNER_ANNOTATION` (the cache id) and `ROLE_ANNOT
   InferenceServices, a group removed from the spec) are deleted, PVC and PV alike, for both
   cache kinds [P3]. Serving objects are left alone when `manage_serving` is false
   (`disableVolumeManagement`).
+- a write the apiserver refuses (422 Invalid, 403 Forbidden by RBAC or quota, ...) does not
+  stop the others: it is returned as a `conditions.Refusal` (for the cache's status and
+  Events) with the first such error to raise (retry with backoff); a PVC whose PV was
+  refused is not attempted. Transport errors (no answer) are raised at once.
 `ownerless_pvs` lists what the finalizer must delete itself (garbage collection handles the
 rest).
 """
@@ -26,12 +30,14 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
 import structlog
 
 from localcache.api import nodegroup
+from localcache.caching import conditions
+from localcache.caching import keys as cache_keys
 from localcache.controllers import scope, state
 from localcache.runtime import errors, kube
 from localcache.runtime import keys as runtime_keys
@@ -42,6 +48,10 @@ Obj = dict[str, Any]
 Role = Literal["download", "serving"]
 BROKEN_PV_PHASES: Final = frozenset({"Released", "Failed"})
 BROKEN_PVC_PHASES: Final = frozenset({"Lost"})
+STORAGE_KEY_ANNOTATION: Final = "localmodel.kserve.io/storage-key"
+"""The cache's storage key, on every PV and PVC we create: the admission policies in
+`manifests/policies` allow a pod to mount our PVC only with this key's subPath (tenants cannot
+edit PVs, so the PV's copy is the one trusted)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +77,7 @@ def _metadata(sc: scope.Scope, cache: scope.CacheModel, role: Role, *, owned: bo
         "annotations": {
             state.OWNER_ANNOTATION: sc.owner_id(cache),
             state.ROLE_ANNOTATION: role,
+            STORAGE_KEY_ANNOTATION: cache_keys.storage_key(cache.spec.source_model_uri),
         },
     }
     if owned:
@@ -179,14 +190,53 @@ def _annotated(objs: Iterable[Obj], owner: str) -> list[Obj]:
     ]
 
 
+@dataclass(slots=True)
+class Outcome:
+    """What `reconcile_volumes` did: the writes sent, the writes the apiserver refused, and
+    the first refusal's error (to raise once the status reports them)."""
+
+    writes: int = 0
+    refused: list[conditions.Refusal] = field(default_factory=list)
+    error: errors.ApiError | None = None
+
+
 class _Writer:
-    """Create/delete with idempotent error handling; counts writes."""
+    """Create/delete with idempotent error handling; counts writes and collects refusals."""
 
     def __init__(self, api: state.Api) -> None:
         self.api = api
-        self.writes = 0
+        self.outcome = Outcome()
 
-    async def create(self, res: kube.Resource, obj: Obj) -> None:
+    def _refused(
+        self, verb: Literal["create", "delete"], res: kube.Resource, obj: Obj, exc: errors.ApiError
+    ) -> None:
+        meta = _meta(obj)
+        _log.warning(
+            "volume_write_refused",
+            verb=verb,
+            kind=res.kind,
+            name=meta.get("name"),
+            namespace=meta.get("namespace"),
+            code=exc.status,
+            reason=exc.reason,
+            error=exc.message,
+        )
+        self.outcome.refused.append(
+            conditions.Refusal(
+                verb=verb,
+                kind=res.kind,
+                name=str(meta.get("name") or ""),
+                namespace=str(meta.get("namespace") or ""),
+                code=exc.status,
+                reason=exc.reason,
+                message=exc.message,
+            )
+        )
+        if self.outcome.error is None:
+            self.outcome.error = exc
+
+    async def create(self, res: kube.Resource, obj: Obj) -> bool:
+        """Create `obj` (an existing one is fine); False when the apiserver refused it."""
         meta = _meta(obj)
         try:
             await self.api.create(res, obj, namespace=meta.get("namespace") or None)
@@ -195,8 +245,13 @@ class _Writer:
             )
         except errors.Conflict as exc:
             if not exc.already_exists:
-                raise
-        self.writes += 1
+                self._refused("create", res, obj, exc)
+                return False
+        except errors.ApiError as exc:
+            self._refused("create", res, obj, exc)
+            return False
+        self.outcome.writes += 1
+        return True
 
     async def delete(self, res: kube.Resource, obj: Obj) -> None:
         meta = _meta(obj)
@@ -209,7 +264,10 @@ class _Writer:
             )
         except errors.NotFound:
             pass
-        self.writes += 1
+        except errors.ApiError as exc:
+            self._refused("delete", res, obj, exc)
+            return
+        self.outcome.writes += 1
 
 
 async def reconcile_volumes(
@@ -219,8 +277,8 @@ async def reconcile_volumes(
     owner: str,
     pairs: Sequence[Pair],
     manage_serving: bool,
-) -> int:
-    """Drive the cache's PVs/PVCs towards `pairs` (module docstring); returns the writes."""
+) -> Outcome:
+    """Drive the cache's PVs/PVCs towards `pairs` (module docstring)."""
     writer = _Writer(api)
     pv_store, pvc_store = stores.persistent_volumes, stores.persistent_volume_claims
     pvcs, pvs = kube.PERSISTENT_VOLUME_CLAIMS, kube.PERSISTENT_VOLUMES
@@ -238,8 +296,8 @@ async def reconcile_volumes(
             if pv is not None:
                 await writer.delete(pvs, pv)
             continue
-        if pv is None:
-            await writer.create(pvs, pair.pv)
+        if pv is None and not await writer.create(pvs, pair.pv):
+            continue  # a claim pre-bound to a PV that could not be made would wait for ever
         if pvc is None:
             await writer.create(pvcs, pair.pvc)
     wanted_pvcs = {p.pvc_key for p in pairs}
@@ -251,7 +309,7 @@ async def reconcile_volumes(
     for obj in _annotated(pv_store.by_index(state.BY_OWNER, owner), owner):
         if _role(obj) in roles and runtime_keys.ObjectKey.of(obj).name not in wanted_pvs:
             await writer.delete(pvs, obj)
-    return writer.writes
+    return writer.outcome
 
 
 def ownerless_pvs(sc: scope.Scope, cache: scope.CacheModel, *, stores: state.Stores) -> list[str]:

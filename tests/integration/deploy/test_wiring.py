@@ -153,7 +153,7 @@ def test_the_test_bed_overlay_changes_only_image_references(control_plane: Contr
         if isinstance(node, dict):
             out: dict[str, object] = {}
             for key, value in node.items():
-                if key == "image":
+                if key == "image" and isinstance(value, str):  # not a CRD schema property
                     images.append(value)
                     out[key] = "<image>"
                 else:

@@ -162,3 +162,156 @@ def test_ready_event_when_all_copies_arrive() -> None:
         new_conditions=after,
     )
     assert [(e.type, e.reason) for e in found] == [("Normal", "Ready")]
+
+
+# ------------------------------------------------------------------------ failures reach the cache
+
+
+@pytest.mark.parametrize(
+    ("model_status", "attempts", "message", "expected"),
+    [
+        # the agent retries a failed download: the entry is Pending/Downloading again, with a
+        # later attempt that carries the last failure message
+        ("ModelDownloadPending", 2, "download Job j-0 failed: 403", NS.DOWNLOAD_ERROR),
+        ("ModelDownloading", 3, "download Job j-1 failed: 403", NS.DOWNLOAD_ERROR),
+        # a pod failed while the first Job still retries: not a failure yet [P17]
+        ("ModelDownloading", 1, "a download pod failed, Job j-0 retries: x", NS.DOWNLOADING),
+        # a lost folder downloaded again: a later attempt without a failure
+        ("ModelDownloadPending", 2, None, NS.DOWNLOAD_PENDING),
+        ("ModelDownloaded", 3, "download Job j-1 failed: 403", NS.DOWNLOADED),
+        ("ModelDownloadError", 1, "download Job j-0 failed: 403", NS.DOWNLOAD_ERROR),
+    ],
+)
+def test_a_retry_after_a_failure_stays_a_download_error_until_it_succeeds(
+    model_status: str, attempts: int, message: str | None, expected: conditions.NodeStatus
+) -> None:
+    found = conditions.node_status(
+        ready=True, model_status=model_status, attempts=attempts, message=message
+    )
+    assert found == expected
+
+
+def test_degraded_names_the_failed_nodes_the_retries_and_the_first_message() -> None:
+    statuses = {"n1": NS.DOWNLOAD_ERROR, "n2": NS.DOWNLOAD_ERROR, "n3": NS.DOWNLOADED}
+    out = conditions.conditions(
+        statuses,
+        missing_groups=[],
+        previous=None,
+        generation=1,
+        now=T0,
+        retrying={"n2"},
+        failure_messages={"n1": "download Job j failed: 403 Forbidden", "n3": "old"},
+    )
+    degraded = {c.type: c for c in out}["Degraded"]
+    assert degraded.status == meta.ConditionStatus.TRUE
+    assert degraded.reason == "DownloadFailed"
+    assert degraded.message == (
+        "download failed on n1, n2 (retry running on n2); n1: download Job j failed: 403 Forbidden"
+    )
+
+
+def _lifecycle(
+    steps: list[dict[str, conditions.NodeStatus]],
+) -> list[list[tuple[str, str]]]:
+    """The events of each step of a node's status history, as the reconciler records them."""
+    old_nodes: dict[str, conditions.NodeStatus] = {}
+    old_conds: list[meta.Condition] = []
+    found = []
+    for nodes in steps:
+        new_conds = conditions.conditions(
+            nodes, missing_groups=[], previous=old_conds, generation=1, now=T0
+        )
+        events = conditions.events(
+            old_nodes=old_nodes,
+            new_nodes=nodes,
+            old_conditions=old_conds,
+            new_conditions=new_conds,
+        )
+        found.append([(str(e.type), e.reason) for e in events])
+        old_nodes, old_conds = nodes, new_conds
+    return found
+
+
+def test_recovered_only_after_the_retry_succeeds() -> None:
+    def node(model_status: str, attempts: int, message: str | None) -> conditions.NodeStatus:
+        return conditions.node_status(
+            ready=True, model_status=model_status, attempts=attempts, message=message
+        )
+
+    failure = "download Job j-0 failed: no such bucket"
+    steps = [
+        {"a": node("ModelDownloading", 1, None)},
+        {"a": node("ModelDownloadError", 1, failure)},
+        {"a": node("ModelDownloadPending", 2, failure)},  # the retry starts
+        {"a": node("ModelDownloading", 2, failure)},
+        {"a": node("ModelDownloaded", 2, None)},
+    ]
+    assert _lifecycle(steps) == [
+        [],
+        [("Warning", "DownloadFailed"), ("Warning", "Degraded")],
+        [],
+        [],
+        [("Normal", "ModelDownloaded"), ("Normal", "Ready"), ("Normal", "Recovered")],
+    ]
+
+
+REFUSED = conditions.Refusal(
+    verb="create",
+    kind="PersistentVolumeClaim",
+    name="bert-gpu-download",
+    namespace="team-a",
+    code=403,
+    reason="Forbidden",
+    message='persistentvolumeclaims "bert-gpu-download" is forbidden: exceeded quota: q',
+)
+
+
+def test_a_refused_derived_object_degrades_the_cache_with_the_apiservers_message() -> None:
+    out = conditions.conditions(
+        {"a": NS.DOWNLOAD_ERROR},
+        missing_groups=[],
+        previous=None,
+        generation=1,
+        now=T0,
+        refused=[REFUSED],
+    )
+    degraded = {c.type: c for c in out}["Degraded"]
+    assert degraded.status == meta.ConditionStatus.TRUE
+    assert degraded.reason == "VolumeRefused"
+    assert degraded.message == (
+        "cannot create PersistentVolumeClaim team-a/bert-gpu-download: 403 Forbidden: "
+        'persistentvolumeclaims "bert-gpu-download" is forbidden: exceeded quota: q; '
+        "download failed on a"
+    )
+
+
+def test_a_refusal_is_an_event_once_not_at_every_retry() -> None:
+    before = list(_conds({"a": NS.DOWNLOADING}).values())
+    refused = conditions.conditions(
+        {"a": NS.DOWNLOADING},
+        missing_groups=[],
+        previous=before,
+        generation=1,
+        now=T1,
+        refused=[REFUSED],
+    )
+    first = conditions.events(
+        old_nodes={"a": NS.DOWNLOADING},
+        new_nodes={"a": NS.DOWNLOADING},
+        old_conditions=before,
+        new_conditions=refused,
+        refused=[REFUSED],
+    )
+    assert [(e.type, e.reason) for e in first] == [
+        ("Warning", "VolumeRefused"),
+        ("Warning", "Degraded"),
+    ]
+    assert first[0].message == REFUSED.describe()
+    again = conditions.events(
+        old_nodes={"a": NS.DOWNLOADING},
+        new_nodes={"a": NS.DOWNLOADING},
+        old_conditions=refused,
+        new_conditions=refused,
+        refused=[REFUSED],
+    )
+    assert again == []

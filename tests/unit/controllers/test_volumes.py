@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from localcache.api import modelcache, nodegroup
+from localcache.caching import keys
 from localcache.controllers import clustercache, namespacecache, state, volumes
 
 GROUP = nodegroup.LocalModelNodeGroup.from_dict(
@@ -48,7 +49,9 @@ def test_cluster_cache_plan_owns_everything_and_pre_binds_each_pv() -> None:
     assert download.pvc["metadata"]["annotations"] == {
         state.OWNER_ANNOTATION: "LocalModelCache/iris",
         state.ROLE_ANNOTATION: "download",
+        volumes.STORAGE_KEY_ANNOTATION: keys.storage_key("s3://b/m"),
     }
+    assert download.pv["metadata"]["annotations"] == download.pvc["metadata"]["annotations"]
     assert "claimRef" not in GROUP.spec.persistent_volume_spec, "the template is not mutated"
 
 

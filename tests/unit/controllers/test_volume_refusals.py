@@ -1,0 +1,97 @@
+"""A PV/PVC write the apiserver refuses is reported, not only raised: `reconcile_volumes`
+carries on with the other objects and returns each refusal with the apiserver's words."""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+from localcache.api import modelcache, nodegroup
+from localcache.controllers import clustercache, state, volumes
+from localcache.runtime import errors, kube, store
+
+Obj = dict[str, Any]
+
+GROUP = nodegroup.LocalModelNodeGroup.from_dict(
+    {
+        "metadata": {"name": "gpu1"},
+        "spec": {
+            "storageLimit": "10Gi",
+            "persistentVolumeSpec": {"hostPath": {"path": "/models"}},
+            "persistentVolumeClaimSpec": {"storageClassName": "standard"},
+        },
+    }
+)
+
+
+class RefusingApi:
+    """Creates answer with the error `refuse` maps "kind/namespace/name" to, else succeed."""
+
+    def __init__(self, refuse: dict[str, errors.ApiError]) -> None:
+        self.refuse = refuse
+        self.created: list[str] = []
+        self.attempted: list[str] = []
+
+    async def create(self, res: kube.Resource, obj: Obj, **_: Any) -> Obj:
+        name = str(obj["metadata"]["name"])
+        where = f"{res.kind}/{obj['metadata'].get('namespace') or ''}/{name}"
+        self.attempted.append(where)
+        if where in self.refuse:
+            raise self.refuse[where]
+        self.created.append(where)
+        return obj
+
+
+def _stores() -> state.Stores:
+    empty = store.Store().view()
+    volumes_ = store.Store(state.VOLUME_INDEXERS).view()
+    return state.Stores(
+        caches=empty,
+        namespace_caches=empty,
+        nodes=empty,
+        local_model_nodes=empty,
+        node_groups=empty,
+        persistent_volumes=volumes_,
+        persistent_volume_claims=volumes_,
+        inference_services=None,
+    )
+
+
+async def test_refused_writes_are_returned_with_the_apiservers_words_and_others_go_on() -> None:
+    cache = modelcache.LocalModelCache.from_dict(
+        {
+            "metadata": {"name": "iris", "uid": "u1"},
+            "spec": {"sourceModelUri": "s3://b/m", "modelSize": "1Gi", "nodeGroups": ["gpu1"]},
+        }
+    )
+    download, serving = volumes.plan(
+        clustercache.SCOPE, cache, groups={"gpu1": GROUP}, serving=[("prod", "gpu1")],
+        job_namespace="jobs",
+    )  # fmt: skip
+    quota = errors.Forbidden(403, "exceeded quota: q", reason="Forbidden")
+    invalid = errors.Invalid(422, "metadata.name: Invalid value", reason="Invalid")
+    api = RefusingApi(
+        {
+            f"PersistentVolumeClaim/jobs/{download.pvc_key.name}": quota,
+            f"PersistentVolume//{serving.pv_name}": invalid,
+        }
+    )
+    outcome = await volumes.reconcile_volumes(
+        cast(state.Api, api),
+        stores=_stores(),
+        owner=clustercache.SCOPE.owner_id(cache),
+        pairs=[download, serving],
+        manage_serving=True,
+    )
+    assert api.created == [f"PersistentVolume//{download.pv_name}"]
+    assert f"PersistentVolumeClaim/prod/{serving.pvc_key.name}" not in api.attempted, (
+        "a claim pre-bound to a PV that could not be made is not created"
+    )
+    assert outcome.writes == 1
+    assert outcome.error is quota
+    assert [(r.verb, r.kind, r.name, r.namespace, r.code, r.reason, r.message) for r in
+            outcome.refused] == [
+        ("create", "PersistentVolumeClaim", download.pvc_key.name, "jobs", 403, "Forbidden",
+         "exceeded quota: q"),
+        ("create", "PersistentVolume", serving.pv_name, "", 422, "Invalid",
+         "metadata.name: Invalid value"),
+    ]  # fmt: skip
