@@ -11,6 +11,9 @@ its status-key style, its PV/PVC names and which InferenceServices belong to it.
     InferenceServices   localmodel label = c, and no      localmodel label = c, namespace
                         localmodel-namespace label [P2]   label = ns, and the ISVC is in ns
 
+The PV/PVC names are KServe's forms when those are unambiguous and fit, else hash-shortened
+(`caching.names`, the one place that derives them for controller, agent and webhooks).
+
 Everything else (the reconcile steps) is shared and parameterised by a Scope.
 """
 
@@ -20,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from localcache.api import groupversion, inferenceservice, modelcache
-from localcache.caching import keys
+from localcache.caching import keys, names
 from localcache.controllers import state
 from localcache.runtime import keys as runtime_keys
 from localcache.runtime import kube, store
@@ -102,21 +105,18 @@ class Scope:
     # ------------------------------------------------------------------- volume names
 
     def download_pv_name(self, cache: CacheModel, group: str) -> str:
-        if self.namespaced:
-            return f"{cache.name}-{group}-{cache.namespace}-download"
-        return f"{cache.name}-{group}-download"
+        return names.download_pv(cache.name, group, cache.namespace if self.namespaced else None)
 
     def download_pvc(self, cache: CacheModel, group: str, *, job_namespace: str) -> tuple[str, str]:
         """(namespace, name) of the download PVC."""
-        if self.namespaced:
-            return cache.namespace, f"{cache.name}-{group}-download"
-        return job_namespace, f"{cache.name}-{group}"
+        name = names.download_pvc(cache.name, group, namespaced=self.namespaced)
+        return (cache.namespace if self.namespaced else job_namespace), name
 
     def serving_pv_name(self, cache: CacheModel, group: str, isvc_namespace: str) -> str:
-        return f"{cache.name}-{group}-{isvc_namespace}"
+        return names.serving_pv(cache.name, group, isvc_namespace)
 
     def serving_pvc_name(self, cache: CacheModel, group: str) -> str:
-        return f"{cache.name}-{group}"
+        return names.serving_pvc(cache.name, group)
 
     @property
     def pvs_owned(self) -> bool:

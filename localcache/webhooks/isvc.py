@@ -39,6 +39,7 @@ import structlog
 from localcache.api import inferenceservice as isvc_api
 from localcache.api import modelcache
 from localcache.caching import keys as cache_keys
+from localcache.caching import names
 from localcache.runtime import admission
 from localcache.runtime import keys as runtime_keys
 
@@ -91,7 +92,7 @@ class Choice:
 
     @property
     def pvc_name(self) -> str:
-        return f"{self.cache.name}-{self.node_group}"
+        return names.serving_pvc(self.cache.name, self.node_group)
 
     @property
     def namespace(self) -> str | None:

@@ -5,6 +5,11 @@ admission handler `CacheValidator` that builds the snapshot from informer stores
 `Violation` names the field and the conflicting object; one denial carries all of them.
 
 Create and update (an update of an object being deleted is always allowed, as in KServe):
+- `spec.sourceModelUri` has a download path (`caching.uris`: a scheme the storage initializer
+  recognises, or a ClusterStorageContainer for download Jobs that claims it); the message
+  lists the supported schemes. Checked on create and when the URI changes, so a container
+  deleted later never blocks updates of a live cache;
+- `spec.modelSize` is greater than zero (on create and when it changes);
 - every node group in `spec.nodeGroups` exists (on update: every group added by it, so a group
   deleted later never blocks finalizer or label updates of a live cache) [P1, P5];
 - a LocalModelCache's `sourceModelUri` is unique among LocalModelCaches (one trailing `/`
@@ -36,8 +41,8 @@ import pydantic
 import structlog
 
 from localcache.api import inferenceservice as isvc_api
-from localcache.api import modelcache, nodegroup, quantity
-from localcache.caching import indexes
+from localcache.api import modelcache, nodegroup, quantity, storage
+from localcache.caching import indexes, uris
 from localcache.caching import keys as cache_keys
 from localcache.runtime import admission
 from localcache.runtime import keys as runtime_keys
@@ -100,6 +105,7 @@ class Snapshot:
     namespace_caches: Sequence[modelcache.LocalModelNamespaceCache] = ()
     users: Sequence[runtime_keys.ObjectKey] = ()
     """Live InferenceServices labelled for the cache under review (delete only)."""
+    storage_containers: Sequence[storage.ClusterStorageContainer] = ()
 
 
 def _ref(cache: AnyCache) -> tuple[str, str]:
@@ -119,6 +125,34 @@ def check_node_groups(
         for i, group in enumerate(cache.spec.node_groups)
         if group not in before and group not in node_groups
     ]
+
+
+def check_uri(
+    cache: AnyCache,
+    *,
+    old: AnyCache | None,
+    storage_containers: Iterable[storage.ClusterStorageContainer],
+) -> list[Violation]:
+    uri = cache.spec.source_model_uri
+    if (old is not None and old.spec.source_model_uri == uri) or uris.supported(
+        uri, storage_containers
+    ):
+        return []
+    return [
+        Violation(
+            "spec.sourceModelUri",
+            f"no download path supports {uri!r}: supported schemes are "
+            f"{uris.describe_supported()}, or a ClusterStorageContainer with workloadType "
+            f"{storage.WORKLOAD_LOCAL_MODEL_DOWNLOAD_JOB} whose supportedUriFormats match it",
+        )
+    ]
+
+
+def check_model_size(cache: AnyCache, *, old: AnyCache | None) -> list[Violation]:
+    size = cache.spec.model_size
+    if size.value > 0 or (old is not None and old.spec.model_size.value == size.value):
+        return []
+    return [Violation("spec.modelSize", f"must be greater than 0, got {size}")]
 
 
 def check_unique_uri(
@@ -220,6 +254,8 @@ def validate_write(
     if old is not None and cache.metadata.deletion_timestamp:
         return []
     return [
+        *check_uri(cache, old=old, storage_containers=snapshot.storage_containers),
+        *check_model_size(cache, old=old),
         *check_node_groups(cache, old=old, node_groups=snapshot.node_groups),
         *check_unique_uri(cache, old=old, cluster_caches=snapshot.cluster_caches),
         *check_name(cache, old=old, snapshot=snapshot),
@@ -255,7 +291,10 @@ class CacheValidator:
         node_groups: isvc.Lister,
         inference_services: IndexedLister,
         synced: Callable[[], bool],
+        storage_containers: isvc.Lister | None = None,
     ) -> None:
+        """`storage_containers` reads KServe's ClusterStorageContainers; None where the
+        apiserver does not serve that kind (only the built-in schemes are supported then)."""
         self._model: type[AnyCache] = (
             modelcache.LocalModelNamespaceCache if namespaced else modelcache.LocalModelCache
         )
@@ -264,6 +303,7 @@ class CacheValidator:
         self._node_groups = node_groups
         self._isvcs = inference_services
         self._synced = synced
+        self._storage_containers = storage_containers
 
     def _cache(self, obj: Obj | None, request: admission.Request) -> AnyCache | None:
         if obj is None:
@@ -324,7 +364,11 @@ class CacheValidator:
         for group in groups:
             _collect(cluster, self._caches.by_index(NODE_GROUP_INDEX, group))
             _collect(namespaced, self._namespace_caches.by_index(NODE_GROUP_INDEX, group))
+        containers = self._storage_containers
         return Snapshot(
+            storage_containers=isvc.parse_all(
+                storage.ClusterStorageContainer, containers.list() if containers else []
+            ),
             node_groups=node_groups,
             cluster_caches=isvc.parse_all(modelcache.LocalModelCache, cluster.values()),
             namespace_caches=isvc.parse_all(

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from localcache.caching import names
 from localcache.controllers import state
 from localcache.runtime import kube
 from localcache.runtime.testing.waiting import wait_until
@@ -42,11 +43,16 @@ async def test_cache_creates_volumes_and_node_entries_and_reports_downloads(env:
     job_ns = env.namespace
     for group in (g1, g2):
         await wait_until(
-            exists(env, kube.PERSISTENT_VOLUMES, f"{name}-{group}-download"),
+            exists(env, kube.PERSISTENT_VOLUMES, names.download_pv(name, group, None)),
             what=f"download PV {name}-{group}-download exists",
         )
         await wait_until(
-            exists(env, kube.PERSISTENT_VOLUME_CLAIMS, f"{name}-{group}", job_ns),
+            exists(
+                env,
+                kube.PERSISTENT_VOLUME_CLAIMS,
+                names.download_pvc(name, group, namespaced=False),
+                job_ns,
+            ),
             what=f"download PVC {name}-{group} exists in the job namespace",
         )
     for node, group in ((n1, g1), (n2, g2)):
@@ -75,9 +81,11 @@ async def test_cache_creates_volumes_and_node_entries_and_reports_downloads(env:
     )
     ready = {c["type"]: c for c in found["conditions"]}["Ready"]
     assert (ready["status"], ready["reason"]) == ("True", "ModelDownloaded")
-    pvc = await env.get(kube.PERSISTENT_VOLUME_CLAIMS, f"{name}-{g1}", job_ns)
+    pvc = await env.get(
+        kube.PERSISTENT_VOLUME_CLAIMS, names.download_pvc(name, g1, namespaced=False), job_ns
+    )
     assert pvc is not None
-    assert pvc["spec"]["volumeName"] == f"{name}-{g1}-download"
+    assert pvc["spec"]["volumeName"] == names.download_pv(name, g1, None)
 
     async def ready_event() -> bool:
         events = await env.api.list(
@@ -92,7 +100,7 @@ async def test_cache_creates_volumes_and_node_entries_and_reports_downloads(env:
     for node in (n1, n2):
         assert ("", name) not in await env.entries(node)
     await wait_until(
-        gone(env, kube.PERSISTENT_VOLUMES, f"{name}-{g1}-download"),
+        gone(env, kube.PERSISTENT_VOLUMES, names.download_pv(name, g1, None)),
         what="the owned download PV is garbage-collected",
     )
 
@@ -109,8 +117,8 @@ async def test_inference_services_get_serving_volumes_per_namespace_and_group(en
     for group in (g1, g2):
         await wait_bound_pair(
             env,
-            pv=f"{name}-{group}-{isvc_ns}",
-            pvc=f"{name}-{group}",
+            pv=names.serving_pv(name, group, isvc_ns),
+            pvc=names.serving_pvc(name, group),
             namespace=isvc_ns,
             role="serving",
         )
@@ -141,7 +149,7 @@ async def test_disabled_volume_management_leaves_serving_volumes_alone(env: Env)
         state.OWNER_ANNOTATION: f"LocalModelCache/{name}",
         state.ROLE_ANNOTATION: "serving",
     }
-    pv_name, pvc_name = f"{name}-{g1}-{isvc_ns}", f"{name}-{g1}"
+    pv_name, pvc_name = names.serving_pv(name, g1, isvc_ns), names.serving_pvc(name, g1)
     await env.api.create(
         kube.PERSISTENT_VOLUMES,
         {
@@ -174,7 +182,7 @@ async def test_disabled_volume_management_leaves_serving_volumes_alone(env: Env)
     controllers = await env.start(disableVolumeManagement=True)
     assert controllers.handle.stores.inference_services is None
     await wait_until(
-        exists(env, kube.PERSISTENT_VOLUMES, f"{name}-{g1}-download"),
+        exists(env, kube.PERSISTENT_VOLUMES, names.download_pv(name, g1, None)),
         what="the download PV is still managed",
     )
     found = await env.wait_status(

@@ -10,6 +10,7 @@ import itertools
 import pytest
 
 from localcache.api import groupversion
+from localcache.caching import names
 from localcache.controllers import state
 from localcache.runtime import kube
 from localcache.runtime.testing.waiting import wait_until
@@ -47,7 +48,7 @@ async def test_namespace_that_empties_then_gains_an_isvc_gets_a_fresh_bound_volu
     name = env.name("model")
     cache_ns = isvc_ns if kind == "namespace" else None
     await env.cache(name, [group], namespace=cache_ns)
-    pv_name, pvc_name = f"{name}-{group}-{isvc_ns}", f"{name}-{group}"
+    pv_name, pvc_name = names.serving_pv(name, group, isvc_ns), names.serving_pvc(name, group)
     bound = phase_is(env, kube.PERSISTENT_VOLUME_CLAIMS, pvc_name, isvc_ns, "Bound")
 
     await env.isvc("first", isvc_ns, cache=name, cache_namespace=cache_ns)
@@ -173,7 +174,10 @@ async def test_forced_resync_after_convergence_writes_nothing(env: Env) -> None:
     await env.wait_status(
         caches[0][1], copies={"available": 2, "total": 2, "failed": 0}, what="a is Ready"
     )
-    for pvc, ns in ((f"{caches[0][1]}-{group}", isvc_ns), (f"{caches[2][1]}-{group}", tenant)):
+    for pvc, ns in (
+        (names.serving_pvc(caches[0][1], group), isvc_ns),
+        (names.serving_pvc(caches[2][1], group), tenant),
+    ):
         await wait_until(
             phase_is(env, kube.PERSISTENT_VOLUME_CLAIMS, pvc, ns, "Bound"), what=f"{pvc} bound"
         )

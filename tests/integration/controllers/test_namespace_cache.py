@@ -8,6 +8,7 @@ import functools
 import pytest
 
 from localcache.api import modelcache
+from localcache.caching import names
 from localcache.controllers import state
 from localcache.runtime import kube
 from localcache.runtime.testing.waiting import wait_until
@@ -33,7 +34,10 @@ async def test_namespace_cache_volumes_live_in_its_namespace_and_status_uses_its
     await env.start()
     name = env.name("model")
     await env.cache(name, [group], namespace=tenant, serviceAccountName="puller")
-    pv_name, pvc_name = f"{name}-{group}-{tenant}-download", f"{name}-{group}-download"
+    pv_name, pvc_name = (
+        names.download_pv(name, group, tenant),
+        names.download_pvc(name, group, namespaced=True),
+    )
     await wait_bound_pair(env, pv=pv_name, pvc=pvc_name, namespace=tenant, role="download")
     pv = await env.get(kube.PERSISTENT_VOLUMES, pv_name)
     assert pv is not None
@@ -79,7 +83,11 @@ async def test_only_inference_services_of_the_cache_namespace_are_tracked(env: E
     await env.isvc("mine", tenant, cache=name, cache_namespace=tenant)
     await env.isvc("intruder", other, cache=name, cache_namespace=tenant)
     await wait_bound_pair(
-        env, pv=f"{name}-{group}-{tenant}", pvc=f"{name}-{group}", namespace=tenant, role="serving"
+        env,
+        pv=names.serving_pv(name, group, tenant),
+        pvc=names.serving_pvc(name, group),
+        namespace=tenant,
+        role="serving",
     )
     await env.wait_status(
         name,
@@ -88,7 +96,7 @@ async def test_only_inference_services_of_the_cache_namespace_are_tracked(env: E
         what="only the same-namespace InferenceService is tracked",
     )
     assert (await env.api.list(kube.PERSISTENT_VOLUME_CLAIMS, namespace=other)).items == []
-    assert await env.get(kube.PERSISTENT_VOLUMES, f"{name}-{group}-{other}") is None
+    assert await env.get(kube.PERSISTENT_VOLUMES, names.serving_pv(name, group, other)) is None
 
 
 async def test_deleting_a_namespace_cache_runs_its_finalizer_cleanup(env: Env) -> None:
@@ -100,8 +108,8 @@ async def test_deleting_a_namespace_cache_runs_its_finalizer_cleanup(env: Env) -
     name = env.name("model")
     await env.cache(name, [group], namespace=tenant)
     await env.isvc("user", tenant, cache=name, cache_namespace=tenant)
-    pvs = [f"{name}-{group}-{tenant}-download", f"{name}-{group}-{tenant}"]
-    pvcs = [f"{name}-{group}-download", f"{name}-{group}"]
+    pvs = [names.download_pv(name, group, tenant), names.serving_pv(name, group, tenant)]
+    pvcs = [names.download_pvc(name, group, namespaced=True), names.serving_pvc(name, group)]
     for pvc in pvcs:
         await wait_until(
             phase_is(env, kube.PERSISTENT_VOLUME_CLAIMS, pvc, tenant, "Bound"),
@@ -164,7 +172,7 @@ async def test_serving_volumes_follow_the_inference_service(env: Env) -> None:
     name = env.name("model")
     await env.cache(name, [group], namespace=tenant)
     await env.isvc("user", tenant, cache=name, cache_namespace=tenant)
-    pv, pvc = f"{name}-{group}-{tenant}", f"{name}-{group}"
+    pv, pvc = names.serving_pv(name, group, tenant), names.serving_pvc(name, group)
     await wait_bound_pair(env, pv=pv, pvc=pvc, namespace=tenant, role="serving")
     await env.wait_status(
         name,
@@ -176,4 +184,25 @@ async def test_serving_volumes_follow_the_inference_service(env: Env) -> None:
     await wait_until(gone(env, kube.PERSISTENT_VOLUME_CLAIMS, pvc, tenant), what="PVC removed")
     await wait_until(gone(env, kube.PERSISTENT_VOLUMES, pv), what="PV removed")
     await env.wait_status(name, tenant, inferenceServices=[], what="the ISVC is untracked")
-    assert await env.get(kube.PERSISTENT_VOLUMES, f"{name}-{group}-{tenant}-download")
+    assert await env.get(kube.PERSISTENT_VOLUMES, names.download_pv(name, group, tenant))
+
+
+async def test_a_namespace_cache_with_a_240_character_name_gets_valid_volume_names(
+    env: Env,
+) -> None:
+    """Issue 14: `{cache}-{group}-{ns}-download` passed 253 characters and the controller
+    looped on 422; now the names are shortened, and the pair binds."""
+    group, _ = await _one_group(env)
+    tenant = await env.namespace_("tenant")
+    await env.start()
+    name = "m" * 240
+    await env.cache(name, [group], namespace=tenant)
+    pv_name = names.download_pv(name, group, tenant)
+    pvc_name = names.download_pvc(name, group, namespaced=True)
+    assert len(pv_name) <= 253
+    assert len(pvc_name) <= 253
+    assert pv_name != pvc_name
+    await wait_bound_pair(env, pv=pv_name, pvc=pvc_name, namespace=tenant, role="download")
+    pvc = await env.get(kube.PERSISTENT_VOLUME_CLAIMS, pvc_name, tenant)
+    assert pvc is not None
+    assert pvc["spec"]["volumeName"] == pv_name

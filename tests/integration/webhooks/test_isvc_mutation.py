@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 
 from localcache.api import inferenceservice as isvc_api
+from localcache.caching import names
 from localcache.runtime.keys import ObjectKey
 from localcache.webhooks import isvc
 from tests.integration.webhooks.harness import DOWNLOADED, ISVC, LMC, Harness, Obj, isvc_obj
@@ -44,7 +45,7 @@ async def test_a_namespace_cache_wins_in_its_namespace_and_the_cluster_cache_els
             {isvc_api.LOCAL_MODEL_LABEL: "ns-model", isvc_api.LOCAL_MODEL_NAMESPACE_LABEL: ns},
             {
                 isvc_api.LOCAL_MODEL_SOURCE_URI_ANNOTATION: "gs://bucket/model",
-                isvc_api.LOCAL_MODEL_PVC_NAME_ANNOTATION: f"ns-model-{group}",
+                isvc_api.LOCAL_MODEL_PVC_NAME_ANNOTATION: names.serving_pvc("ns-model", group),
             },
         )
         elsewhere = local_model_metadata(await harness.get(ISVC, "iris", other))
@@ -52,7 +53,7 @@ async def test_a_namespace_cache_wins_in_its_namespace_and_the_cluster_cache_els
             {isvc_api.LOCAL_MODEL_LABEL: cluster_name},
             {
                 isvc_api.LOCAL_MODEL_SOURCE_URI_ANNOTATION: "gs://bucket/model",
-                isvc_api.LOCAL_MODEL_PVC_NAME_ANNOTATION: f"{cluster_name}-{group}",
+                isvc_api.LOCAL_MODEL_PVC_NAME_ANNOTATION: names.serving_pvc(cluster_name, group),
             },
         )
 

@@ -48,6 +48,40 @@ def test_volume_names_follow_the_spec_for_each_kind() -> None:
     assert ns.download_pvc(ncache, "gpu1", job_namespace="jobs") == ("team", "iris-gpu1-download")
     assert ns.serving_pv_name(ncache, "gpu1", "team") == "iris-gpu1-team"
     assert ns.serving_pvc_name(ncache, "gpu1") == "iris-gpu1"
+
+
+def _named(kind: type[Any], name: str, namespace: str | None = None) -> Any:
+    meta = {"name": name, "uid": "u", **({"namespace": namespace} if namespace else {})}
+    return kind.from_dict({"metadata": meta, "spec": SPEC})
+
+
+def test_volume_names_of_different_caches_and_groups_never_collide() -> None:
+    """Issue 14: `a-b`+`c` and `a`+`b-c` were both `a-b-c`; issue 13: cluster cache
+    `llama-cpu` on `gpu` and namespace cache `llama` on `cpu` in `gpu` shared a PV name."""
+    sc, ns = clustercache.SCOPE, namespacecache.SCOPE
+    ab, a = _named(modelcache.LocalModelCache, "a-b"), _named(modelcache.LocalModelCache, "a")
+    assert sc.serving_pvc_name(ab, "c") != sc.serving_pvc_name(a, "b-c")
+    assert sc.download_pvc(ab, "c", job_namespace="j") != sc.download_pvc(
+        a, "b-c", job_namespace="j"
+    )
+    assert sc.serving_pv_name(ab, "c", "p") != sc.serving_pv_name(a, "b-c", "p")
+    assert sc.download_pv_name(ab, "c") != sc.download_pv_name(a, "b-c")
+    llama_cpu = _named(modelcache.LocalModelCache, "llama-cpu")
+    llama = _named(modelcache.LocalModelNamespaceCache, "llama", "gpu")
+    assert sc.download_pv_name(llama_cpu, "gpu") != ns.download_pv_name(llama, "cpu")
+
+
+def test_volume_names_of_a_long_namespace_cache_name_are_valid() -> None:
+    long = _named(modelcache.LocalModelNamespaceCache, "m" * 240, "team-" + "t" * 58)
+    ns = namespacecache.SCOPE
+    derived = [
+        ns.download_pv_name(long, "gpu1"),
+        ns.download_pvc(long, "gpu1", job_namespace="j")[1],
+        ns.serving_pv_name(long, "gpu1", long.namespace),
+        ns.serving_pvc_name(long, "gpu1"),
+    ]
+    assert all(len(name) <= 253 for name in derived), [len(n) for n in derived]
+    assert len(set(derived)) == len(derived)
     assert not ns.pvs_owned
 
 
