@@ -4,12 +4,16 @@ The only module that imports both the framework (`runtime`) and every domain pac
 entry points, one per process shape:
 
 - `run_controller`: the cache reconcilers plus the admission server (self-managed
-  certificates by default), behind a Lease when `--leader-elect` is on;
+  certificates by default), behind a Lease when `--leader-elect` is on. Only the
+  reconcilers need the lease: the admission server, its certificate rotation, the informers
+  that feed both, /metrics and the probes serve on every replica, and a replica that loses
+  the lease stops its reconcilers and campaigns again instead of exiting;
 - `run_agent`: the node agent for `--node-name`;
 - `run_components`: any of them in one process, on one Manager (what `localcache run` uses).
 
 Each returns the Manager's exit code: 0 after a requested stop (SIGTERM/SIGINT), non-zero when
-the lease was lost, a cache did not sync or a component failed.
+a cache did not sync, the reconcilers did not stop in time after the lease was lost, or a
+component failed.
 """
 
 from __future__ import annotations
@@ -24,13 +28,13 @@ import structlog
 
 from localcache import settings as settings_mod
 from localcache.agent import setup as agent_setup
-from localcache.api import groupversion
+from localcache.api import crdgen
 from localcache.caching import config as config_mod
 from localcache.caching import liveconfig
 from localcache.controllers import setup as controllers_setup
 from localcache.runtime import (
     admission,
-    errors,
+    crdcheck,
     factory,
     httpserver,
     kube,
@@ -45,6 +49,14 @@ from localcache.webhooks import certgen, certs
 from localcache.webhooks import setup as webhooks_setup
 
 _log = structlog.get_logger(__name__)
+
+#: How to get the CRDs whose schemas hold every field localcache writes (README "KServe's
+#: CRD schema"); the controller's CRD schema check says it when a served CRD lacks some.
+CRD_INSTALL_HINT = (
+    "install localcache's CRDs: kubectl apply --server-side --force-conflicts -f "
+    "manifests/crds (or the localcache Helm chart's CRDs), and again after every upgrade of "
+    "KServe's CRDs (README: KServe's CRD schema)"
+)
 
 
 @dataclass(frozen=True)
@@ -90,17 +102,6 @@ def _webhook_resource(kind: str) -> kube.Resource:
     return kube.VALIDATING_WEBHOOK_CONFIGURATIONS
 
 
-async def _served(client: kube.Kube, info: groupversion.KindInfo) -> bool:
-    """Whether the apiserver serves `info`'s kind (KServe's ClusterStorageContainer CRD is
-    optional: without it, download Jobs use `storageInitializer.image`)."""
-    try:
-        await client.list(info.api, limit=1)
-    except errors.NotFound:
-        _log.info("kind_not_served", kind=info.kind, consequence="not watched")
-        return False
-    return True
-
-
 async def connect(settings: settings_mod.Settings) -> kube.Kube:
     """The API client: the kubeconfig named in settings, else in-cluster or the current one."""
     if settings.kubeconfig:
@@ -119,7 +120,25 @@ def _config_source(
         field_selector=f"metadata.name={settings.config_map}",
     )
     key = ObjectKey(settings.config_namespace, settings.config_map)
-    return liveconfig.LiveConfig(inf.reader(), key, initial=config_mod.parse_config({}))
+    return liveconfig.LiveConfig(
+        inf.reader(),
+        key,
+        initial=config_mod.parse_config({}),
+        under=_kserve_config(informers, settings.kserve_config),
+    )
+
+
+def _kserve_config(
+    informers: factory.InformerFactory, namespaced_name: str
+) -> liveconfig.Under | None:
+    """KServe's ConfigMap (`--kserve-config namespace/name`), read only, or None."""
+    if not namespaced_name:
+        return None
+    namespace, name = namespaced_name.split("/")
+    inf = informers.informer(
+        kube.CONFIG_MAPS, namespace=namespace, field_selector=f"metadata.name={name}"
+    )
+    return liveconfig.Under(inf.reader(), ObjectKey(namespace, name))
 
 
 @contextlib.asynccontextmanager
@@ -167,6 +186,7 @@ async def run_components(
     api = client or await connect(settings)
     try:
         registry = metrics.Metrics()
+        api.instrument(registry.rest_client())
         http = httpserver.HttpServer(
             host=settings.bind_address, port=settings.metrics_port, metrics=registry
         )
@@ -178,6 +198,9 @@ async def run_components(
                     namespace=settings.config_namespace,
                     name=settings.lease_name,
                     identity=settings.identity,
+                    lease_duration=settings.lease_duration,
+                    renew_deadline=settings.renew_deadline,
+                    retry_period=settings.retry_period,
                 ),
                 metrics=registry.leader_election(settings.lease_name),
             )
@@ -194,6 +217,8 @@ async def run_components(
                         namespace=settings.config_namespace,
                         service_name=settings.webhook_service,
                         secret_name=settings.webhook_secret,
+                        mutating_configurations=(settings.mutating_webhook_configuration,),
+                        validating_configurations=(settings.validating_webhook_configuration,),
                         extra_names=components.extra_cert_names,
                     ),
                 )
@@ -219,6 +244,17 @@ async def run_components(
                 workers=settings.workers,
                 factory=informers,
             )
+        if components.controller:
+            # every replica checks that the served CRDs keep the fields we write
+            crdcheck.setup(
+                mgr,
+                informers=informers,
+                api=api,
+                registry=registry,
+                wanted=[crdgen.crd(source) for source in crdgen.SOURCES],
+                fix=CRD_INSTALL_HINT,
+                instance=settings.identity,
+            )
         if server is not None and live_config is not None:
             source = live_config
             webhooks_setup.setup(
@@ -227,12 +263,11 @@ async def run_components(
                 client=api,
                 local_model_enabled=lambda: source().local_model.enabled,
                 factory=informers,
+                # KServe's kinds are watched while their CRDs serve (runtime.optional)
+                storage_containers=True,
             )
             if cert_manager is not None:
                 mgr.add_runnable("webhook-cert-rotation", cert_manager, needs_leader=False)
-        watch_storage_containers = bool(components.agent_nodes) and await _served(
-            api, groupversion.CLUSTER_STORAGE_CONTAINER
-        )
         for node_name, root in components.agent_nodes:
             agent_setup.setup(
                 mgr,
@@ -244,7 +279,9 @@ async def run_components(
                     if settings.host_models_root != settings.models_root
                     else None,
                     config_namespace=settings.config_namespace,
-                    watch_storage_containers=watch_storage_containers,
+                    config_map=settings.config_map,
+                    kserve_config=settings.kserve_config,
+                    watch_storage_containers=True,
                     controller_name=(
                         f"{agent_setup.CONTROLLER_NAME}-{node_name}"
                         if len(components.agent_nodes) > 1
@@ -274,15 +311,6 @@ async def run_agent(settings: settings_mod.Settings) -> int:
 def configure_logging(settings: settings_mod.Settings) -> None:
     renderer: Literal["json", "console"] = "console" if settings.log_format == "console" else "json"
     logging_mod.configure(level=settings.log_level, renderer=renderer)
-
-
-def exit_code_for(exc: BaseException) -> int:
-    """Map a start-up failure onto an exit code with a one-line log (no traceback for the
-    expected ones: unreachable apiserver, bad kubeconfig)."""
-    if isinstance(exc, errors.TransportError | errors.ApiError):
-        _log.error("startup_failed", error=str(exc))
-        return 1
-    raise exc
 
 
 __all__: Sequence[str] = (

@@ -17,11 +17,17 @@ Contract:
   removed again. Not promised: atomicity of the whole set of top-level entries against a
   crash (SIGKILL) in the middle of the final renames; leftovers then carry the hidden
   `.localcache-partial-` prefix.
-- HTTP: streamed to disk in chunks; every connect and every read has a timeout (`timeout`
-  seconds of silence, not a cap on the whole transfer); redirects are followed. Transient
-  failures (connection errors, timeouts, a body shorter than its Content-Length, HTTP 408, 429
-  and 5xx) are retried up to `attempts` times in all, with exponential backoff and jitter
-  (honouring a numeric Retry-After); other HTTP errors (e.g. 404) fail at once.
+- Limits: at most `max_bytes` are written in all (an HTTP Content-Length over it fails before
+  any byte is read), and the whole download, retries included, must end within `deadline`
+  seconds; both failures are final (not retried). The CLI takes `--max-size` (a quantity such
+  as `20Gi`; default `LOCALCACHE_DOWNLOAD_MAX_SIZE`, e.g. the cache's `modelSize`, else
+  `DEFAULT_MAX_BYTES`) and `--deadline`.
+- HTTP (`httpfetch`): streamed to disk in chunks; every connect and every read has a timeout
+  (`timeout` seconds of silence); transient failures are retried up to `attempts` times in
+  all, with backoff. Redirects are followed, but never to a loopback, link-local, unspecified
+  or cloud-metadata address (127.0.0.0/8, ::1, 169.254.0.0/16, fe80::/10, 0.0.0.0, ::,
+  fd00:ec2::254, 100.100.100.200; names are resolved and every address checked) unless the
+  original URL's host is itself such an address.
 - Errors: `DownloadError` with a one-line message; `main` prints it and returns 1 (argparse
   usage errors return 2); no traceback for expected failures.
 """
@@ -32,7 +38,6 @@ import argparse
 import asyncio
 import contextlib
 import os
-import random
 import shutil
 import stat
 import sys
@@ -42,32 +47,26 @@ import uuid
 from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
 
-import aiohttp
 import structlog
 
+from localcache import httpfetch
+from localcache.api import quantity as quantity_mod
 from localcache.runtime import clock as clock_mod
-from localcache.runtime import errors
 
 log = structlog.get_logger(__name__)
 
 DEFAULT_TIMEOUT_S = 30.0
 DEFAULT_ATTEMPTS = 4
 DEFAULT_BACKOFF_S = 1.0
-MAX_BACKOFF_S = 30.0
-CHUNK_BYTES = 1 << 20
+CHUNK_BYTES = httpfetch.CHUNK_BYTES
+DEFAULT_MAX_BYTES = httpfetch.DEFAULT_MAX_BYTES
+DEFAULT_DEADLINE_S = httpfetch.DEFAULT_DEADLINE_S
+MAX_SIZE_ENV = "LOCALCACHE_DOWNLOAD_MAX_SIZE"
+
 PARTIAL_PREFIX = ".localcache-partial-"
-TRANSIENT_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 
-
-class DownloadError(errors.LocalcacheError):
-    """A download that did not complete; the message is one line for the user. `transient`
-    errors are worth retrying (network trouble, truncated body, 5xx)."""
-
-    def __init__(self, message: str, *, transient: bool = False, retry_after: float = 0.0):
-        super().__init__(message)
-        self.transient = transient
-        self.retry_after = retry_after
-
+DownloadError = httpfetch.DownloadError
+is_internal_address = httpfetch.is_internal_address
 
 # ---------------------------------------------------------------------------- entry point
 
@@ -80,10 +79,17 @@ async def download(
     attempts: int = DEFAULT_ATTEMPTS,
     backoff: float = DEFAULT_BACKOFF_S,
     clock: clock_mod.Clock | None = None,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+    deadline: float = DEFAULT_DEADLINE_S,
+    internal_redirects: bool | None = None,
 ) -> int:
-    """Download `uri` into directory `dest` atomically (module doc); return bytes written."""
+    """Download `uri` into directory `dest` atomically (module doc); return bytes written.
+    `internal_redirects` None: allowed only when `uri`'s own host is internal."""
     if attempts < 1:
         raise ValueError("attempts must be at least 1")
+    if max_bytes < 0 or deadline <= 0:
+        raise ValueError("max_bytes must be >= 0 and deadline > 0")
+    limits = httpfetch.Limits(uri, max_bytes=max_bytes, deadline=deadline)
     parts = urllib.parse.urlsplit(uri)
     scheme = parts.scheme.lower()
     if scheme == "file":
@@ -104,12 +110,19 @@ async def download(
         staging = dest / f"{PARTIAL_PREFIX}{uuid.uuid4().hex[:12]}"
         await asyncio.to_thread(staging.mkdir)
         if isinstance(source, Path):
-            written = await asyncio.to_thread(_copy_local, source, staging, dest)
+            written = await asyncio.to_thread(_copy_local, source, staging, dest, limits)
         else:
-            written = await _fetch_http(
-                source, staging / name, io_timeout=timeout, attempts=attempts, backoff=backoff,
-                clock=clock or clock_mod.SystemClock(),
-            )  # fmt: skip
+            if internal_redirects is None:
+                internal_redirects = await httpfetch.is_internal_url(source)
+            try:
+                async with asyncio.timeout(deadline):
+                    written = await httpfetch.fetch(
+                        source, staging / name, io_timeout=timeout, attempts=attempts,
+                        backoff=backoff, clock=clock or clock_mod.SystemClock(), limits=limits,
+                        internal_redirects=internal_redirects,
+                    )  # fmt: skip
+            except TimeoutError:
+                raise limits.expired() from None
         await asyncio.to_thread(_fsync_dir, staging)
         await asyncio.to_thread(_commit, staging, dest)
     except OSError as exc:
@@ -136,7 +149,7 @@ def _local_path(uri: str, parts: urllib.parse.SplitResult) -> Path:
     return Path(path)
 
 
-def _copy_local(source: Path, staging: Path, dest: Path) -> int:
+def _copy_local(source: Path, staging: Path, dest: Path, limits: httpfetch.Limits) -> int:
     """Copy a file or a tree into `staging`; every file fsynced. Returns bytes copied."""
     try:
         st = source.stat()
@@ -145,16 +158,16 @@ def _copy_local(source: Path, staging: Path, dest: Path) -> int:
     except PermissionError:
         raise DownloadError(f"permission denied reading {source}") from None
     if stat.S_ISREG(st.st_mode):
-        return _copy_file(source, staging / source.name)
+        return _copy_file(source, staging / source.name, limits)
     if not stat.S_ISDIR(st.st_mode):
         raise DownloadError(f"{source} is neither a regular file nor a directory")
     real_source, real_dest = source.resolve(), dest.resolve()
     if real_dest == real_source or real_dest.is_relative_to(real_source):
         raise DownloadError(f"destination {dest} is inside the source directory {source}")
-    return _copy_tree(source, staging)
+    return _copy_tree(source, staging, limits)
 
 
-def _copy_tree(source: Path, target: Path) -> int:
+def _copy_tree(source: Path, target: Path, limits: httpfetch.Limits) -> int:
     total = 0
     try:
         entries = sorted(os.scandir(source), key=lambda e: e.name)
@@ -166,22 +179,24 @@ def _copy_tree(source: Path, target: Path) -> int:
             os.symlink(os.readlink(src), dst)
         elif entry.is_dir(follow_symlinks=False):
             dst.mkdir()
-            total += _copy_tree(src, dst)
+            total += _copy_tree(src, dst, limits)
             _fsync_dir(dst)
         elif entry.is_file(follow_symlinks=False):
-            total += _copy_file(src, dst)
+            total += _copy_file(src, dst, limits)
         else:
             raise DownloadError(f"{src} is a special file (socket, FIFO or device): not copied")
     return total
 
 
-def _copy_file(source: Path, target: Path) -> int:
+def _copy_file(source: Path, target: Path, limits: httpfetch.Limits) -> int:
     try:
         src = source.open("rb")
     except PermissionError:
         raise DownloadError(f"permission denied reading {source}") from None
     with src, target.open("xb") as dst:
-        shutil.copyfileobj(src, dst, CHUNK_BYTES)
+        while chunk := src.read(CHUNK_BYTES):
+            limits.take(len(chunk))
+            dst.write(chunk)
         dst.flush()
         os.fsync(dst.fileno())
         size = dst.tell()
@@ -202,91 +217,6 @@ def _http_file_name(uri: str, parts: urllib.parse.SplitResult) -> str:
             f"{uri!r}: cannot derive a file name from the URL path; use a URL ending in one"
         )
     return name
-
-
-async def _fetch_http(
-    url: str,
-    target: Path,
-    *,
-    io_timeout: float,
-    attempts: int,
-    backoff: float,
-    clock: clock_mod.Clock,
-) -> int:
-    client_timeout = aiohttp.ClientTimeout(
-        total=None, connect=io_timeout, sock_connect=io_timeout, sock_read=io_timeout
-    )
-    async with aiohttp.ClientSession(timeout=client_timeout) as session:
-        for attempt in range(1, attempts + 1):
-            try:
-                return await _fetch_once(session, url, target, io_timeout=io_timeout)
-            except DownloadError as exc:
-                if not exc.transient or attempt == attempts:
-                    if attempt > 1:
-                        raise DownloadError(f"{exc} (after {attempt} attempts)") from None
-                    raise
-                delay = min(backoff * 2 ** (attempt - 1), MAX_BACKOFF_S)
-                delay = max(delay * random.uniform(0.5, 1.0), min(exc.retry_after, MAX_BACKOFF_S))
-                log.warning(
-                    "download.retry", url=url, attempt=attempt, delay_s=delay, error=str(exc)
-                )
-                await clock.sleep(delay)
-    raise AssertionError("unreachable")  # pragma: no cover
-
-
-async def _fetch_once(
-    session: aiohttp.ClientSession, url: str, target: Path, *, io_timeout: float
-) -> int:
-    try:
-        async with session.get(url) as response:
-            _check_status(url, response)
-            encoded = response.headers.get("Content-Encoding", "identity").lower() != "identity"
-            expected = None if encoded else response.content_length
-            fd = await asyncio.to_thread(
-                os.open, target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644
-            )
-            try:
-                written = 0
-                async for chunk in response.content.iter_chunked(CHUNK_BYTES):
-                    await asyncio.to_thread(_write_all, fd, chunk)
-                    written += len(chunk)
-                await asyncio.to_thread(os.fsync, fd)
-            finally:
-                os.close(fd)
-    except aiohttp.ClientPayloadError:
-        raise DownloadError(f"{url}: the body ended early (truncated)", transient=True) from None
-    except aiohttp.ClientSSLError as exc:
-        raise DownloadError(f"{url}: TLS error: {exc}") from None
-    except TimeoutError:
-        raise DownloadError(
-            f"{url}: timed out (no data for {io_timeout:g} s)", transient=True
-        ) from None
-    except aiohttp.ClientConnectionError as exc:
-        raise DownloadError(f"{url}: connection failed: {exc}", transient=True) from None
-    except aiohttp.ClientError as exc:
-        raise DownloadError(f"{url}: {type(exc).__name__}: {exc}") from None
-    if expected is not None and written != expected:
-        raise DownloadError(
-            f"{url}: the body is truncated: got {written} of {expected} bytes", transient=True
-        )
-    return written
-
-
-def _check_status(url: str, response: aiohttp.ClientResponse) -> None:
-    if response.status == 200:
-        return
-    message = f"{url}: HTTP {response.status} {response.reason or ''}".rstrip()
-    if response.status not in TRANSIENT_STATUSES:
-        raise DownloadError(message)
-    retry_after = response.headers.get("Retry-After", "")
-    seconds = float(retry_after) if retry_after.isdigit() else 0.0  # a date: our own backoff
-    raise DownloadError(message, transient=True, retry_after=seconds)
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
 
 
 # ---------------------------------------------------------------------- staging, commit
@@ -381,6 +311,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"seconds allowed for a connect or a silent read (default {DEFAULT_TIMEOUT_S:g})",
     )
     parser.add_argument(
+        "--max-size",
+        default=None,
+        help=f"largest download allowed, a quantity such as 20Gi (default ${MAX_SIZE_ENV}, "
+        f"else {DEFAULT_MAX_BYTES >> 40}Ti)",
+    )
+    parser.add_argument(
+        "--deadline",
+        type=float,
+        default=DEFAULT_DEADLINE_S,
+        help=f"seconds allowed for the whole download (default {DEFAULT_DEADLINE_S:g})",
+    )
+    parser.add_argument(
         "--attempts",
         type=int,
         default=DEFAULT_ATTEMPTS,
@@ -393,10 +335,25 @@ def run(args: argparse.Namespace) -> int:
     if not str(args.dest).strip():
         print("localcache download: error: DEST must name a directory", file=sys.stderr)
         return 1
+    size = args.max_size or os.environ.get(MAX_SIZE_ENV) or str(DEFAULT_MAX_BYTES)
+    try:
+        max_bytes = int(quantity_mod.Quantity(size))
+    except ValueError:
+        print(f"localcache download: error: invalid --max-size {size!r}", file=sys.stderr)
+        return 1
+    if max_bytes <= 0 or args.deadline <= 0:
+        message = "--max-size and --deadline must be positive"
+        print(f"localcache download: error: {message}", file=sys.stderr)
+        return 1
     try:
         written = asyncio.run(
             download(
-                args.uri, Path(args.dest), timeout=args.timeout, attempts=max(1, args.attempts)
+                args.uri,
+                Path(args.dest),
+                timeout=args.timeout,
+                attempts=max(1, args.attempts),
+                max_bytes=max_bytes,
+                deadline=args.deadline,
             )
         )
     except ValueError as exc:  # urllib's parse errors, e.g. an unclosed IPv6 bracket

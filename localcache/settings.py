@@ -76,7 +76,16 @@ FLAGS: tuple[Flag, ...] = (
         "--config-map",
         "LOCALCACHE_CONFIG_MAP",
         "inferenceservice-config",
-        "name of KServe's ConfigMap with the localModel/storageInitializer/credentials sections",
+        "ConfigMap with the localModel/storageInitializer/credentials sections "
+        "(install profiles: localcache-config)",
+    ),
+    Flag(
+        "kserve_config",
+        "--kserve-config",
+        "LOCALCACHE_KSERVE_CONFIG",
+        "",
+        "KServe's ConfigMap as namespace/name, read only, under --config-map (whose keys win); "
+        "empty: none",
     ),
     Flag(
         "shutdown_timeout",
@@ -123,6 +132,33 @@ FLAGS: tuple[Flag, ...] = (
         _CONTROLLER,
     ),
     Flag(
+        "lease_duration",
+        "--leader-elect-lease-duration",
+        "LOCALCACHE_LEASE_DURATION",
+        "15",
+        "seconds a follower waits before taking over an unrenewed Lease",
+        "float",
+        _CONTROLLER,
+    ),
+    Flag(
+        "renew_deadline",
+        "--leader-elect-renew-deadline",
+        "LOCALCACHE_RENEW_DEADLINE",
+        "10",
+        "seconds the leader tries to renew before it stops reconciling (< lease duration)",
+        "float",
+        _CONTROLLER,
+    ),
+    Flag(
+        "retry_period",
+        "--leader-elect-retry-period",
+        "LOCALCACHE_RETRY_PERIOD",
+        "2",
+        "seconds between Lease acquire/renew attempts",
+        "float",
+        _CONTROLLER,
+    ),
+    Flag(
         "webhook_port",
         "--webhook-port",
         "LOCALCACHE_WEBHOOK_PORT",
@@ -155,6 +191,15 @@ FLAGS: tuple[Flag, ...] = (
         "LOCALCACHE_WEBHOOK_SECRET",
         "localmodel-webhook-server-cert",
         "Secret holding the CA and serving certificate",
+        "str",
+        _CONTROLLER,
+    ),
+    Flag(
+        "webhook_configurations",
+        "--webhook-configurations",
+        "LOCALCACHE_WEBHOOK_CONFIGURATIONS",
+        "localmodel.inferenceservice.serving.kserve.io,localmodelcache.serving.kserve.io",
+        "the mutating and the validating webhook configuration given the caBundle",
         "str",
         _CONTROLLER,
     ),
@@ -222,6 +267,12 @@ class Settings:
     node_name: str
     models_root: Path
     host_models_root: Path
+    lease_duration: float = 15.0
+    renew_deadline: float = 10.0
+    retry_period: float = 2.0
+    kserve_config: str = ""
+    mutating_webhook_configuration: str = "localmodel.inferenceservice.serving.kserve.io"
+    validating_webhook_configuration: str = "localmodelcache.serving.kserve.io"
 
 
 class SettingsError(ValueError):
@@ -277,6 +328,23 @@ def from_args(
         raise SettingsError(f"--log-format: unknown format {raw['log_format']!r}")
     if command == "agent" and not raw["node_name"]:
         raise SettingsError("--node-name / NODE_NAME is required for `localcache agent`")
+    lease, renew, retry = (
+        float(str(raw[k])) for k in ("lease_duration", "renew_deadline", "retry_period")
+    )
+    if not lease > renew > 1.2 * retry > 0:
+        raise SettingsError(
+            "--leader-elect-*: need lease duration > renew deadline > 1.2 * retry period > 0, "
+            f"got {lease:g} / {renew:g} / {retry:g}"
+        )
+    kserve_config = str(raw["kserve_config"])
+    if kserve_config and len(kserve_config.split("/")) != 2:
+        raise SettingsError(f"--kserve-config: want namespace/name, got {kserve_config!r}")
+    webhook_configurations = str(raw["webhook_configurations"]).split(",")
+    if len(webhook_configurations) != 2 or not all(webhook_configurations):
+        raise SettingsError(
+            "--webhook-configurations: want <mutating>,<validating>, "
+            f"got {raw['webhook_configurations']!r}"
+        )
     models_root = Path(str(raw["models_root"]))
     return Settings(
         command=command,
@@ -304,6 +372,12 @@ def from_args(
         host_models_root=(
             Path(str(raw["host_models_root"])) if raw["host_models_root"] else models_root
         ),
+        lease_duration=float(str(raw["lease_duration"])),
+        renew_deadline=float(str(raw["renew_deadline"])),
+        retry_period=float(str(raw["retry_period"])),
+        kserve_config=kserve_config,
+        mutating_webhook_configuration=webhook_configurations[0],
+        validating_webhook_configuration=webhook_configurations[1],
     )
 
 

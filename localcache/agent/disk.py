@@ -12,9 +12,18 @@ Contract:
   is fsynced and every rename is followed by an fsync of the directories involved. A crash at
   any point leaves a state that `recover()` completes from the intent record; running
   `promote` or `recover` twice is harmless.
+- `promote` first normalises the download (`_normalise_tree`): directories `layout.DIR_MODE`,
+  regular files `layout.FILE_MODE` (no setuid, setgid or world-write), symlinks that are
+  absolute or lead out of the folder and special files (FIFOs, sockets, devices) removed, each
+  with a warning. Nothing in the tree is followed or opened blocking.
 - `delete_unreferenced` only ever removes storage-key-shaped names (16 lowercase hex) that the
   caller did not list, removes the manifest before the folder, and never touches anything else
-  under `models/`.
+  under `models/`. It returns only the keys whose bytes are really gone. A folder that cannot
+  be removed (e.g. written by a download pod under another uid) stays in `.trash`, is logged
+  (`folder_delete_failed`, with the folder and the error) and retried on later calls with
+  exponential backoff (`DELETE_RETRY_S` doubling up to `DELETE_RETRY_MAX_S`);
+  `deletion_failures()` lists what is pending and `take_new_deletion_failures()` what the
+  caller has not reported yet. Folders the agent owns are made writable before removal.
 - Not promised: thread safety. One agent process owns a root; call these methods from one task
   (they block on the filesystem: run them with `asyncio.to_thread`).
 """
@@ -24,70 +33,57 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import stat
+import time
 import uuid
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 import structlog
 
-from localcache.agent import layout
+from localcache.agent import layout, tree
 
 log = structlog.get_logger(__name__)
 
+folder_bytes = tree.folder_bytes
 
-def folder_bytes(path: Path) -> int:
-    """Total size of the regular files under `path` (symlinks not followed). Files that vanish
-    or cannot be read while a download is writing are skipped; a missing `path` counts 0."""
-    total = 0
-    stack = [path]
-    while stack:
-        current = stack.pop()
-        try:
-            entries = list(os.scandir(current))
-        except (FileNotFoundError, NotADirectoryError, PermissionError):
-            continue
-        for entry in entries:
-            try:
-                if entry.is_dir(follow_symlinks=False):
-                    stack.append(Path(entry.path))
-                elif entry.is_file(follow_symlinks=False):
-                    total += entry.stat(follow_symlinks=False).st_size
-            except (FileNotFoundError, PermissionError):
-                continue
-    return total
+DELETE_RETRY_S = 30.0
+DELETE_RETRY_MAX_S = 3600.0
 
 
 def _checkpoint(step: str) -> None:
     """Marks a step of the promotion protocol; tests replace it to simulate a crash there."""
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+@dataclass(slots=True)
+class _Failing:
+    folder: str
+    storage_key: str | None
+    error: str
+    attempts: int
+    next_at: float
+
+    def public(self, now: float) -> layout.DeletionFailure:
+        return layout.DeletionFailure(
+            folder=self.folder,
+            storage_key=self.storage_key,
+            error=self.error,
+            attempts=self.attempts,
+            retry_in=max(0.0, self.next_at - now),
+        )
+
+
+def _not_a_directory(path: Path) -> str | None:
+    """What `path` is when it exists and is not a directory ("a symlink", "not a directory")."""
     try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_tree(path: Path) -> None:
-    """Best effort: flush every regular file and directory a download wrote before it is
-    published. Files are opened non-blocking and only regular ones are flushed: a download
-    pod may leave a FIFO or a device node, whose blocking open would hang the agent."""
-    for dirpath, _dirnames, filenames in os.walk(path):
-        for name in filenames:
-            with contextlib.suppress(OSError):
-                flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY
-                fd = os.open(os.path.join(dirpath, name), flags)
-                try:
-                    if stat.S_ISREG(os.fstat(fd).st_mode):
-                        os.fsync(fd)
-                finally:
-                    os.close(fd)
-        with contextlib.suppress(OSError):
-            _fsync_dir(Path(dirpath))
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return None
+    if stat.S_ISDIR(mode):
+        return None
+    return "a symlink" if stat.S_ISLNK(mode) else "not a directory"
 
 
 def _plain_directory(path: Path) -> None:
@@ -110,7 +106,7 @@ def _write_json_atomic(path: Path, data: Mapping[str, Any]) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-    _fsync_dir(path.parent)
+    tree.fsync_dir(path.parent)
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
@@ -126,21 +122,50 @@ class ModelDisk:
     """The models root of one node. `host_path` is the node directory mounted at `root` (the
     DaemonSet's hostPath, `/models` in KServe's manifests); None means `root` is that path."""
 
-    def __init__(self, root: Path = layout.DEFAULT_ROOT, *, host_path: str | None = None) -> None:
+    def __init__(
+        self,
+        root: Path = layout.DEFAULT_ROOT,
+        *,
+        host_path: str | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.root = root
         self.host_path = host_path
         self.models = root / layout.MODELS_DIR
         self.staging = root / layout.STAGING_DIR
         self.manifests = root / layout.MANIFESTS_DIR
         self.trash = root / layout.TRASH_DIR
+        self.download_uid: int | None = os.geteuid() or None
+        """The uid download pods run as, so that the agent owns (and can delete) what they
+        write: the agent's own; None when the agent is root (it may delete anything, and a
+        download pod is never made to run as root)."""
+        self._monotonic = monotonic
+        self._failing: dict[str, _Failing] = {}  # by path under root: .trash/<name>, models/<key>
+        self._origin: dict[str, tuple[str, str | None]] = {}  # trash name -> folder, key
+        self._unreported: dict[str, layout.DeletionFailure] = {}
 
     # ---- layout -------------------------------------------------------------------------
-    def ensure_layout(self) -> None:
+    def ensure_layout(self) -> list[str]:
         """Create the root's sub-directories (idempotent); raise `DiskError` when one of them
         is a symlink or not a directory (a `.trash` linked to `models` would make one pass
-        delete every model): nothing is moved or deleted through it."""
+        delete every model): nothing is moved or deleted through it.
+
+        `.staging` and `.trash` hold nothing that outlives a pass unreported, so one that is a
+        symlink or a file is unlinked (never followed) and made a directory again; the returned
+        messages say what was repaired. `models` and `.manifests` are never repaired: they
+        hold the node's models and their records, and an operator must look first."""
+        repaired: list[str] = []
+        for path in (self.staging, self.trash):
+            kind = _not_a_directory(path)
+            if kind is not None:
+                path.unlink()
+                repaired.append(
+                    f"{path} was {kind}: removed without following it and recreated as a "
+                    "directory; nothing was moved or deleted through it"
+                )
         for path in (self.models, self.staging, self.manifests, self.trash):
             _plain_directory(path)
+        return repaired
 
     def check_root(self, pv_path: str) -> None:
         """Raise `layout.RootMismatch` when a node group's PV path is not the agent's models root:
@@ -162,10 +187,29 @@ class ModelDisk:
     def staging_path(self, storage_key: str, job_name: str) -> Path:
         return self.staging / layout.staging_name(storage_key, job_name)
 
-    def prepare_staging(self, storage_key: str, job_name: str, *, mode: int = 0o777) -> Path:
-        """Create an empty staging folder writable by the download pod's user (idempotent)."""
+    def prepare_staging(
+        self,
+        storage_key: str,
+        job_name: str,
+        *,
+        group: int | None = None,
+        mode: int = layout.STAGING_MODE,
+    ) -> Path:
+        """Create an empty staging folder (idempotent) that the download pod can write and
+        nobody else: owned by the agent (the pod's uid, `download_uid`), group `group` (the
+        Job's fsGroup) when given, `mode` (not world-writable)."""
         path = self.staging_path(storage_key, job_name)
-        path.mkdir(parents=True, exist_ok=True)
+        _plain_directory(self.staging)
+        with contextlib.suppress(FileExistsError):
+            path.mkdir()
+        info = os.lstat(path)
+        if not stat.S_ISDIR(info.st_mode):
+            raise layout.DiskError(f"staging folder {path} is not a directory")
+        if group is not None and info.st_gid != group:
+            try:
+                os.chown(path, -1, group, follow_symlinks=False)
+            except OSError as exc:
+                log.warning("staging_group_not_set", staging=path.name, gid=group, error=str(exc))
         os.chmod(path, mode)
         return path
 
@@ -280,10 +324,11 @@ class ModelDisk:
                 self._move_to_trash(final)
                 _checkpoint("old-moved-aside")
             self._manifest_path(storage_key).unlink(missing_ok=True)  # orphan of a lost folder
-            _fsync_tree(staging)
+            tree.normalise(staging)
+            tree.fsync_tree(staging)
             os.rename(staging, final)
-            _fsync_dir(self.models)
-            _fsync_dir(self.staging)
+            tree.fsync_dir(self.models)
+            tree.fsync_dir(self.staging)
             _checkpoint("renamed")
             _write_json_atomic(self._manifest_path(storage_key), manifest.to_json())
             _checkpoint("manifest-written")
@@ -296,7 +341,7 @@ class ModelDisk:
         else:
             outcome = "abandoned"
         self._record_path(storage_key).unlink(missing_ok=True)
-        _fsync_dir(self.manifests)
+        tree.fsync_dir(self.manifests)
         _checkpoint("record-removed")
         self._empty_trash()
         return outcome, in_force
@@ -309,14 +354,14 @@ class ModelDisk:
         and stale staging folders: those of unreferenced keys and, when `live_jobs` (names of
         the download Jobs that still exist) is given, those whose Job is gone. Names that are
         not storage-key shaped are never touched. Returns the storage keys deleted."""
-        deleted: list[str] = []
+        trashed: dict[str, str] = {}
         for key in self.list_model_folders():
             if key in referenced:
                 continue
             self._manifest_path(key).unlink(missing_ok=True)
-            self._move_to_trash(self.models / key)
-            log.info("model_folder_deleted", storage_key=key)
-            deleted.append(key)
+            name = self._try_move_to_trash(self.models / key, storage_key=key)
+            if name is not None:
+                trashed[key] = name
         for path in self._list(self.manifests):
             key = path.name.removesuffix(layout.MANIFEST_SUFFIX)
             if path.name.endswith(layout.RECORD_SUFFIX) or not path.name.endswith(
@@ -340,10 +385,28 @@ class ModelDisk:
                 continue
             job_gone = live_jobs is not None and match["job"] not in live_jobs
             if match["key"] not in referenced or job_gone:
-                self._move_to_trash(path)
-                log.info("staging_folder_deleted", staging=path.name)
+                self._try_move_to_trash(path, storage_key=None)
         self._empty_trash()
+        for where in [w for w in self._failing if not w.startswith(f"{layout.TRASH_DIR}/")]:
+            key = where.removeprefix(f"{layout.MODELS_DIR}/")
+            if key in referenced or not os.path.lexists(self.root / where):
+                self._forget(where)  # wanted again, or gone by other means
+        deleted = [k for k, name in trashed.items() if not os.path.lexists(self.trash / name)]
+        for key in deleted:
+            log.info("model_folder_deleted", storage_key=key)
         return deleted
+
+    def deletion_failures(self) -> list[layout.DeletionFailure]:
+        """Folders whose deletion failed and is still pending (retried with backoff)."""
+        now = self._monotonic()
+        return [f.public(now) for _, f in sorted(self._failing.items())]
+
+    def take_new_deletion_failures(self) -> list[layout.DeletionFailure]:
+        """Failures not returned before: new ones, and ones whose error changed. The caller
+        reports them (an Event), so a folder failing every pass is reported once."""
+        taken = [f for _, f in sorted(self._unreported.items())]
+        self._unreported.clear()
+        return taken
 
     def remove_staging(self, storage_key: str, job_name: str) -> None:
         """Discard one staging folder (e.g. of a failed download before its retry)."""
@@ -356,11 +419,31 @@ class ModelDisk:
         except FileNotFoundError:
             return []
 
-    def _move_to_trash(self, path: Path) -> None:
+    def _move_to_trash(self, path: Path, *, storage_key: str | None = None) -> str:
         _plain_directory(self.models)
         _plain_directory(self.trash)
-        os.rename(path, self.trash / f"{path.name}.{uuid.uuid4().hex}")
-        _fsync_dir(path.parent)
+        name = f"{path.name}.{uuid.uuid4().hex}"
+        os.rename(path, self.trash / name)
+        self._origin[name] = (str(path.relative_to(self.root)), storage_key)
+        tree.fsync_dir(path.parent)
+        return name
+
+    def _try_move_to_trash(self, path: Path, *, storage_key: str | None) -> str | None:
+        """Move `path` into `.trash`; a failure (e.g. a folder of another uid, which only its
+        owner may move) is recorded and retried after its backoff. Returns the trash name."""
+        folder = str(path.relative_to(self.root))
+        failing = self._failing.get(folder)
+        if failing is not None and self._monotonic() < failing.next_at:
+            return None
+        try:
+            name = self._move_to_trash(path, storage_key=storage_key)
+        except OSError as exc:
+            self._failed(folder, folder, storage_key, exc)
+            return None
+        self._forget(folder)
+        if storage_key is None:
+            log.info("staging_folder_deleted", staging=path.name)
+        return name
 
     def _remove_tree(self, path: Path) -> None:
         if path.is_dir():
@@ -368,9 +451,55 @@ class ModelDisk:
             self._empty_trash()
 
     def _empty_trash(self) -> None:
+        """Remove what `.trash` holds; an entry that cannot be removed stays, is logged and
+        reported (`take_new_deletion_failures`) and retried after its backoff."""
         _plain_directory(self.trash)
+        now = self._monotonic()
+        present = set()
         for path in self._list(self.trash):
-            if path.is_dir() and not path.is_symlink():
-                shutil.rmtree(path, ignore_errors=True)
-            else:
-                path.unlink(missing_ok=True)
+            where = f"{layout.TRASH_DIR}/{path.name}"
+            present.add(where)
+            failing = self._failing.get(where)
+            if failing is not None and now < failing.next_at:
+                continue
+            try:
+                tree.remove(path)
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                folder, key = self._origin.get(path.name, (None, None))
+                if folder is None:  # left by an earlier process
+                    folder = where
+                    head = path.name.split(".", 1)[0]
+                    key = head if layout.is_storage_key(head) else None
+                self._failed(where, folder, key, exc)
+                continue
+            present.discard(where)
+            self._forget(where)
+        for where in [w for w in self._failing if w.startswith(f"{layout.TRASH_DIR}/")]:
+            if where not in present:  # removed by someone else meanwhile
+                self._forget(where)
+
+    def _forget(self, where: str) -> None:
+        self._failing.pop(where, None)
+        self._origin.pop(where.removeprefix(f"{layout.TRASH_DIR}/"), None)
+        self._unreported.pop(where, None)
+
+    def _failed(self, name: str, folder: str, storage_key: str | None, exc: OSError) -> None:
+        now = self._monotonic()
+        error = tree.describe_error(exc)
+        before = self._failing.get(name)
+        attempts = before.attempts + 1 if before is not None else 1
+        delay = min(DELETE_RETRY_S * 2 ** (attempts - 1), DELETE_RETRY_MAX_S)
+        failing = _Failing(folder, storage_key, error, attempts, now + delay)
+        self._failing[name] = failing
+        log.warning(
+            "folder_delete_failed",
+            folder=folder,
+            storage_key=storage_key,
+            error=error,
+            attempts=attempts,
+            retry_in_s=delay,
+        )
+        if before is None or before.error != error:
+            self._unreported[name] = failing.public(now)

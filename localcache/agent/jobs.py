@@ -2,8 +2,12 @@
 credentials to a batch/v1 Job in Kubernetes JSON (reference §4.4, spec §5 "Job shape").
 
 Contract:
-- `job_name` is deterministic per (storage key, node, credential scope, attempt), so a restart
-  finds the Job it created instead of creating a second one; names are valid DNS labels.
+- `job_name` is `lmd-<storage key>-<tag>-<attempt>-<random suffix>`: the tag (64 bits of a
+  hash of node and credential scope) says which scope the Job downloads in; the suffix makes
+  each name new, so a Job someone else created first never blocks a download. The agent
+  finds its Jobs again by the uids it records (`agent.trust`), never by name.
+- The container's `terminationMessagePolicy` is always `File`: no pod log lines ever become
+  the termination message the agent reports.
 - The Job runs in the entry's namespace (namespace cache) or `jobNamespace` (cluster cache),
   mounts the entry's download PVC with `subPath` = its staging folder (`layout.staging_subpath`)
   at `/mnt/models`, and downloads `[uri, /mnt/models]`; the agent promotes the staging folder
@@ -23,12 +27,13 @@ from __future__ import annotations
 import copy
 import hashlib
 import re
+import secrets
 from collections.abc import Hashable, Sequence
 from typing import Any, Final
 
 from localcache.agent import layout
 from localcache.api import groupversion, modelnode, nodegroup, storage
-from localcache.caching import config, credentials
+from localcache.caching import config, credentials, names
 
 CONTAINER_NAME: Final = "kserve-localmodel-download"
 VOLUME_NAME: Final = "kserve-pvc-source"
@@ -40,6 +45,11 @@ LABEL_MODEL_NAMESPACE: Final = "modelNamespace"
 LABEL_STORAGE_KEY: Final = "storageKey"
 _MAX_LABEL: Final = 63
 _NAME_PREFIX: Final = "lmd"
+TAG_LENGTH: Final = 16
+"""Hex characters of the scope tag in Job names (64 bits)."""
+SUFFIX_LENGTH: Final = 8
+_SUFFIX_ALPHABET: Final = "abcdefghijklmnopqrstuvwxyz0123456789"
+_SUFFIX = re.compile(rf"[a-z0-9]{{{SUFFIX_LENGTH}}}")
 _NON_LABEL = re.compile(r"[^-A-Za-z0-9_.]")
 _LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")
 
@@ -61,11 +71,29 @@ def label_value(value: str) -> str:
     return f"{head}-{_digest(value)}" if head else _digest(value)
 
 
-def job_name(*, storage_key: str, node_name: str, attempt: int, scope: Hashable | None) -> str:
-    """`lmd-<storage key>-<hash of node and scope>-<attempt>`: one name per download try."""
+def job_name(
+    *, storage_key: str, node_name: str, attempt: int, scope: Hashable | None, suffix: str
+) -> str:
+    """`lmd-<storage key>-<tag>-<attempt>-<suffix>`, where the tag is 64 bits of a hash of
+    node and scope and `suffix` is random (`name_suffix`): a name nobody can take first."""
     if attempt < 0:
         raise ValueError(f"attempt must be >= 0, got {attempt}")
-    return f"{_NAME_PREFIX}-{storage_key}-{_digest(f'{node_name}|{scope!r}')}-{attempt}"
+    if not _SUFFIX.fullmatch(suffix):
+        raise ValueError(f"suffix must be {SUFFIX_LENGTH} of [a-z0-9], got {suffix!r}")
+    return (
+        f"{job_tag(storage_key=storage_key, node_name=node_name, scope=scope)}-{attempt}-{suffix}"
+    )
+
+
+def job_tag(*, storage_key: str, node_name: str, scope: Hashable | None) -> str:
+    """`lmd-<storage key>-<tag>`: the Job names of one download unit without attempt and
+    suffix."""
+    return f"{_NAME_PREFIX}-{storage_key}-{_digest(f'{node_name}|{scope!r}', TAG_LENGTH)}"
+
+
+def name_suffix() -> str:
+    """A random Job-name suffix (`SUFFIX_LENGTH` characters of [a-z0-9])."""
+    return "".join(secrets.choice(_SUFFIX_ALPHABET) for _ in range(SUFFIX_LENGTH))
 
 
 def job_namespace(entry: modelnode.LocalModelInfo, local_model: config.LocalModelConfig) -> str:
@@ -76,9 +104,8 @@ def job_namespace(entry: modelnode.LocalModelInfo, local_model: config.LocalMode
 def download_pvc_name(entry: modelnode.LocalModelInfo, node_group: str) -> str:
     """The download PVC the controller creates for this entry (spec §3, reference §2.2):
     `{cache}-{group}` in jobNamespace, `{cache}-{group}-download` in a namespace cache's
-    namespace."""
-    base = f"{entry.model_name}-{node_group}"
-    return f"{base}-download" if entry.namespace else base
+    namespace; hash-shortened like the controller's (`caching.names`)."""
+    return names.download_pvc(entry.model_name, node_group, namespaced=bool(entry.namespace))
 
 
 def job_labels(
@@ -135,12 +162,16 @@ def build_job(
     local_model: config.LocalModelConfig,
     scope: Hashable | None = None,
     backoff_limit: int | None = None,
+    suffix: str,
+    run_as_user: int | None = None,
 ) -> dict[str, Any]:
     """The download Job for `entry` on `node` (see the module contract). `container` comes
     from `select_container`, `injection` from `credentials.resolve`, `scope` from
     `credentials.credential_scope`."""
     node_name = node.name
-    name = job_name(storage_key=storage_key, node_name=node_name, attempt=attempt, scope=scope)
+    name = job_name(
+        storage_key=storage_key, node_name=node_name, attempt=attempt, scope=scope, suffix=suffix
+    )
     labels = job_labels(entry, node_name=node_name, storage_key=storage_key)
     main = copy.deepcopy(container)
     main["args"] = [injection.uri, MOUNT_PATH]
@@ -154,7 +185,9 @@ def build_job(
         },
         *copy.deepcopy(list(injection.volume_mounts)),
     ]
-    main.setdefault("terminationMessagePolicy", "FallbackToLogsOnError")
+    # Never FallbackToLogsOnError: the agent copies termination messages into the
+    # cluster-scoped LocalModelNode status and Events, and a tenant's pod logs must not go there.
+    main["terminationMessagePolicy"] = "File"
     if not main["env"]:
         del main["env"]
     claim = download_pvc_name(entry, node_group.name)
@@ -169,6 +202,21 @@ def build_job(
     }
     if local_model.fs_group is not None:
         pod_spec["securityContext"] = {"fsGroup": local_model.fs_group}
+    if run_as_user is not None:
+        # The agent's uid (issue 13 bug 4): the agent owns what the pod writes, so it can set
+        # the promoted modes and delete the folder later. HOME is made writable for images
+        # (KServe's storage initializer) whose user has a home only under their own uid.
+        # A ClusterStorageContainer's own runAsUser/runAsGroup would win over the pod's, and
+        # leave folders the agent cannot delete: the container gets the same identity.
+        identity: dict[str, Any] = {"runAsUser": run_as_user, "runAsNonRoot": True}
+        if local_model.fs_group is not None:
+            identity["runAsGroup"] = local_model.fs_group
+        pod_spec.setdefault("securityContext", {}).update(identity)
+        main_context = main.get("securityContext")
+        if isinstance(main_context, dict):
+            main_context.update(identity)
+        if not any(e.get("name") == "HOME" for e in main.get("env") or []):
+            main["env"] = [*(main.get("env") or []), {"name": "HOME", "value": "/tmp"}]
     if node_group.spec.tolerations:
         pod_spec["tolerations"] = [t.to_dict() for t in node_group.spec.tolerations]
     if injection.service_account_name:

@@ -1,39 +1,46 @@
 """The agent's download Jobs: which exist, which go, and creating a new one.
 
-`JobLauncher` is the only part of the agent that creates or deletes Jobs:
-- `our_jobs()` lists this node's download Jobs from the informer cache, plus the Jobs it
-  created in the last minute that the cache has not shown yet (so a stale cache never
-  leads to a second create; names are deterministic anyway, and AlreadyExists is success);
-- `cleanup(units)` deletes Jobs no spec entry wants (same name, namespace, URI and scope);
+`JobLauncher` is the only part of the agent that creates or deletes Jobs, and it keeps the
+records of the Jobs it created (`agent.trust`: the only Jobs the agent trusts, by uid):
+- `sort_jobs(status_records)` matches the informer's Jobs against the records (those of
+  this process, plus those the LocalModelNode status kept across restarts), and Jobs this
+  process created in the last minute that the cache has not shown yet (so a stale cache
+  never leads to a second create); `records()` is what the status must keep;
+- `cleanup(units, refs)` deletes trusted Jobs no spec entry wants (same entry, URI and
+  scope), with the uid as precondition: a Job we did not create is never deleted;
 - `launch(...)` resolves the node group, checks that its PV path is the models root, reads
   the credentials (in the entry's namespace only), picks the container, prepares the
-  staging folder and creates the Job; a problem that a retry cannot fix comes back as
-  `NotLaunched(message)` and no Job is created;
-- `pod_message(job)` reads why the Job's newest failed pod failed (cached per failure count).
+  staging folder and creates the Job under a fresh random name (AlreadyExists means someone
+  else holds that name: never ours; another name is tried); the uid of the created Job is
+  recorded at once; a problem that a retry cannot fix comes back as `NotLaunched(message)`
+  and no Job is created;
+- `pod_message(job)` reads why the Job's newest failed pod failed (cached per failure
+  count), as one bounded line.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
 import structlog
 
 from localcache.agent import disk as disk_mod
-from localcache.agent import jobs, layout, plan
+from localcache.agent import jobs, layout, plan, trust
 from localcache.api import modelnode, nodegroup, storage
 from localcache.caching import config, credentials
 from localcache.runtime import clock as clock_mod
-from localcache.runtime import errors, keys, kube, store
+from localcache.runtime import errors, keys, kube, onchange, store
 
 log = structlog.get_logger(__name__)
 
 Obj = dict[str, Any]
 CREATED_MEMORY_S: Final = 60.0
 _POD_MESSAGES_KEPT: Final = 256
+NAME_TRIES: Final = 3
 
 
 class Api(Protocol):
@@ -56,6 +63,7 @@ class Api(Protocol):
         *,
         namespace: str | None = None,
         propagation_policy: Any = None,
+        uid: str | None = None,
     ) -> Obj: ...
 
     async def get_status(
@@ -94,8 +102,12 @@ class JobLauncher:
         storage_containers: store.Reader,
         clock: clock_mod.Clock,
         backoff_limit: int | None = None,
+        name_suffix: Callable[[], str] = jobs.name_suffix,
     ) -> None:
         self._node_name = node_name
+        self._name_suffix = name_suffix
+        self._records: list[modelnode.DownloadJob] = []
+        self._deleted: set[str] = set()
         self._api = api
         self._disk = disk
         self._jobs = jobs_store
@@ -105,53 +117,65 @@ class JobLauncher:
         self._backoff_limit = backoff_limit
         self._created: dict[tuple[str, str], tuple[float, Obj]] = {}
         self._pod_messages: dict[tuple[str, str, int], str] = {}
+        self._warned = onchange.OnChange()  # per storage key: warn on a change, not per pass
 
-    def our_jobs(self) -> list[plan.JobRef]:
-        """Our Jobs from the cache, plus those created lately that it has not shown yet."""
-        found: dict[tuple[str, str], plan.JobRef] = {}
-        for obj in self._jobs.list():
-            ref = plan.job_ref(obj)
-            if ref is not None:
-                found[(ref.namespace, ref.name)] = ref
+    def sort_jobs(self, status_records: Iterable[modelnode.DownloadJob]) -> trust.Sorted:
+        """Trusted and untrusted Jobs now; the records whose Job is gone are forgotten."""
         now = self._clock.now()
-        for ident, (at, obj) in list(self._created.items()):
-            if ident in found or now - at > CREATED_MEMORY_S:
+        for ident, (at, _obj) in list(self._created.items()):
+            if now - at > CREATED_MEMORY_S:
                 del self._created[ident]
-            elif (ref := plan.job_ref(obj)) is not None:
-                found[ident] = ref
-        return list(found.values())
+        records = trust.merge(self._records, status_records)
+        unseen_ok = {ident: obj for ident, (_at, obj) in self._created.items()}
+        result = trust.sort_jobs(self._jobs.list(), records, unseen_ok=unseen_ok)
+        self._records = result.records
+        # Jobs we deleted ourselves may linger in the cache a moment: not someone else's.
+        self._deleted &= {trust.uid_of(o) for o in result.untrusted}
+        untrusted = [o for o in result.untrusted if trust.uid_of(o) not in self._deleted]
+        return trust.Sorted(result.trusted, result.records, untrusted)
 
-    async def cleanup(self, units: list[plan.Unit]) -> list[plan.JobRef]:
-        """Delete Jobs whose entry (name, namespace, URI and scope) left the spec; return
+    def records(self) -> list[modelnode.DownloadJob]:
+        """The records of the Jobs this agent created that are still there."""
+        return list(self._records)
+
+    async def cleanup(self, units: list[plan.Unit], refs: list[plan.JobRef]) -> list[plan.JobRef]:
+        """Delete trusted Jobs whose entry (status key, URI and scope) left the spec; return
         the Jobs that stay."""
-        wanted = plan.wanted_job_labels(units)
+        wanted = plan.wanted_jobs(units)
+        self._warned.retain(unit.storage_key for unit in units)
         keep = []
-        for ref in self.our_jobs():
-            if plan.job_identity(ref) in wanted:
+        for ref in refs:
+            if ref.identity in wanted:
                 keep.append(ref)
                 continue
             log.info("download_job_deleted", job=f"{ref.namespace}/{ref.name}")
             self._created.pop((ref.namespace, ref.name), None)
-            with contextlib.suppress(errors.NotFound):
+            self._records = [r for r in self._records if r.uid != ref.uid]
+            self._deleted.add(ref.uid)
+            with contextlib.suppress(errors.NotFound, errors.Conflict):
                 await self._api.delete(
-                    kube.JOBS, ref.name, namespace=ref.namespace, propagation_policy="Background"
+                    kube.JOBS,
+                    ref.name,
+                    namespace=ref.namespace,
+                    propagation_policy="Background",
+                    uid=ref.uid,
                 )
         return keep
 
     async def pod_message(self, ref: plan.JobRef, failed_pods: int) -> str:
         """What the Job's newest failed pod says ("" when none says anything)."""
-        ident = (ref.namespace, ref.name, failed_pods)
+        ident = (ref.namespace, ref.uid, failed_pods)
         if ident not in self._pod_messages:
             try:
                 pods = await self._api.list(
                     kube.PODS,
                     namespace=ref.namespace,
-                    label_selector=f"batch.kubernetes.io/job-name={ref.name}",
+                    label_selector=f"batch.kubernetes.io/controller-uid={ref.uid}",
                 )
             except errors.ApiError as exc:
                 log.warning("pods_not_read", job=f"{ref.namespace}/{ref.name}", error=str(exc))
                 return ""
-            self._pod_messages[ident] = plan.pod_failure_message(pods.items)
+            self._pod_messages[ident] = plan.pod_failure_message(pods.items, job_uid=ref.uid)
             if len(self._pod_messages) > _POD_MESSAGES_KEPT:
                 self._pod_messages.pop(next(iter(self._pod_messages)))
         return self._pod_messages[ident]
@@ -178,36 +202,71 @@ class JobLauncher:
             ]
             container = jobs.select_container(unit.request.uri, containers, cfg.storage_initializer)
         except (layout.RootMismatch, credentials.CredentialError, jobs.JobError) as exc:
-            log.warning("download_not_started", storage_key=unit.storage_key, error=str(exc))
+            if self._warned.changed(unit.storage_key, str(exc)):
+                log.warning("download_not_started", storage_key=unit.storage_key, error=str(exc))
             return NotLaunched(str(exc))
-        job = jobs.build_job(
-            entry=unit.leader,
-            node=node,
-            node_group=group,
-            storage_key=unit.storage_key,
-            attempt=attempt,
-            container=container,
-            injection=injection,
-            local_model=cfg.local_model,
-            scope=unit.scope,
-            backoff_limit=self._backoff_limit,
+        for _ in range(NAME_TRIES):
+            job = jobs.build_job(
+                entry=unit.leader,
+                node=node,
+                node_group=group,
+                storage_key=unit.storage_key,
+                attempt=attempt,
+                container=container,
+                injection=injection,
+                local_model=cfg.local_model,
+                scope=unit.scope,
+                backoff_limit=self._backoff_limit,
+                run_as_user=self._disk.download_uid,
+                suffix=self._name_suffix(),
+            )
+            name, namespace = job["metadata"]["name"], job["metadata"]["namespace"]
+            await asyncio.to_thread(
+                self._disk.prepare_staging,
+                unit.storage_key,
+                name,
+                group=cfg.local_model.fs_group,
+            )
+            try:
+                created = await self._api.create(kube.JOBS, job, namespace=namespace)
+            except errors.Conflict as exc:
+                if not exc.already_exists:
+                    raise
+                # Someone else holds this name: not our Job, whatever it looks like.
+                log.warning("download_job_name_taken", job=f"{namespace}/{name}")
+                await asyncio.to_thread(self._disk.remove_staging, unit.storage_key, name)
+                continue
+            except (errors.Forbidden, errors.NotFound, errors.Invalid) as exc:
+                # e.g. an exhausted ResourceQuota, or the namespace is gone: this entry's problem.
+                if self._warned.changed(unit.storage_key, (exc.status, exc.reason)):
+                    log.warning("download_job_rejected", job=f"{namespace}/{name}", error=str(exc))
+                return NotLaunched(f"cannot create download Job {namespace}/{name}: {exc.message}")
+            return self._record(unit, created, namespace=namespace, name=name, attempt=attempt)
+        return NotLaunched(f"no free download Job name in namespace {namespace}; retrying")
+
+    def _record(
+        self, unit: plan.Unit, created: Obj, *, namespace: str, name: str, attempt: int
+    ) -> Launched:
+        self._warned.forget(unit.storage_key)
+        uid = trust.uid_of(created)
+        if not uid:
+            raise errors.LocalcacheError(f"created Job {namespace}/{name} came back without uid")
+        self._records.append(
+            modelnode.DownloadJob(
+                namespace=namespace,
+                name=name,
+                uid=uid,
+                status_key=unit.status_keys[0],
+                storage_key=unit.storage_key,
+                scope=unit.scope_id,
+                attempt=attempt,
+            )
         )
-        name, namespace = job["metadata"]["name"], job["metadata"]["namespace"]
-        await asyncio.to_thread(self._disk.prepare_staging, unit.storage_key, name)
-        try:
-            created = await self._api.create(kube.JOBS, job, namespace=namespace)
-        except errors.Conflict as exc:
-            if not exc.already_exists:
-                raise
-            created = job
-        except (errors.Forbidden, errors.NotFound, errors.Invalid) as exc:
-            # e.g. an exhausted ResourceQuota, or the namespace is gone: this entry's problem.
-            log.warning("download_job_rejected", job=f"{namespace}/{name}", error=str(exc))
-            return NotLaunched(f"cannot create download Job {namespace}/{name}: {exc.message}")
         self._created[(namespace, name)] = (self._clock.now(), created)
         log.info(
             "download_job_created",
             job=f"{namespace}/{name}",
+            uid=uid,
             attempt=attempt,
             status_keys=unit.status_keys,
         )

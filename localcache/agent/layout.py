@@ -14,6 +14,11 @@ names are storage keys (`is_storage_key`), and defines the records: `Manifest` (
 complete folder's manifest) and `Recovered` (what `disk.ModelDisk.recover()` did with one
 unfinished promotion). The operations on the filesystem are `agent.disk`.
 
+Modes (spec §9, issue 13 risk 2): a staging folder is `STAGING_MODE` (owner and group only:
+the download pod runs as the agent's uid with the node group's fsGroup); a promoted folder's
+directories are `DIR_MODE` and its regular files `FILE_MODE`, nothing setuid, setgid or
+world-writable.
+
 Contract: a name that is not a storage key (16 lowercase hex) or a staging name that is not
 `<storage key>-<job name>` raises `DiskError`; nothing else is validated here.
 """
@@ -33,6 +38,10 @@ MANIFESTS_DIR = ".manifests"
 TRASH_DIR = ".trash"
 MANIFEST_SUFFIX = ".json"
 RECORD_SUFFIX = ".promoting.json"
+STAGING_MODE = 0o2770
+"""A staging folder: owner and group may write (setgid keeps the download group), others not."""
+DIR_MODE = 0o755
+FILE_MODE = 0o644
 
 _KEY_RE = re.compile(r"[0-9a-f]{16}")
 STAGING_RE = re.compile(r"(?P<key>[0-9a-f]{16})-(?P<job>[a-z0-9]([-a-z0-9.]*[a-z0-9])?)")
@@ -122,3 +131,24 @@ class Recovered:
     # "finished": only the record was left; "kept-existing": another download of the same URI
     # was already complete, this one was discarded; "abandoned": staging and folder both gone.
     outcome: Outcome
+
+
+@dataclass(frozen=True, slots=True)
+class DeletionFailure:
+    """A folder the agent could not delete: it stays in `.trash` and is retried with backoff.
+
+    `folder` is where it was (`models/<key>`, `.staging/<name>`) or, after a restart, where it
+    is (`.trash/<name>`); `storage_key` is set for model folders; `retry_in` is seconds."""
+
+    folder: str
+    storage_key: str | None
+    error: str
+    attempts: int
+    retry_in: float
+
+    @property
+    def message(self) -> str:
+        return (
+            f"could not delete {self.folder}: {self.error} (attempt {self.attempts}, "
+            f"retrying in {self.retry_in:.0f}s; its bytes stay on the node until then)"
+        )

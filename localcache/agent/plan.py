@@ -5,9 +5,12 @@ Vocabulary:
 - A *download unit* is the set of LocalModelNode entries that share one download: the same
   storage key (URI) and the same credential scope (`credentials.credential_scope`). Entries
   of one unit share one Job, one staging folder and one status (spec §5 "sharing").
-- A unit's *tag* is its Job names without the attempt: `lmd-<storage key>-<digest>`, where
-  the digest covers the node and the scope (`jobs.job_name`). A manifest's `job`, or a status
-  entry's `modelProgress.jobName`, therefore records which scope proved access to a folder.
+- Units are grouped by the full scope (`scope_id`: SHA-256 of it), and a Job belongs to a
+  unit by what the agent recorded when it created the Job (`agent.trust`), never by its name.
+- A unit's *tag* is its Job names without attempt and suffix: `lmd-<storage key>-<digest>`,
+  where the 64-bit digest covers the node and the scope (`jobs.job_tag`). A manifest's `job`,
+  or a status entry's `modelProgress.jobName` (both written by the agent for Jobs it
+  trusted), therefore records which scope proved access to a folder.
 - A download needed no credentials iff its tag is the unit tag of the `None` scope.
 
 Job phases follow the Job's conditions only: `Failed` (for good, [P17]) and `Complete`; a Job
@@ -17,6 +20,7 @@ whose pods failed but that still retries is `ACTIVE`.
 from __future__ import annotations
 
 import datetime
+import hashlib
 import re
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -29,20 +33,35 @@ from localcache.caching import credentials, keys
 
 Obj = dict[str, Any]
 
-_JOB_NAME = re.compile(r"(?P<tag>lmd-(?P<key>[0-9a-f]{16})-[0-9a-f]{8})-(?P<attempt>0|[1-9][0-9]*)")
+_JOB_NAME = re.compile(
+    r"(?P<tag>lmd-(?P<key>[0-9a-f]{16})-[0-9a-f]{16})-(?P<attempt>0|[1-9][0-9]*)-[a-z0-9]{8}"
+)
+_LEGACY_JOB_NAME = re.compile(r"(?P<tag>lmd-[0-9a-f]{16}-[0-9a-f]{8})-(?:0|[1-9][0-9]*)")
+"""Job names before 64-bit tags (`lmd-<key>-<32-bit tag>-<attempt>`), as folder manifests and
+status written by earlier versions record them."""
 _MESSAGE_LIMIT: Final = 1024
+POD_MESSAGE_LIMIT: Final = 256
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]+")
 
 
 @dataclass(frozen=True, slots=True)
 class JobRef:
-    """A download Job of this agent, with what its name encodes."""
+    """A download Job this agent created (its uid matches the agent's record), with what
+    the record says about it; `obj` is the Job as last seen."""
 
     namespace: str
     name: str
+    uid: str
+    status_key: str
     storage_key: str
-    tag: str
+    scope: str
     attempt: int
     obj: Obj
+
+    @property
+    def identity(self) -> tuple[str, str, str]:
+        """(status key, storage key, scope id): what a spec entry must still want."""
+        return self.status_key, self.storage_key, self.scope
 
 
 def parse_job_name(name: str) -> tuple[str, str, int] | None:
@@ -59,27 +78,14 @@ def tag_of(job_name: str | None) -> str | None:
     return parsed[1] if parsed else None
 
 
-def job_ref(obj: Obj) -> JobRef | None:
-    """The JobRef of a Job object named like ours and not being deleted, else None."""
-    meta = obj.get("metadata") or {}
-    parsed = parse_job_name(str(meta.get("name") or ""))
-    if parsed is None or meta.get("deletionTimestamp"):
-        return None
-    key, tag, attempt = parsed
-    return JobRef(
-        namespace=str(meta.get("namespace") or ""),
-        name=str(meta["name"]),
-        storage_key=key,
-        tag=tag,
-        attempt=attempt,
-        obj=obj,
-    )
-
-
 def unit_tag(*, storage_key: str, node_name: str, scope: Hashable | None) -> str:
-    """The Job-name prefix of a unit (its Job names without `-<attempt>`)."""
-    name = jobs.job_name(storage_key=storage_key, node_name=node_name, attempt=0, scope=scope)
-    return name.rpartition("-")[0]
+    """The Job-name prefix of a unit (its Job names without `-<attempt>-<suffix>`)."""
+    return jobs.job_tag(storage_key=storage_key, node_name=node_name, scope=scope)
+
+
+def scope_id(scope: Hashable | None) -> str:
+    """The full credential scope as a SHA-256 hex digest (what Job records store)."""
+    return hashlib.sha256(repr(scope).encode("utf-8")).hexdigest()
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +100,9 @@ class Unit:
     scope: Hashable | None
     request: credentials.CredentialRequest
     entries: tuple[modelnode.LocalModelInfo, ...]
+    scope_id: str
+    namespaces: frozenset[str]
+    """The namespaces the unit's Jobs may run in (those of its entries' Jobs)."""
 
     @property
     def leader(self) -> modelnode.LocalModelInfo:
@@ -106,7 +115,14 @@ class Unit:
     def reuses(self, job_name: str | None) -> bool:
         """Whether a download by `job_name` is good for this unit at once: it needed no
         credentials, or it ran in this unit's credential scope."""
-        return tag_of(job_name) in (self.tag, self.open_tag)
+        tag = tag_of(job_name)
+        if tag is not None:
+            return tag in (self.tag, self.open_tag)
+        # A folder downloaded before the upgrade to 64-bit tags: its 32-bit tag is the prefix
+        # of ours, so an upgrade downloads nothing again (the collision risk stays that of
+        # the version that downloaded it, for those folders only).
+        legacy = _LEGACY_JOB_NAME.fullmatch(job_name or "")
+        return legacy is not None and legacy["tag"] in (self.tag[:-8], self.open_tag[:-8])
 
 
 def status_key(entry: modelnode.LocalModelInfo) -> str:
@@ -117,36 +133,50 @@ def units(
     entries: Sequence[modelnode.LocalModelInfo], *, node_name: str, job_namespace: str
 ) -> list[Unit]:
     """Group entries into download units, ordered by their first entry's position."""
-    grouped: dict[str, list[modelnode.LocalModelInfo]] = {}
-    first: dict[str, tuple[str, Hashable | None, credentials.CredentialRequest]] = {}
+    grouped: dict[tuple[str, str], list[modelnode.LocalModelInfo]] = {}
+    first: dict[tuple[str, str], tuple[Hashable | None, credentials.CredentialRequest]] = {}
     for entry in entries:
         storage_key = keys.storage_key(entry.source_model_uri)
         request = credentials.request_for(entry, job_namespace=job_namespace)
         scope = credentials.credential_scope(request)
-        tag = unit_tag(storage_key=storage_key, node_name=node_name, scope=scope)
-        grouped.setdefault(tag, []).append(entry)
-        first.setdefault(tag, (storage_key, scope, request))
+        ident = (storage_key, scope_id(scope))
+        grouped.setdefault(ident, []).append(entry)
+        first.setdefault(ident, (scope, request))
     out = []
-    for tag, members in grouped.items():
-        key, scope, request = first[tag]
-        open_tag = unit_tag(storage_key=key, node_name=node_name, scope=None)
-        out.append(Unit(tag, open_tag, key, scope, request, tuple(members)))
+    for (key, sid), members in grouped.items():
+        scope, request = first[(key, sid)]
+        out.append(
+            Unit(
+                tag=unit_tag(storage_key=key, node_name=node_name, scope=scope),
+                open_tag=unit_tag(storage_key=key, node_name=node_name, scope=None),
+                storage_key=key,
+                scope=scope,
+                request=request,
+                entries=tuple(members),
+                scope_id=sid,
+                namespaces=frozenset(e.namespace or job_namespace for e in members),
+            )
+        )
     return out
 
 
-def wanted_job_labels(unit_list: Iterable[Unit]) -> set[tuple[str, str | None, str]]:
-    """(model label, modelNamespace label, tag) of every Job the spec still wants."""
-    wanted = set()
-    for unit in unit_list:
-        for entry in unit.entries:
-            ns = jobs.label_value(entry.namespace) if entry.namespace else None
-            wanted.add((jobs.label_value(entry.model_name), ns, unit.tag))
-    return wanted
+def wanted_jobs(unit_list: Iterable[Unit]) -> set[tuple[str, str, str]]:
+    """`JobRef.identity` of every Job the spec still wants: an entry's Jobs in its unit."""
+    return {
+        (key, unit.storage_key, unit.scope_id) for unit in unit_list for key in unit.status_keys
+    }
 
 
-def job_identity(ref: JobRef) -> tuple[str, str | None, str]:
-    labels = (ref.obj.get("metadata") or {}).get("labels") or {}
-    return labels.get(jobs.LABEL_MODEL, ""), labels.get(jobs.LABEL_MODEL_NAMESPACE), ref.tag
+def unit_jobs(unit: Unit, refs: Iterable[JobRef]) -> list[JobRef]:
+    """The unit's Jobs, oldest attempt first: recorded for its storage key and full scope,
+    and in a namespace one of its entries runs Jobs in."""
+    mine = [
+        r
+        for r in refs
+        if (r.storage_key, r.scope) == (unit.storage_key, unit.scope_id)
+        and r.namespace in unit.namespaces
+    ]
+    return sorted(mine, key=lambda r: r.attempt)
 
 
 # ---- Job state ------------------------------------------------------------------------------
@@ -200,22 +230,46 @@ def retry_delay(attempt: int, *, base: float, cap: float) -> float:
     return float(min(cap, base * (2**attempt)))
 
 
-def pod_failure_message(pods: Iterable[Obj]) -> str:
-    """What the newest failed pod says: its container's termination message (or reason and
-    exit code), else the pod's own message or reason; "" when no pod failed."""
-    failed = [p for p in pods if (p.get("status") or {}).get("phase") == "Failed"]
+def pod_failure_message(pods: Iterable[Obj], *, job_uid: str | None = None) -> str:
+    """What the newest failed pod (of the Job `job_uid`, when given: its controller
+    ownerReference) says: its container's termination message (or reason and exit code),
+    else the pod's own message or reason; "" when no pod failed. Always `one_line`."""
+    failed = [
+        p
+        for p in pods
+        if (p.get("status") or {}).get("phase") == "Failed"
+        and (job_uid is None or _controller_uid(p) == job_uid)
+    ]
     failed.sort(key=lambda p: str((p.get("metadata") or {}).get("creationTimestamp") or ""))
     for pod in reversed(failed):
         status = pod.get("status") or {}
         for container in status.get("containerStatuses") or []:
             term = (container.get("state") or {}).get("terminated") or {}
-            if term.get("message"):
-                return clip(str(term["message"]).strip())
+            if text := one_line(term.get("message")):
+                return text
             if term.get("reason") or term.get("exitCode"):
-                return f"{term.get('reason') or 'Error'} (exit code {term.get('exitCode', '?')})"
-        if status.get("message") or status.get("reason"):
-            return clip(str(status.get("message") or status.get("reason")).strip())
+                reason = one_line(term.get("reason"), limit=64) or "Error"
+                return f"{reason} (exit code {one_line(term.get('exitCode'), limit=8) or '?'})"
+        if text := one_line(status.get("message") or status.get("reason")):
+            return text
     return ""
+
+
+def _controller_uid(obj: Obj) -> str | None:
+    for owner in (obj.get("metadata") or {}).get("ownerReferences") or []:
+        if owner.get("controller"):
+            return str(owner.get("uid") or "")
+    return None
+
+
+def one_line(text: Any, *, limit: int = POD_MESSAGE_LIMIT) -> str:
+    """A pod-supplied text as it may be published: its last non-blank line, without control
+    characters, at most `limit` characters ("" for nothing)."""
+    if text is None:
+        return ""
+    lines = [line.strip() for line in str(text).splitlines() if line.strip()]
+    line = " ".join(_CONTROL.sub(" ", lines[-1]).split()) if lines else ""
+    return clip(line, limit)
 
 
 def clip(text: str, limit: int = _MESSAGE_LIMIT) -> str:

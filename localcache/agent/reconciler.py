@@ -5,19 +5,30 @@ One pass (`reconcile`), for the LocalModelNode named like this node only:
 1. finish any promotion a crash interrupted (`disk.recover`); load the config (the last
    good one stays in force when the ConfigMap turns invalid; nothing runs before a first
    good one; a missing ConfigMap means KServe's defaults);
-2. delete our Jobs that no spec entry wants any more (`launcher.cleanup`);
-3. per download unit (`plan.units`: same URI and credential scope; its entries share one
-   Job, folder and status): Downloaded when the complete folder (with manifest) may be
-   reused: it was downloaded without credentials, or in the unit's scope, or the unit's own
-   Job proved access earlier (recorded in `modelProgress.jobName`). Otherwise follow the
-   unit's latest Job: none → create one (or ModelDownloadError saying why not: credentials,
-   node group, PV path); running → Pending/Downloading with progress (a pod failure while
-   the Job still retries is only a message [P17]); Complete → promote the staging folder
-   (keeping an existing complete folder) or re-download when the folder was lost; Failed
-   → ModelDownloadError with the pod's message, and a new attempt after the backoff;
+2. sort the Jobs seen into trusted (created by this agent: uid recorded in status, see
+   `agent.trust`) and untrusted (reported once, by log and Event, then ignored: never proof,
+   never a state, never deleted); delete trusted Jobs that no spec entry wants any more
+   (`launcher.cleanup`);
+3. per download unit (`plan.units`: same URI and full credential scope; its entries share
+   one Job, folder and status; its Jobs are the trusted ones recorded for that storage key
+   and scope, in a namespace of its entries): Downloaded when the complete folder (with
+   manifest) may be reused: it was downloaded without credentials, or in the unit's scope,
+   or the unit's own Job proved access earlier (recorded in `modelProgress.jobName`).
+   Otherwise follow the unit's latest Job: none → create one (or ModelDownloadError saying
+   why not: credentials, node group, PV path); running → Pending/Downloading with progress
+   (a pod failure while the Job still retries is only a message [P17]); Complete → promote
+   the staging folder (keeping an existing complete folder) or re-download when the folder
+   was lost; Failed → ModelDownloadError with the pod's message, and a new attempt after
+   the backoff;
 4. delete folders no entry maps to, and staging folders of Jobs that no longer run;
-5. patch the owned status fields when changed, post Events for entries that became
-   Downloaded or failed, and requeue (sooner while downloading or waiting for a retry).
+5. patch the owned status fields when changed (with the records of the Jobs created, so
+   they survive a restart), post Events for entries that became Downloaded or failed, and
+   requeue (sooner while downloading or waiting for a retry).
+
+Each create is recorded in status at once (`report.record_jobs`), before the pass goes on.
+A Job created just before a crash, whose record never reached status, is never trusted: it
+runs out unused (its staging folder is removed as stale, so it is never promoted) and the
+unit starts a Job of its own.
 
 Not promised: that entries sharing a Job keep it when the entry that created it leaves the
 spec (the Job goes with it; the others start their own).
@@ -29,18 +40,18 @@ import asyncio
 import datetime
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Any, Final
 
 import pydantic
 import structlog
 
 from localcache.agent import disk as disk_mod
-from localcache.agent import launcher, layout, plan, report, status
+from localcache.agent import jobs, launcher, layout, plan, report, status, trust
 from localcache.api import modelnode
 from localcache.api import quantity as quantity_mod
 from localcache.caching import config, liveconfig
 from localcache.runtime import clock as clock_mod
-from localcache.runtime import errors, keys, reconcile, store
+from localcache.runtime import errors, keys, onchange, reconcile, store
 
 log = structlog.get_logger(__name__)
 
@@ -71,9 +82,11 @@ class _Pass:
     """What one reconcile pass knows, and the staging folders it must keep."""
 
     node: modelnode.LocalModelNode
+    node_obj: dict[str, Any]
+    """The LocalModelNode as last read or written in this pass (for the next status write)."""
     cfg: config.InferenceServiceConfig
     now: datetime.datetime
-    jobs_by_tag: dict[str, list[plan.JobRef]]
+    jobs: list[plan.JobRef]
     states: dict[str, str]
     progress: dict[str, modelnode.ModelProgress]
     live_jobs: set[str] = field(default_factory=set)
@@ -92,9 +105,12 @@ class Reconciler:
         agent_metrics: report.AgentMetrics,
         config_namespace: str,
         clock: clock_mod.Clock,
+        config_map: str = config.CONFIGMAP_NAME,
+        kserve_config: liveconfig.Under | None = None,
         wall_clock: Callable[[], datetime.datetime] = utcnow,
         job_backoff_limit: int | None = None,
         progress_interval: float = 10.0,
+        job_name_suffix: Callable[[], str] | None = None,
     ) -> None:
         self.node_name = node_name
         self._disk = disk
@@ -102,8 +118,9 @@ class Reconciler:
         self._metrics = agent_metrics
         self._live_config = liveconfig.LiveConfig(
             stores.config_maps,
-            keys.ObjectKey(config_namespace, config.CONFIGMAP_NAME),
+            keys.ObjectKey(config_namespace, config_map),
             initial=None,
+            under=kserve_config,
         )
         self._wall = wall_clock
         self._progress_interval = progress_interval
@@ -116,24 +133,45 @@ class Reconciler:
             storage_containers=stores.storage_containers,
             clock=clock,
             backoff_limit=job_backoff_limit,
+            name_suffix=job_name_suffix or jobs.name_suffix,
         )
         self._report = report.Reporter(node_name=node_name, api=api, wall_clock=wall_clock)
         self._counted_failures: set[tuple[str, str]] = set()
+        self._layout_warned = onchange.OnChange(max_keys=1)
+
+    async def _check_layout(self, node: modelnode.LocalModelNode | None) -> None:
+        """`disk.ensure_layout`, reported: a repair as a Warning Event each time, a refusal
+        as one Warning Event per distinct problem, then raised (retried with backoff)."""
+        try:
+            repaired = await asyncio.to_thread(self._disk.ensure_layout)
+        except layout.DiskError as exc:
+            log.error("models_root_unsafe", root=str(self._disk.root), error=str(exc))
+            if node is not None and self._layout_warned.changed("layout", str(exc)):
+                await self._report.event(node, "Warning", "ModelsRootUnsafe", str(exc))
+            raise errors.LocalcacheError(f"models root {self._disk.root}: {exc}") from exc
+        self._layout_warned.forget("layout")
+        for message in repaired:
+            log.warning("models_root_repaired", root=str(self._disk.root), repair=message)
+            if node is not None:
+                await self._report.event(node, "Warning", "ModelsRootRepaired", message)
 
     async def reconcile(self, key: keys.ObjectKey) -> reconcile.Result:
         if key.name != self.node_name or key.namespace:
             log.debug("reconcile_skipped_other_node", node=str(key))
             return reconcile.Result()
-        # Every pass: a layout directory replaced by a symlink is refused before any move.
-        await asyncio.to_thread(self._disk.ensure_layout)
-        await asyncio.to_thread(self._disk.recover)
         node_obj = self._stores.nodes.get(keys.ObjectKey("", self.node_name))
-        if node_obj is None:
+        node = None
+        if node_obj is not None:
+            try:
+                node = modelnode.LocalModelNode.model_validate(node_obj)
+            except pydantic.ValidationError as exc:
+                raise errors.TerminalError(f"LocalModelNode {self.node_name}: {exc}") from exc
+        # Every pass: a layout directory replaced by a symlink is repaired or refused before
+        # any move, and reported.
+        await self._check_layout(node)
+        await asyncio.to_thread(self._disk.recover)
+        if node_obj is None or node is None:
             return reconcile.Result()
-        try:
-            node = modelnode.LocalModelNode.model_validate(node_obj)
-        except pydantic.ValidationError as exc:
-            raise errors.TerminalError(f"LocalModelNode {self.node_name}: {exc}") from exc
         cfg = await self._load_config(node)
         if cfg is None:
             return reconcile.Result(requeue_after=NO_CONFIG_RETRY_S)
@@ -142,18 +180,18 @@ class Reconciler:
             node_name=self.node_name,
             job_namespace=cfg.local_model.job_namespace,
         )
-        refs = await self._jobs.cleanup(units)
-        self._counted_failures &= {(r.namespace, r.name) for r in refs}
-        by_tag: dict[str, list[plan.JobRef]] = {}
-        for ref in sorted(refs, key=lambda r: r.attempt):
-            by_tag.setdefault(ref.tag, []).append(ref)
-        active = {r.name for r in refs if plan.job_state(r.obj).phase is plan.JobPhase.ACTIVE}
         current = node_obj.get("status")
+        seen = self._jobs.sort_jobs(trust.parse_records(current))
+        await self._report.untrusted_jobs(node, seen.untrusted)
+        refs = await self._jobs.cleanup(units, seen.trusted)
+        self._counted_failures &= {(r.namespace, r.name) for r in refs}
+        active = {r.name for r in refs if plan.job_state(r.obj).phase is plan.JobPhase.ACTIVE}
         ctx = _Pass(
             node=node,
+            node_obj=node_obj,
             cfg=cfg,
             now=self._wall(),
-            jobs_by_tag=by_tag,
+            jobs=refs,
             states=status.previous_states(current),
             progress=status.previous_progress(current),
             live_jobs=active,
@@ -169,7 +207,10 @@ class Reconciler:
         )
         if deleted:
             log.info("model_folders_deleted", storage_keys=deleted)
-        before = await self._report.write_status(node_obj, status.desired_status(outcomes))
+        for failure in self._disk.take_new_deletion_failures():
+            await self._report.event(node, "Warning", "ModelDeletionFailed", failure.message)
+        desired = status.desired_status(outcomes, jobs=self._jobs.records())
+        before = await self._report.write_status(ctx.node_obj, desired)
         for change in status.transitions(before, outcomes):
             await self._report.transition(node, change)
         delays = [o.requeue_after for o in outcomes.values() if o.requeue_after]
@@ -203,7 +244,7 @@ class Reconciler:
             proof = _proof(unit, ctx)
             if proof is not None:
                 return _downloaded(manifest, job_name=proof)
-        unit_jobs = ctx.jobs_by_tag.get(unit.tag, [])
+        unit_jobs = plan.unit_jobs(unit, ctx.jobs)
         if not unit_jobs:
             return await self._launch(unit, ctx, attempt=0, message=None)
         latest = unit_jobs[-1]
@@ -284,7 +325,7 @@ class Reconciler:
             self._counted_failures.add(ident)
             self._metrics.failed.inc()
         pod = await self._jobs.pod_message(latest, state.failed_pods)
-        why = pod or state.message or state.reason or "no message"
+        why = pod or plan.one_line(state.message or state.reason) or "no message"
         message = plan.clip(f"download Job {latest.namespace}/{latest.name} failed: {why}")
         return await self._retry_or_wait(unit, latest, state, ctx, message)
 
@@ -325,6 +366,7 @@ class Reconciler:
             retry = float(ctx.cfg.local_model.reconcilation_frequency_in_secs)
             return status.Outcome(ModelStatus.DOWNLOAD_ERROR, progress, retry)
         ctx.live_jobs.add(result.name)
+        ctx.node_obj = await self._report.record_jobs(ctx.node_obj, self._jobs.records())
         self._metrics.started.inc()
         progress = modelnode.ModelProgress(
             bytes_on_disk=0, attempts=attempt + 1, job_name=result.name, message=message

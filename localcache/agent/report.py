@@ -3,6 +3,9 @@
 - `Reporter.write_status` patches the status subresource with the RFC 7386 diff of the owned
   fields (`status.py`), only when something changed, carrying the object's resourceVersion;
   on a conflict it re-reads the status and diffs again (a few times, then raises).
+- `Reporter.record_jobs` patches only `downloadJobs`, the records of the Jobs the agent
+  created (`agent.trust`), right after a create;
+- `Reporter.untrusted_jobs` reports Jobs the agent does not trust (once per Job);
 - `Reporter.event` posts a core/v1 Event about the LocalModelNode (in `default`, as for every
   cluster-scoped object); failing to post is logged, never raised.
 - `AgentMetrics` are the agent's own series (downloads started, succeeded, failed, bytes,
@@ -66,6 +69,7 @@ class Reporter:
         self._node_name = node_name
         self._api = api
         self._wall = wall_clock
+        self._untrusted_reported: set[str] = set()
 
     async def write_status(
         self, node_obj: dict[str, Any], desired: dict[str, Any]
@@ -90,6 +94,46 @@ class Reporter:
             log.debug("status_patched", fields=sorted(patch))
             return before
         raise errors.Conflict(409, f"LocalModelNode {self._node_name}: status kept changing")
+
+    async def record_jobs(
+        self, node_obj: dict[str, Any], jobs: list[modelnode.DownloadJob]
+    ) -> dict[str, Any]:
+        """Patch `downloadJobs` alone (right after a create, so that a crash later in the
+        pass loses no record), carrying the resourceVersion; returns the patched object."""
+        body_status = {"downloadJobs": [j.to_dict() for j in jobs]}
+        obj = node_obj
+        for _ in range(STATUS_WRITE_ATTEMPTS):
+            version = (obj.get("metadata") or {}).get("resourceVersion")
+            body = {"metadata": {"resourceVersion": version}, "status": body_status}
+            try:
+                return await self._api.patch_status(LMN_RESOURCE, self._node_name, body)
+            except errors.Conflict:
+                log.debug("status_conflict_rereading")
+                obj = await self._api.get_status(LMN_RESOURCE, self._node_name)
+        raise errors.Conflict(409, f"LocalModelNode {self._node_name}: status kept changing")
+
+    async def untrusted_jobs(
+        self, node: modelnode.LocalModelNode, untrusted: list[dict[str, Any]]
+    ) -> None:
+        """Log and post an Event, once per Job and process, for each Job that looks like a
+        download Job of this node but is not one the agent created (`agent.trust`); it is
+        never deleted. Only uids still seen are remembered."""
+        uids = {str((o.get("metadata") or {}).get("uid") or "") for o in untrusted}
+        self._untrusted_reported &= uids
+        for obj in untrusted:
+            meta = obj.get("metadata") or {}
+            uid = str(meta.get("uid") or "")
+            if uid in self._untrusted_reported or meta.get("deletionTimestamp"):
+                continue
+            self._untrusted_reported.add(uid)
+            job = f"{meta.get('namespace') or ''}/{meta.get('name') or ''}"
+            log.warning("untrusted_download_job", job=job, uid=uid)
+            message = (
+                f"Job {job} (uid {uid}) carries this node's download Job labels but was not "
+                "created by this agent (or was created just before it restarted); it is "
+                "ignored, not deleted"
+            )
+            await self.event(node, "Warning", "UntrustedDownloadJob", message)
 
     async def transition(self, node: modelnode.LocalModelNode, change: status.Transition) -> None:
         """The Event for an entry that became Downloaded or failed."""

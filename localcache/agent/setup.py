@@ -4,7 +4,10 @@ work queue, the controller and the reconciler.
 What the agent watches (all read through informer caches; nothing else is listed):
 - its own LocalModelNode, by field selector `metadata.name=<NODE_NAME>`;
 - its download Jobs, in every namespace, by label selector `node=<node label value>`;
-- LocalModelNodeGroups and (unless disabled) KServe's ClusterStorageContainers;
+- LocalModelNodeGroups and (unless disabled) KServe's ClusterStorageContainers, an optional
+  kind (`optional.OptionalInformer`: watched while its CRD serves; without it, Jobs use
+  `storageInitializer.image`; while it is listed after the CRD appeared, a reconcile that
+  would pick an image retries instead; the node is reconciled again when it syncs or goes);
 - the `inferenceservice-config` ConfigMap in the config namespace (by field selector);
 - LocalModelCaches and LocalModelNamespaceCaches, for `modelSize` (progress percent).
 ServiceAccounts and Secrets are read with GET when a Job is created, never cached.
@@ -27,13 +30,13 @@ from typing import Final
 
 from localcache.agent import disk, jobs, layout, reconciler, report
 from localcache.api import groupversion
-from localcache.caching import config
+from localcache.caching import config, liveconfig
 from localcache.runtime import clock as clock_mod
 from localcache.runtime import (
     controller,
     handlers,
-    informer,
     keys,
+    optional,
     predicates,
     store,
     workqueue,
@@ -62,6 +65,9 @@ class AgentSettings:
     models_root: Path = layout.DEFAULT_ROOT
     host_path: str | None = None
     config_namespace: str = config.DEFAULT_NAMESPACE
+    config_map: str = config.CONFIGMAP_NAME
+    kserve_config: str = ""
+    """KServe's ConfigMap as namespace/name, read under `config_map` (liveconfig.Under)."""
     job_backoff_limit: int | None = 0
     progress_interval: float = 10.0
     watch_storage_containers: bool = True
@@ -90,7 +96,8 @@ def setup(
     `manager.run()`."""
     clock = clock or clock_mod.SystemClock()
     node = settings.node_name
-    watch = (factory or factory_mod.InformerFactory(kube, manager, clock=clock)).informer
+    shared = factory or factory_mod.InformerFactory(kube, manager, clock=clock)
+    watch = shared.informer
 
     nodes = watch(groupversion.LOCAL_MODEL_NODE.api, field_selector=f"metadata.name={node}")
     job_informer = watch(
@@ -100,13 +107,24 @@ def setup(
     config_maps = watch(
         kube_mod.CONFIG_MAPS,
         namespace=settings.config_namespace,
-        field_selector=f"metadata.name={config.CONFIGMAP_NAME}",
+        field_selector=f"metadata.name={settings.config_map}",
     )
+    kserve_config_maps = None
+    kserve_key = None
+    if settings.kserve_config:
+        kserve_ns, kserve_name = settings.kserve_config.split("/")
+        kserve_key = keys.ObjectKey(kserve_ns, kserve_name)
+        kserve_config_maps = watch(
+            kube_mod.CONFIG_MAPS,
+            namespace=kserve_ns,
+            field_selector=f"metadata.name={kserve_name}",
+        )
     caches = watch(groupversion.LOCAL_MODEL_CACHE.api)
     namespace_caches = watch(groupversion.LOCAL_MODEL_NAMESPACE_CACHE.api)
-    containers: informer.Informer | None = None
+    containers: optional.OptionalInformer | None = None
     if settings.watch_storage_containers:
-        containers = watch(groupversion.CLUSTER_STORAGE_CONTAINER.api)
+        # KServe's CRD may be missing or come later: watched only while it serves.
+        containers = shared.optional_informer(groupversion.CLUSTER_STORAGE_CONTAINER.api)
 
     queue = workqueue.WorkQueue(
         settings.controller_name,
@@ -132,13 +150,16 @@ def setup(
             owner_namespaced=False,
         )
     )
-    for inf in (groups, config_maps, containers):
+    for inf in (groups, config_maps, kserve_config_maps, containers):
         if inf is not None:
             inf.add_handler(
                 handlers.enqueue_mapped(
                     queue, lambda _obj: [own_key], predicates.resource_version_changed
                 )
             )
+    if containers is not None:
+        # Which image a Job uses depends on every container: re-reconcile on (un)watching.
+        containers.on_change(lambda _availability: queue.add(own_key))
 
     rec = reconciler.Reconciler(
         node_name=node,
@@ -149,12 +170,20 @@ def setup(
             jobs=job_informer.reader(),
             node_groups=groups.reader(),
             storage_containers=containers.reader() if containers else store.Store().view(),
+            # while the CRD is new and still listed, reads raise optional.NotSynced: the
+            # reconcile retries rather than fall back to the default image
             config_maps=config_maps.reader(),
             caches=caches.reader(),
             namespace_caches=namespace_caches.reader(),
         ),
         agent_metrics=report.AgentMetrics(metrics),
         config_namespace=settings.config_namespace,
+        config_map=settings.config_map,
+        kserve_config=(
+            liveconfig.Under(kserve_config_maps.reader(), kserve_key)
+            if kserve_config_maps is not None and kserve_key is not None
+            else None
+        ),
         clock=clock,
         job_backoff_limit=settings.job_backoff_limit,
         progress_interval=settings.progress_interval,

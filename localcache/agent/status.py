@@ -1,8 +1,9 @@
 """The agent's status writes: what a LocalModelNode's status should say, and the JSON merge
 patch that gets it there. Pure functions; `reconciler.py` sends the patch.
 
-The agent owns three fields of `LocalModelNode.status`: KServe's `modelStatus` and
-localcache's additive `modelProgress` and `summary` (`localcache.api.modelnode`). Any other
+The agent owns four fields of `LocalModelNode.status`: KServe's `modelStatus` and
+localcache's additive `modelProgress`, `summary` and `downloadJobs` (the records of the
+Jobs it created, `agent.trust`; `localcache.api.modelnode`). Any other
 status field is left as it is. `merge_patch(current, desired)` is the RFC 7386 patch that
 turns `current` into `desired` (removed keys become `null`), so a status-subresource patch
 carrying the object's resourceVersion is a conflict-safe write of exactly what changed.
@@ -10,13 +11,13 @@ carrying the object's resourceVersion is a conflict-safe write of exactly what c
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
 from localcache.api import modelnode
 
-OWNED_FIELDS: Final = ("modelStatus", "modelProgress", "summary")
+OWNED_FIELDS: Final = ("modelStatus", "modelProgress", "summary", "downloadJobs")
 
 ModelStatus = modelnode.ModelStatus
 
@@ -30,14 +31,20 @@ class Outcome:
     requeue_after: float | None = None
 
 
-def desired_status(outcomes: Mapping[str, Outcome]) -> dict[str, Any]:
-    """The owned status fields for these outcomes, keyed by status key."""
+def desired_status(
+    outcomes: Mapping[str, Outcome], *, jobs: Sequence[modelnode.DownloadJob] = ()
+) -> dict[str, Any]:
+    """The owned status fields for these outcomes, keyed by status key, and the records of
+    the download Jobs the agent created (`downloadJobs` left out when there are none)."""
     states = {key: o.status for key, o in outcomes.items()}
-    return {
+    desired: dict[str, Any] = {
         "modelStatus": {key: state.value for key, state in states.items()},
         "modelProgress": {key: o.progress.to_dict() for key, o in outcomes.items()},
         "summary": modelnode.ModelSummary.of(states).to_dict(),
     }
+    if jobs:
+        desired["downloadJobs"] = [j.to_dict() for j in jobs]
+    return desired
 
 
 def owned(status: Mapping[str, Any] | None) -> dict[str, Any]:

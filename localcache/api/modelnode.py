@@ -106,6 +106,20 @@ class ModelSummary(meta.ApiModel):
         )
 
 
+class DownloadJob(meta.ApiModel):
+    """A download Job this node's agent created, recorded by the agent from the create
+    response. The agent trusts a Job only when its namespace, name and uid match a record:
+    tenants can write Jobs, labels and ownerReferences, but not this status."""
+
+    namespace: str = Field(description="Namespace of the Job.")
+    name: str = Field(description="Name of the Job.")
+    uid: str = Field(description="UID of the Job the agent created.")
+    status_key: str = Field(description="The entry the Job was created for (modelStatus key).")
+    storage_key: str = Field(description="The model folder the Job downloads into.")
+    scope: str = Field(description="SHA-256 of the credential scope the Job downloads in.")
+    attempt: int = Field(ge=0, description="Which download attempt of the entry it is.")
+
+
 class LocalModelNodeStatus(meta.ApiModel):
     model_status: dict[str, ModelStatus] | None = Field(
         default=None,
@@ -118,6 +132,10 @@ class LocalModelNodeStatus(meta.ApiModel):
         default=None, description="Download progress and failures, keyed like modelStatus."
     )
     summary: ModelSummary | None = Field(default=None, description="Counts over modelStatus.")
+    download_jobs: list[DownloadJob] | None = Field(
+        default=None,
+        description="Download Jobs this node's agent created and trusts (matched by uid).",
+    )
 
 
 class LocalModelNode(meta.KubeObject):

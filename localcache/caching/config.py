@@ -266,3 +266,44 @@ def parse_config(data: Mapping[str, str]) -> InferenceServiceConfig:
             )
         parsed[section] = parse_section(section, text)
     return InferenceServiceConfig.model_validate(parsed)
+
+
+def _deep_merge(under: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(under)
+    for key, value in over.items():
+        below = merged.get(key)
+        if isinstance(value, dict) and isinstance(below, dict):
+            merged[key] = _deep_merge(below, value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def layer_data(
+    under: Mapping[str, Any], over: Mapping[str, Any], *, names: tuple[str, str]
+) -> dict[str, Any]:
+    """ConfigMap data `over` (localcache's own) laid over `under` (KServe's), `names` being
+    theirs for error messages: per section, JSON objects are merged key by key (nested
+    objects too) and `over`'s keys win; a section only one side has is taken as it is.
+    Invalid JSON on either side of a merged section is a `ConfigError` naming the ConfigMap
+    and the section."""
+    layered = dict(under)
+    for section, _model in _SECTIONS:
+        if section not in over:
+            continue
+        if section not in under:
+            layered[section] = over[section]
+            continue
+        halves = []
+        for name, data in zip(names, (under, over), strict=True):
+            try:
+                half = json.loads(data[section]) if isinstance(data[section], str) else None
+            except (ValueError, RecursionError) as exc:
+                raise ConfigError(
+                    f"{name}: {section}: invalid JSON: {exc}", section=section
+                ) from None
+            if not isinstance(half, dict):
+                raise ConfigError(f"{name}: {section}: expected a JSON object", section=section)
+            halves.append(half)
+        layered[section] = json.dumps(_deep_merge(halves[0], halves[1]))
+    return layered

@@ -23,6 +23,9 @@ One `LocalModelNodes` writer serves every reconciler of the process. Its contrac
   list (its agent then cleans up).
 - Nodes that are not in the Node store are never written (their LocalModelNode is on its
   way out through garbage collection), except by `drop_entry`, which only removes one entry.
+- Per-node state (the lock, the last written object) of a node that left the Node store is
+  forgotten at the next `sync` (`forget_gone`), so deleted nodes do not accumulate; a node
+  that comes back starts afresh from the store.
 """
 
 from __future__ import annotations
@@ -186,6 +189,7 @@ class LocalModelNodes:
         at write time), `CONCURRENCY` at a time. `listed` objects (fresh from a LIST) are
         preferred as first guesses. Returns how many were written; raises the first failure
         after trying them all."""
+        self.forget_gone(snap)
         fresh = listed or {}
         todo = [
             name
@@ -214,6 +218,25 @@ class LocalModelNodes:
         if failures:
             raise failures[0]
         return written
+
+    def forget_gone(self, snap: placement.Snapshot) -> list[str]:
+        """Drop the state kept for nodes that are not in `snap` (deleted Nodes), unless a write
+        to one is in progress; returns the names forgotten."""
+        gone = [
+            name
+            for name in self._locks.keys() | self._written.keys()
+            if name not in snap.nodes and not (name in self._locks and self._locks[name].locked())
+        ]
+        for name in gone:
+            self._locks.pop(name, None)
+            self._written.pop(name, None)
+        if gone:
+            _log.debug("localmodelnode_state_forgotten", nodes=sorted(gone))
+        return sorted(gone)
+
+    def tracked(self) -> frozenset[str]:
+        """Names of the nodes this writer keeps state for (introspection for tests)."""
+        return frozenset(self._locks.keys() | self._written.keys())
 
     async def sync_one(self, name: str, *, hint: Obj | None = None) -> bool:
         """Make node `name`'s LocalModelNode match the stores' desired state now. `hint` is

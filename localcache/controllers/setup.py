@@ -23,6 +23,10 @@ kind's Scope) and `localmodelnodegroup` (group usage). Each cache controller is 
     LocalModelNodeGroup   added, deleted, spec changed             caches listing the group
 
 Status-only changes of a cache do not trigger it (its own status writes would loop).
+InferenceServices are an optional kind (`optional.OptionalInformer`: watched only while
+KServe's CRD serves; reads raise `optional.NotSynced` while it lists, so a reconcile retries
+instead of treating "not listed yet" as "no ISVC"); every cache is enqueued again when the
+kind starts or stops being watched.
 `CacheControllers.resync()` enqueues every cache and group, the "forced resync".
 
 Shapes in the caches (what sharing consumers must agree on): full objects compacted
@@ -38,6 +42,8 @@ import socket
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
+
+import structlog
 
 from localcache.api import inferenceservice
 from localcache.caching import config as config_mod
@@ -61,6 +67,7 @@ from localcache.runtime import (
     keys,
     manager,
     metrics,
+    optional,
     predicates,
     reconcile,
     workqueue,
@@ -81,6 +88,9 @@ class CacheControllers:
     node_groups: controller.Controller
     informers: dict[str, informer.Informer]
     stores: state.Stores
+    writer: nodes.LocalModelNodes
+    inference_services: optional.OptionalInformer | None = None
+    """KServe's InferenceServices, watched while their CRD serves (None when disabled)."""
 
     def resync(self) -> int:
         """Enqueue every cache of both kinds and every node group; returns how many keys."""
@@ -261,8 +271,10 @@ def setup(
             kube_api.PERSISTENT_VOLUME_CLAIMS, indexers=state.VOLUME_INDEXERS
         ),
     }
+    isvcs: optional.OptionalInformer | None = None
     if watch_isvcs:
-        informers["inference_services"] = get(
+        # KServe's CRD may be missing or come later: watched only while it serves.
+        isvcs = shared.optional_informer(
             state.INFERENCE_SERVICES,
             indexers=state.ISVC_INDEXERS,
             transform=informer.metadata_only,
@@ -275,7 +287,7 @@ def setup(
         node_groups=informers["node_groups"].reader(),
         persistent_volumes=informers["persistent_volumes"].reader(),
         persistent_volume_claims=informers["persistent_volume_claims"].reader(),
-        inference_services=(informers["inference_services"].reader() if watch_isvcs else None),
+        inference_services=isvcs.reader() if isvcs is not None else None,
     )
     reader = state.StateReader(stores)
     recorder = status.EventRecorder(kube, instance=socket.gethostname())
@@ -289,7 +301,7 @@ def setup(
             sc, api=kube, reader=reader, config=source, recorder=recorder, writer=writer
         )
         ctl = _controller(sc.name, rec, clock=clk, workers=workers, registry=metrics)
-        _wire_cache_controller(sc, ctl.queue, informers, reader)
+        _wire_cache_controller(sc, ctl.queue, informers, reader, isvcs)
         own.add_handler(handlers.enqueue_self(ctl.queue, predicates.funcs(updated=_cache_changed)))
         built[sc.name] = manager.add_controller(ctl)
     usage = _controller(
@@ -309,13 +321,25 @@ def setup(
             )
         )
     manager.add_controller(usage)
-    return CacheControllers(
+    handle = CacheControllers(
         cluster=built[clustercache.SCOPE.name],
         namespaced=built[namespacecache.SCOPE.name],
         node_groups=usage,
         informers=informers,
         stores=stores,
+        writer=writer,
+        inference_services=isvcs,
     )
+    if isvcs is not None:
+        # Serving volumes and `status.inferenceServices` depend on every ISVC: when the
+        # kind starts (or stops) being watched, reconcile every cache again.
+        isvcs.on_change(lambda _availability: _resync(handle))
+    return handle
+
+
+def _resync(handle: CacheControllers) -> None:
+    count = handle.resync()
+    structlog.get_logger(__name__).info("cache_controllers_resync", keys=count)
 
 
 def _wire_cache_controller(
@@ -323,6 +347,7 @@ def _wire_cache_controller(
     queue: workqueue.WorkQueue,
     informers: dict[str, informer.Informer],
     reader: state.StateReader,
+    isvcs: optional.OptionalInformer | None,
 ) -> None:
     fn = predicates.funcs
     informers["nodes"].add_handler(
@@ -342,7 +367,5 @@ def _wire_cache_controller(
                 queue, _map_volume(sc), fn(added=lambda _: False, updated=_volume_changed)
             )
         )
-    if "inference_services" in informers:
-        informers["inference_services"].add_handler(
-            handlers.enqueue_mapped(queue, _map_isvc(sc), fn(updated=_isvc_changed))
-        )
+    if isvcs is not None:
+        isvcs.add_handler(handlers.enqueue_mapped(queue, _map_isvc(sc), fn(updated=_isvc_changed)))

@@ -7,8 +7,10 @@
 
 Contract:
 - Every 200 response is an AdmissionReview carrying the request's `uid`.
-- A body over `max_body_bytes` gets 413; a body that is not JSON or not an
-  `admission.k8s.io/v1` AdmissionReview with a request uid gets 400; neither reaches a handler.
+- A body over `max_body_bytes` gets 413; a body not received within `body_timeout_s` gets 408
+  and the connection is closed (handshake and idle limits are `runtime.tls.serve`'s); a body
+  that is not JSON or not an `admission.k8s.io/v1` AdmissionReview with a request uid gets
+  400; none of these reaches a handler.
 - A handler that raises or outlives its timeout is answered per its `on_failure`: `"deny"`
   (a denial saying so: code 500 or 504) or `"error"` (HTTP 500/504, so the apiserver applies the
   webhook's failurePolicy). Keep timeouts below the configuration's `timeoutSeconds`.
@@ -42,7 +44,10 @@ log = structlog.get_logger(__name__)
 API_VERSION = "admission.k8s.io/v1"
 DEFAULT_MAX_BODY_BYTES = 3 * 1024 * 1024
 DEFAULT_TIMEOUT_S = 8.0
-RESULTS = ("allowed", "patched", "denied", "timeout", "error", "malformed", "too_large")
+DEFAULT_BODY_TIMEOUT_S = 10.0
+RESULTS = (
+    "allowed", "patched", "denied", "timeout", "error", "malformed", "too_large", "slow_client",
+)  # fmt: skip
 
 JsonObject = dict[str, Any]
 Operation = Literal["CREATE", "UPDATE", "DELETE", "CONNECT"]
@@ -280,9 +285,11 @@ class AdmissionServer:
         metrics: metrics_mod.Metrics | None = None,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         timeout_s: float = DEFAULT_TIMEOUT_S,
+        body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
         clock: clock_mod.Clock | None = None,
     ) -> None:
         self._routes: dict[str, _Route] = {}
+        self._body_timeout_s = body_timeout_s
         self._max_body = max_body_bytes
         self._timeout_s = timeout_s
         self._clock = clock or clock_mod.SystemClock()
@@ -357,9 +364,16 @@ class AdmissionServer:
         if http.content_type not in ("application/json", "application/octet-stream"):
             return _bad_request(path, f"content type {http.content_type!r}, want application/json")
         try:
-            body = await http.read()
+            async with asyncio.timeout(self._body_timeout_s):
+                body = await http.read()
         except web.HTTPRequestEntityTooLarge:
             return _too_large(path, -1, self._max_body)
+        except TimeoutError:
+            log.warning("admission.slow_body", webhook=path, timeout_s=self._body_timeout_s)
+            text = f"request body not received within {self._body_timeout_s:g}s"
+            response = web.Response(status=408, text=text, headers={"Connection": "close"})
+            response.force_close()
+            return response, "slow_client"
         try:
             request = Request.from_review(json.loads(body))
         except (ValueError, RecursionError) as exc:  # JSONDecodeError and MalformedReview

@@ -40,12 +40,19 @@ Contract:
   order on the informer's one task, so a slow handler delays everyone's (a failing one is
   contained and counted); `synced` and `stats()` are the shared informer's.
 
+Optional kinds (a CRD that may be missing, e.g. KServe's): `optional_informer(...)` hands out
+one shared `optional.OptionalInformer` per (resource, transform) under the same identity and
+index rules; it follows the CRD through a shared CRD informer filtered by name (gating
+/readyz only on that LIST) and runs as a Manager runnable without the lease, so readiness
+never waits for the optional kind. `stats()` includes its inner informer while it runs.
+
 Every informer uses the factory's clock. One factory per Manager.
 """
 
 from __future__ import annotations
 
 import builtins
+import collections
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
@@ -54,7 +61,7 @@ import structlog
 
 from localcache.runtime import clock as clock_mod
 from localcache.runtime import informer as informer_mod
-from localcache.runtime import kube, reflector, store
+from localcache.runtime import kube, optional, reflector, store
 from localcache.runtime import manager as manager_mod
 
 _log = structlog.get_logger(__name__)
@@ -129,6 +136,12 @@ class InformerFactory:
         self._manager = manager
         self._clock = clock or clock_mod.SystemClock()
         self._entries: dict[tuple[WatchTarget, informer_mod.Transform | None], _Entry] = {}
+        self._optional: dict[
+            tuple[kube.Resource, informer_mod.Transform | None], optional.OptionalInformer
+        ] = {}
+        self._optional_consumers: collections.Counter[optional.OptionalInformer] = (
+            collections.Counter()
+        )
 
     def informer(
         self,
@@ -156,12 +169,61 @@ class InformerFactory:
         self._merge_indexers(entry, indexers or {})
         return entry.informer
 
+    def optional_informer(
+        self,
+        resource: kube.Resource,
+        *,
+        transform: informer_mod.Transform | None = informer_mod.compact,
+        indexers: Mapping[str, store.IndexFunc] | None = None,
+    ) -> optional.OptionalInformer:
+        """The shared informer for a kind whose CRD may come and go (module docstring),
+        created and registered on first use, with `indexers` merged in."""
+        opt = self._optional.get((resource, transform))
+        if opt is None:
+            if self._manager.phase != NOT_STARTED:
+                raise RuntimeError(
+                    f"optional informer for {resource} requested after the manager started"
+                )
+            crds = self.informer(
+                optional.CRDS,
+                field_selector=optional.crd_field_selector(resource),
+                transform=optional.crd_summary,
+            )
+            opt = optional.OptionalInformer(
+                self._client, resource, crds=crds, clock=self._clock, transform=transform
+            )
+            self._manager.add_runnable(f"optional {resource}", opt, needs_leader=False)
+            self._optional[(resource, transform)] = opt
+        self._optional_consumers[opt] += 1
+        self._merge_optional_indexers(opt, indexers or {})
+        return opt
+
+    def _merge_optional_indexers(
+        self, opt: optional.OptionalInformer, indexers: Mapping[str, store.IndexFunc]
+    ) -> None:
+        present = opt.indexers
+        new: dict[str, store.IndexFunc] = {}
+        for name, func in indexers.items():
+            existing = present.get(name)
+            if existing is None:
+                new[name] = func
+            elif existing != func:
+                raise IndexConflict(
+                    f"index {name!r} of optional {opt.name} already exists with another "
+                    f"function ({_describe(existing)}, requested {_describe(func)})"
+                )
+        if new and opt.started:
+            raise RuntimeError(f"cannot add indexes {sorted(new)} to optional {opt.name}")
+        if new:
+            opt.add_indexers(new)
+
     def informers(self) -> builtins.list[informer_mod.Informer]:
         """Every informer created, in creation order."""
         return [e.informer for e in self._entries.values()]
 
     def stats(self) -> builtins.list[SharedInformerStats]:
-        return [
+        """Every shared informer, then the inner informers of optional kinds that run."""
+        found = [
             SharedInformerStats(
                 target=e.target,
                 transform=_describe(e.transform),
@@ -171,6 +233,18 @@ class InformerFactory:
             )
             for e in self._entries.values()
         ]
+        for (resource, transform), opt in self._optional.items():
+            if (inner := opt.current) is not None:
+                found.append(
+                    SharedInformerStats(
+                        target=WatchTarget(resource),
+                        transform=_describe(transform),
+                        consumers=self._optional_consumers[opt],
+                        indexes=tuple(inner.store.index_names),
+                        informer=inner.stats(),
+                    )
+                )
+        return found
 
     def _create(self, target: WatchTarget, transform: informer_mod.Transform | None) -> _Entry:
         if self._manager.phase != NOT_STARTED:

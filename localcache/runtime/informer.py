@@ -196,6 +196,17 @@ class Informer:
             for obj in self.store.list():
                 self._call(handler, Added(obj, initial=True))
 
+    def replay(self) -> int:
+        """Send the current content to every handler again as `Added(initial=True)`, as at
+        sync (a controller restarted with a fresh queue catches up); returns how many objects.
+        Does nothing before the first sync."""
+        if not self.synced.is_set():
+            return 0
+        objs = self.store.list()
+        for obj in objs:
+            self._dispatch(Added(obj, initial=True))
+        return len(objs)
+
     def add_indexers(self, indexers: Mapping[str, store.IndexFunc]) -> None:
         self.store.add_indexers(indexers)
 

@@ -1,7 +1,8 @@
 """Leader election on a `coordination.k8s.io/v1` Lease, with client-go's semantics.
 
-`LeaderElector.run()` campaigns until it holds the lease, then renews it every
-`retry_period`. Defaults are client-go's: lease 15 s, renew deadline 10 s, retry 2 s.
+`LeaderElector.run()` campaigns until it holds the lease, renews it every `retry_period`
+while it leads, and campaigns again whenever it loses it, until cancelled. Defaults are
+client-go's: lease 15 s, renew deadline 10 s, retry 2 s.
 
 - Acquire: GET the Lease (create it if missing). Another holder's lease counts as valid
   until `leaseDurationSeconds` have passed on *our* clock since we first saw its current
@@ -11,16 +12,27 @@
 - Renew: while leading, PUT a fresh `renewTime` (straight from the cached object; GET first
   only if that fails). Every API call has a timeout of at most renew_deadline / 2 and a whole
   attempt never outlives the renew deadline.
-- Lost: no successful renewal within `renew_deadline` → `is_leader` drops, the
-  `leader_election_master_status` gauge goes to 0 and `run()` raises `LeaseLost`. The
-  manager treats that as fatal: controllers stop and the process exits non-zero.
+- Lost: no successful renewal within `renew_deadline` of the start of the last successful
+  attempt, or a renewal that finds another holder's valid record → `leading` clears and
+  `not_leading` sets, the `leader_election_master_status` gauge goes to 0,
+  `leader_election_lost` is logged, and the elector campaigns again (unlike client-go, the
+  process is not meant to exit: the Manager stops only what needs the lease).
 - Cancelled while leading (clean shutdown) → the lease is released (holder cleared,
   duration 1 s) so a successor takes over at once, unless `release_on_cancel=False`.
 
+Timing contract (what lets the Manager promise that two replicas never run leader-only work
+at once). A renewal is counted from the moment its request was *sent*, which is before the
+apiserver stored it; any other replica sees that record at the earliest when it is stored
+and waits `lease_duration` after first seeing it before taking the lease. So on clocks that
+run at the same rate, another replica can hold the lease no earlier than
+`lease_duration` after our last renewal, while we declare the lease lost at the latest
+`renew_deadline` after it. `stop_margin` = lease_duration - renew_deadline is therefore the
+time the holder has, after `not_leading` is set, to stop every leader-only task (the Manager
+bounds that stop by it and fails the process if a task does not stop in time).
+
 Not promised: fencing. Between the moment a leader's renewals start failing and
-`renew_deadline`, it still believes it leads while the lease may expire for others only
-`lease_duration` after its last renewal; lease_duration > renew_deadline keeps the two
-from overlapping when clocks run at the same rate, nothing more.
+`renew_deadline`, it still believes it leads; a reconcile that already sent a request cannot
+take it back; clocks that run at different rates (not merely offset) void the margin.
 """
 
 from __future__ import annotations
@@ -46,10 +58,6 @@ JITTER_FACTOR = 1.2
 """client-go's acquire-loop jitter: each wait is retry_period * [1, 2.2)."""
 
 Obj = dict[str, Any]
-
-
-class LeaseLost(errors.LocalcacheError):
-    """The lease could not be renewed within the renew deadline."""
 
 
 class MasterStatus(Protocol):
@@ -86,6 +94,12 @@ class LeaderElectionConfig:
         """The timeout of each lease API call: max(renew_deadline / 2, 1 s)."""
         return max(self.renew_deadline / 2, 1.0)
 
+    @property
+    def stop_margin(self) -> float:
+        """Seconds a replica has, once it knows it lost the lease, to stop leader-only work
+        before another replica can hold the lease (module doc, "Timing contract")."""
+        return self.lease_duration - self.renew_deadline
+
 
 def _now_micro() -> str:
     now = datetime.datetime.now(datetime.UTC)
@@ -121,6 +135,11 @@ class LeaderElector:
         """The holder identity last observed ("" when unknown or free)."""
         self.leading = asyncio.Event()
         """Set while this process holds the lease."""
+        self.not_leading = asyncio.Event()
+        """Set while this process does not hold the lease (the complement of `leading`)."""
+        self.not_leading.set()
+        self.terms = 0
+        """How many times this process has acquired the lease."""
         if metrics is not None:
             metrics.set_master_status(False)
 
@@ -133,30 +152,54 @@ class LeaderElector:
         return self.leading.is_set()
 
     async def run(self) -> None:
-        """Acquire, then renew until cancelled (releasing the lease) or lost (`LeaseLost`)."""
+        """Campaign, lead until the lease is lost, campaign again; until cancelled (then
+        the lease is released if held)."""
         cfg = self.config
         log = _log.bind(lease=f"{cfg.namespace}/{cfg.name}", identity=cfg.identity)
         try:
-            log.info("leader_election_campaigning")
-            while not await self._attempt(deadline=None):
-                await self._clock.sleep(cfg.retry_period * (1 + self._rng.random() * JITTER_FACTOR))
-            self._became_leader()
-            log.info("leader_election_acquired")
-            last_renewal = self._clock.now()
             while True:
-                await self._clock.sleep(cfg.retry_period)
-                if await self._attempt(deadline=last_renewal + cfg.renew_deadline):
-                    last_renewal = self._clock.now()
-                elif self._clock.now() - last_renewal >= cfg.renew_deadline:
-                    self._stopped_leading()
-                    log.error("leader_election_lost", renew_deadline=cfg.renew_deadline)
-                    raise LeaseLost(f"lease {cfg.namespace}/{cfg.name} not renewed in time")
+                log.info("leader_election_campaigning")
+                last_renewal = await self._acquire()
+                self._became_leader()
+                log.info("leader_election_acquired", term=self.terms)
+                await self._renew_until_lost(last_renewal)
+                self._stopped_leading()
+                log.error(
+                    "leader_election_lost",
+                    term=self.terms,
+                    holder=self.holder,
+                    renew_deadline=cfg.renew_deadline,
+                    stop_margin=cfg.stop_margin,
+                )
         except asyncio.CancelledError:
             if self.is_leader:
                 if cfg.release_on_cancel:
                     await self._release()
                 self._stopped_leading()
             raise
+
+    async def _acquire(self) -> float:
+        """Try until the lease is ours; return when the successful attempt started."""
+        cfg = self.config
+        while True:
+            started = self._clock.now()
+            if await self._attempt(deadline=None):
+                return started
+            await self._clock.sleep(cfg.retry_period * (1 + self._rng.random() * JITTER_FACTOR))
+
+    async def _renew_until_lost(self, last_renewal: float) -> None:
+        """Renew every retry period; return once the lease counts as lost: the renew
+        deadline passed since the start of the last successful attempt, or a valid record
+        of another holder was seen."""
+        cfg = self.config
+        while True:
+            deadline = last_renewal + cfg.renew_deadline
+            await self._clock.sleep(min(cfg.retry_period, max(0.0, deadline - self._clock.now())))
+            started = self._clock.now()
+            if await self._attempt(deadline=deadline):
+                last_renewal = started
+            elif self.holder not in ("", self.identity) or self._clock.now() >= deadline:
+                return
 
     # ---------------------------------------------------------------- attempts
 
@@ -292,6 +335,8 @@ class LeaderElector:
     # ---------------------------------------------------------------- state
 
     def _became_leader(self) -> None:
+        self.terms += 1
+        self.not_leading.clear()
         self.leading.set()
         if self._metrics is not None:
             self._metrics.set_master_status(True)
@@ -302,6 +347,7 @@ class LeaderElector:
         if not self.leading.is_set():
             return
         self.leading.clear()
+        self.not_leading.set()
         if self._metrics is not None:
             self._metrics.set_master_status(False)
         if self._on_stopped is not None:

@@ -8,8 +8,23 @@ Start-up phases (controller-runtime's runnable groups), each waiting for the pre
    and informers do not depend on it;
 3. informers, until every one has synced (`cache_sync_timeout`): controllers must not
    reconcile against an empty cache;
-4. leader election, if configured: campaign until this process leads;
-5. controllers (and other runnables that need the lease; those that do not start in 4).
+4. components that do not need the lease; then leader election, if configured;
+5. controllers and runnables that need the lease, each time this process wins it.
+
+Leadership is a loop, not a one-off (unlike controller-runtime, which exits): when the lease
+is lost, the leader-only components are cancelled and awaited, within the elector's
+`stop_margin` (lease duration - renew deadline: the time before another replica can hold the
+lease; a component still running after it fails the process, as two leaders must never
+reconcile at once); servers, informers and the other components keep running, and the
+elector campaigns again. On winning again, each leader-only controller gets a fresh queue
+(`WorkQueue.reopen()`: empty, accepting adds) and every informer replays its store to its
+handlers as initial adds, so the new term starts from a full resync exactly like the first
+(handlers of components that run without the lease see those adds too; reconciles are
+level-based, so that costs one reconcile per object, nothing more). Leader-only runnables must
+therefore be restartable: `run()` is called again after a cancellation. Transitions are logged
+(`manager_leading_started` / `manager_leading_stopped` with the term) and
+`leader_election_master_status` follows them; `leading` says whether leader-only components
+run now. /readyz does not depend on leadership: a follower serves webhooks and must be ready.
 
 Health is wired automatically: /healthz fails when an informer's list/watch loop makes no
 progress past its deadline or a controller's worker is stuck in a reconcile past
@@ -18,9 +33,9 @@ progress past its deadline or a controller's worker is stuck in a reconcile past
 Stopping: `stop()` (SIGTERM and SIGINT call it) cancels controllers first, then the lease
 (which is released), then informers, then the servers, all within `shutdown_timeout`; tasks
 still alive at a step's deadline are logged by name. `run()` returns the exit code: 0 after a
-requested stop, 1 when the lease was lost, a cache did not sync or any component failed (a
-failure cancels everything at once). Every task is named and owned by the one TaskGroup;
-nothing else on the loop is touched.
+requested stop, 1 when a cache did not sync, leader-only work did not stop in time after the
+lease was lost, or any component failed (a failure cancels everything at once). Every task
+is named and owned by the one TaskGroup; nothing else on the loop is touched.
 """
 
 from __future__ import annotations
@@ -28,7 +43,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -54,12 +69,18 @@ class StartupError(Exception):
     """A start-up phase could not complete (e.g. a cache did not sync in time)."""
 
 
+class LeaderStopTimeout(Exception):
+    """Leader-only components outlived the stop margin after the lease was lost."""
+
+
 @dataclass
 class _Component:
     name: str
     runnable: Runnable
     needs_leader: bool
     task: asyncio.Task[None] | None = None
+    reopen: Callable[[], None] | None = None
+    """Makes the component ready to run again after a cancellation (a fresh queue)."""
 
 
 class Manager:
@@ -90,10 +111,15 @@ class Manager:
         self._runnables: list[_Component] = []
         self._informer_tasks: list[asyncio.Task[None]] = []
         self._elector_task: asyncio.Task[None] | None = None
+        self._leadership_task: asyncio.Task[None] | None = None
         self._stop = asyncio.Event()
         self.started = asyncio.Event()
         """Set once every phase has completed (controllers running)."""
         self.phase = "new"
+        self.leading = False
+        """True while the components that need the lease run (always, without an elector)."""
+        self.terms = 0
+        """How many times the leader-only components have been started."""
         self._ran = False
 
     # ---------------------------------------------------------------- registration
@@ -115,7 +141,7 @@ class Manager:
         self, ctl: controller.Controller, *, needs_leader: bool = True
     ) -> controller.Controller:
         """Run `ctl` in phase 5 (phase 4 if it does not need the lease); returns it."""
-        self._controllers.append(_Component(ctl.name, ctl, needs_leader))
+        self._controllers.append(_Component(ctl.name, ctl, needs_leader, reopen=ctl.queue.reopen))
         if self._http is not None:
             self._http.add_liveness_check(
                 f"controller {ctl.name}", ctl.stuck_check(self._stuck_limit)
@@ -123,7 +149,9 @@ class Manager:
         return ctl
 
     def add_runnable(self, name: str, runnable: Runnable, *, needs_leader: bool) -> None:
-        """Run any other long-lived coroutine alongside the controllers."""
+        """Run any other long-lived coroutine alongside the controllers. One that needs the
+        lease must be restartable: after losing it, `run()` is cancelled, and called again on
+        the next win."""
         self._runnables.append(_Component(name, runnable, needs_leader))
 
     def stop(self) -> None:
@@ -147,8 +175,8 @@ class Manager:
                 if await self._start(tg, servers):
                     await self._stop.wait()
                 await self._shutdown()
-        except* leaderelection.LeaseLost:
-            _log.error("manager_exit_lease_lost")
+        except* LeaderStopTimeout as group:
+            _log.error("manager_exit_leader_stop_timeout", error=str(group.exceptions[0]))
             code = 1
         except* StartupError as group:
             _log.error("manager_startup_failed", error=str(group.exceptions[0]))
@@ -160,6 +188,7 @@ class Manager:
             for sig in signals:
                 loop.remove_signal_handler(sig)
             self.phase = "stopped"
+            self.leading = False
             _log.info("manager_stopped")
         return code
 
@@ -210,16 +239,70 @@ class Manager:
             return False
         _log.info("manager_caches_synced", informers=len(self._informers))
         self._start_components(tg, needs_leader=False)
-        if self._elector is not None:
-            self.phase = "leader-election"
-            self._elector_task = tg.create_task(self._elector.run(), name="leader-election")
-            if not await self._until_stopped(self._elector.leading.wait(), "leadership", None):
-                return False
-        self.phase = "running"
-        self._start_components(tg, needs_leader=True)
-        self.started.set()
-        _log.info("manager_started", controllers=len(self._controllers))
+        if self._elector is None:
+            self._start_leading(tg)
+            return True
+        self.phase = "leader-election"
+        self._elector_task = tg.create_task(self._elector.run(), name="leader-election")
+        self._leadership_task = tg.create_task(
+            self._follow_leadership(tg, self._elector), name="manager follows leadership"
+        )
         return True
+
+    async def _follow_leadership(
+        self, tg: asyncio.TaskGroup, elector: leaderelection.LeaderElector
+    ) -> None:
+        """Start the leader-only components on each win, stop them on each loss."""
+        while True:
+            await elector.leading.wait()
+            self._start_leading(tg)
+            await elector.not_leading.wait()
+            await self._stop_leading(elector.config.stop_margin)
+
+    def _start_leading(self, tg: asyncio.TaskGroup) -> None:
+        """Start the leader-only components; after the first term with fresh queues and a
+        replay of every informer's store (module doc)."""
+        if self.terms:
+            for comp in self._leader_components():
+                if comp.reopen is not None:
+                    comp.reopen()
+            replayed = sum(inf.replay() for _, inf in self._informers)
+            _log.info("manager_resync_replayed", objects=replayed)
+        self.terms += 1
+        self._start_components(tg, needs_leader=True)
+        self.leading = True
+        self.phase = "running"
+        _log.info("manager_leading_started", term=self.terms, controllers=len(self._controllers))
+        if not self.started.is_set():
+            self.started.set()
+            _log.info("manager_started", controllers=len(self._controllers))
+
+    async def _stop_leading(self, margin: float) -> None:
+        """Cancel and await the leader-only components within `margin` seconds."""
+        self.phase = "leader-election"
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        tasks = [c.task for c in self._leader_components() if c.task and not c.task.done()]
+        for task in tasks:
+            task.cancel()
+        still: set[asyncio.Task[None]] = set()
+        if tasks:
+            _, still = await asyncio.wait(tasks, timeout=margin)
+        if still:
+            names = sorted(t.get_name() for t in still)
+            _log.error("manager_leading_stop_stuck", term=self.terms, tasks=names, margin=margin)
+            raise LeaderStopTimeout(
+                f"{', '.join(names)} still running {margin:g}s after losing the lease"
+            )
+        self.leading = False
+        _log.info(
+            "manager_leading_stopped",
+            term=self.terms,
+            seconds=round(loop.time() - began, 3),
+        )
+
+    def _leader_components(self) -> list[_Component]:
+        return [c for c in self._controllers + self._runnables if c.needs_leader]
 
     async def _all_synced(self) -> None:
         for _, inf in self._informers:
@@ -238,13 +321,17 @@ class Manager:
         self.phase = "stopping"
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._shutdown_timeout
-        steps: list[tuple[str, list[asyncio.Task[None]]]] = [
-            ("controllers", [c.task for c in self._controllers + self._runnables if c.task]),
-            ("leader-election", [self._elector_task] if self._elector_task else []),
-            ("informers", self._informer_tasks),
+        steps: list[tuple[str, Callable[[], list[asyncio.Task[None]]]]] = [
+            ("leadership", lambda: [self._leadership_task] if self._leadership_task else []),
+            (
+                "controllers",
+                lambda: [c.task for c in self._controllers + self._runnables if c.task],
+            ),
+            ("leader-election", lambda: [self._elector_task] if self._elector_task else []),
+            ("informers", lambda: self._informer_tasks),
         ]
-        for step, tasks in steps:
-            pending = [t for t in tasks if not t.done()]
+        for step, tasks_of in steps:
+            pending = [t for t in tasks_of() if not t.done()]
             for task in pending:
                 task.cancel()
             if pending:

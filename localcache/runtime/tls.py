@@ -22,6 +22,7 @@ import structlog
 from aiohttp import web
 
 from localcache.runtime import clock as clock_mod
+from localcache.runtime import httpserver
 
 log = structlog.get_logger(__name__)
 
@@ -89,12 +90,15 @@ async def serve(
     port: int,
     ssl_context: ssl.SSLContext | None,
     shutdown_timeout_s: float = 5.0,
+    limits: httpserver.ServerLimits = httpserver.DEFAULT_LIMITS,
 ) -> AsyncIterator[int]:
-    """Serve `app` on host:port (0: any free port) until the block exits; yields the port."""
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=shutdown_timeout_s)
+    """Serve `app` on host:port (0: any free port) until the block exits; yields the port.
+    Slow clients are cut off by `limits` (handshake and idle/header timeouts, see
+    `httpserver.ServerLimits`)."""
+    runner = httpserver.runner(app, limits=limits, shutdown_timeout=shutdown_timeout_s)
     await runner.setup()
     try:
-        site = web.TCPSite(runner, host, port, ssl_context=ssl_context)
+        site = httpserver.LimitedTCPSite(runner, host, port, ssl_context=ssl_context, limits=limits)
         await site.start()
         bound = int(runner.addresses[0][1])
         log.info("admission.serving", host=host, port=bound, tls=ssl_context is not None)

@@ -225,6 +225,22 @@ class WorkQueue:
                 self._drained.clear()
                 await self._drained.wait()
 
+    def reopen(self) -> None:
+        """Make a shut-down queue fresh: empty, accepting adds again (a controller restarted
+        after its process lost and regained leadership). The rate limiter keeps its per-key
+        memory. Only once `run()` has returned and every key handed out is `done()`."""
+        if self._running or self._processing:
+            raise RuntimeError(f"workqueue {self.name}: reopen() while still in use")
+        self._queue.clear()
+        self._dirty.clear()
+        self._deadlines.clear()
+        self._heap.clear()
+        self._getters.clear()
+        self._drained = None
+        self._shutting_down = False
+        if self._metrics is not None:
+            self._metrics.set_depth(0)
+
     # -- delaying and rate limiting ------------------------------------------------------
 
     def add_after(self, key: keys.ObjectKey, delay: float) -> None:

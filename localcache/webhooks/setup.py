@@ -1,7 +1,10 @@
 """Wiring of the admission webhooks: informers on the Manager, handlers on the AdmissionServer.
 
-`setup()` takes four informers (LocalModelCache, LocalModelNamespaceCache in all
-namespaces, LocalModelNodeGroup, InferenceService in all namespaces) from an
+`setup()` takes three informers (LocalModelCache, LocalModelNamespaceCache in all
+namespaces, LocalModelNodeGroup), and optional ones (`optional.OptionalInformer`: watched
+only while KServe's CRD serves, so the webhooks start without KServe) on InferenceServices in
+all namespaces and, when `storage_containers` is on, on KServe's ClusterStorageContainers (the
+validators accept URIs they claim), from an
 `InformerFactory`, with the indexes the handlers read (the process's shared factory when
 given, so the cache controllers of the same Manager reuse the same watches and caches; the
 Manager starts them and gates /readyz on their sync), and registers three handlers at the
@@ -10,8 +13,9 @@ paths of `manifests/webhook/`:
   error so the configuration's `failurePolicy: Ignore` admits the ISVC unchanged;
 - `validation.CACHE_PATH`, `validation.NAMESPACE_CACHE_PATH`: cache validation; a handler
   failure is a denial (the configuration's policy is Fail anyway).
-Handlers answer from the stores only (no API call per request); until every store has synced,
-mutation admits unchanged with a warning and validation denies with 503.
+Handlers answer from the stores only (no API call per request); until every store has synced
+(an optional kind: while its informer lists after its CRD appeared; an absent kind reads as
+empty), mutation admits unchanged with a warning and validation denies with 503.
 
 The InferenceService informer keeps only apiVersion, kind and metadata
 (`informer.metadata_only`: the handlers read labels), so watching every ISVC of the cluster
@@ -28,7 +32,7 @@ from typing import Any
 
 from localcache.api import groupversion
 from localcache.caching import indexes
-from localcache.runtime import admission, informer, kube
+from localcache.runtime import admission, informer, kube, optional
 from localcache.runtime import clock as clock_mod
 from localcache.runtime import factory as factory_mod
 from localcache.runtime import manager as manager_mod
@@ -44,21 +48,21 @@ class Webhooks:
     caches: informer.Informer
     namespace_caches: informer.Informer
     node_groups: informer.Informer
-    inference_services: informer.Informer
+    inference_services: optional.OptionalInformer
+    storage_containers: optional.OptionalInformer | None
     mutator: isvc.IsvcMutator
     cache_validator: validation.CacheValidator
     namespace_cache_validator: validation.CacheValidator
 
     def synced(self) -> bool:
-        """True once every informer the handlers read has synced."""
+        """True once every informer the handlers read has synced (an optional kind: is
+        not being listed right now)."""
         return all(
-            inf.synced.is_set()
-            for inf in (
-                self.caches,
-                self.namespace_caches,
-                self.node_groups,
-                self.inference_services,
-            )
+            inf.synced.is_set() for inf in (self.caches, self.namespace_caches, self.node_groups)
+        ) and all(
+            opt.settled()
+            for opt in (self.inference_services, self.storage_containers)
+            if opt is not None
         )
 
 
@@ -70,6 +74,7 @@ def setup(
     local_model_enabled: Callable[[], bool],
     clock: clock_mod.Clock | None = None,
     factory: factory_mod.InformerFactory | None = None,
+    storage_containers: bool = False,
 ) -> Webhooks:
     """Register the webhook handlers on `server`, reading through informers from `factory`
     (a new one over `client` and `clock` on `manager` when None).
@@ -99,22 +104,32 @@ def setup(
         },
     )
     node_groups = make(groupversion.LOCAL_MODEL_NODE_GROUP, {})
-    isvcs = make(
-        groupversion.INFERENCE_SERVICE,
-        {validation.USED_CACHE_INDEX: validation.used_cache_index},
+    # KServe's kinds: watched only while their CRDs serve (they may come later, or go).
+    isvcs = shared.optional_informer(
+        groupversion.INFERENCE_SERVICE.api,
+        indexers={validation.USED_CACHE_INDEX: validation.used_cache_index},
         transform=informer.metadata_only,
     )
-    everything = (caches, namespace_caches, node_groups, isvcs)
+    containers = (
+        shared.optional_informer(groupversion.CLUSTER_STORAGE_CONTAINER.api)
+        if storage_containers
+        else None
+    )
+    required = (caches, namespace_caches, node_groups)
+    optionals = tuple(opt for opt in (isvcs, containers) if opt is not None)
+
+    def required_synced() -> bool:
+        return all(inf.synced.is_set() for inf in required)
 
     def synced() -> bool:
-        return all(inf.synced.is_set() for inf in everything)
+        return required_synced() and all(opt.settled() for opt in optionals)
 
     mutator = isvc.IsvcMutator(
         caches=caches.reader(),
         namespace_caches=namespace_caches.reader(),
         node_groups=node_groups.reader(),
         enabled=local_model_enabled,
-        synced=synced,
+        synced=required_synced,  # mutation reads no ISVC: a listing ISVC kind must not skip it
     )
     validators = [
         validation.CacheValidator(
@@ -124,6 +139,7 @@ def setup(
             node_groups=node_groups.reader(),
             inference_services=isvcs.reader(),
             synced=synced,
+            storage_containers=containers.reader() if containers else None,
         )
         for namespaced in (False, True)
     ]
@@ -135,6 +151,7 @@ def setup(
         namespace_caches=namespace_caches,
         node_groups=node_groups,
         inference_services=isvcs,
+        storage_containers=containers,
         mutator=mutator,
         cache_validator=validators[0],
         namespace_cache_validator=validators[1],

@@ -71,6 +71,9 @@ async def test_restart_after_job_finished_unseen_promotes_it(agent: Agent) -> No
     await agent.start()
     await agent.set_models([entry("iris", group=agent.group)])
     [job] = await agent.wait_jobs(1)
+    # Stopped once the Job's record is in status: a Job whose record a crash lost is never
+    # trusted (tests/integration/agent/test_job_trust.py).
+    await agent.wait_status({"iris": "ModelDownloadPending"})
     await agent.stop()
     await agent.finish(job, succeed=True, files=FILES)
     await agent.wait_job_condition(job, "Complete")

@@ -13,8 +13,8 @@ from collections.abc import Callable
 
 import pytest
 
-from localcache.agent import jobs, layout
-from localcache.caching import keys
+from localcache.agent import jobs, layout, plan
+from localcache.caching import keys, names
 from localcache.runtime.testing.waiting import wait_until
 from tests.integration.agent.harness import IMAGE, URI, Agent, Obj, entry
 
@@ -101,7 +101,7 @@ async def test_recreates_download_when_the_folder_is_lost(agent: Agent) -> None:
     await agent.poke()
     first, second = await agent.wait_jobs(2)
     assert first["metadata"]["name"] == job["metadata"]["name"]
-    assert second["metadata"]["name"].endswith("-1")
+    assert _attempt(second) == 1
     await agent.finish(second, succeed=True, files=FILES)
     await wait_until(lambda: agent.disk.is_complete(KEY), what="model downloaded again")
 
@@ -222,7 +222,7 @@ async def test_pvc_name_uses_the_entry_node_group_among_overlapping_ones(agent: 
     await agent.start()
     await agent.set_models([entry("sklearn-model", group=sklearn)])
     [job] = await agent.wait_jobs(1)
-    assert _claim(job) == f"sklearn-model-{sklearn}"
+    assert _claim(job) == names.download_pvc("sklearn-model", sklearn, namespaced=False)
     assert qwen not in _claim(job)
     pod_spec = job["spec"]["template"]["spec"]
     assert pod_spec["nodeSelector"] == {"kubernetes.io/hostname": agent.node}
@@ -238,7 +238,7 @@ async def test_namespace_entry_pvc_name_has_download_suffix(
     await agent.start()
     await agent.set_models([entry("sklearn-model", group=agent.group, namespace=tenant)])
     [job] = await agent.wait_jobs(1)
-    assert _claim(job) == f"sklearn-model-{agent.group}-download"
+    assert _claim(job) == names.download_pvc("sklearn-model", agent.group, namespaced=True)
 
 
 async def test_cluster_and_namespace_models_have_separate_status_entries(
@@ -259,3 +259,9 @@ async def test_cluster_and_namespace_models_have_separate_status_entries(
     await agent.wait_status(
         {"cluster-model": "ModelDownloaded", f"{tenant}/ns-model": "ModelDownloaded"}
     )
+
+
+def _attempt(job: Obj) -> int:
+    parsed = plan.parse_job_name(job["metadata"]["name"])
+    assert parsed is not None, job["metadata"]["name"]
+    return parsed[2]

@@ -62,6 +62,7 @@ class A:
 
 SERVING = "serving.kserve.io"
 REG = "admissionregistration.k8s.io"
+CRDS = "customresourcedefinitions.apiextensions.k8s.io"
 ACCESS: dict[str, list[A]] = {
     CONTROLLER: [
         A("get list watch update patch", f"localmodelcaches.{SERVING}"),
@@ -74,6 +75,13 @@ ACCESS: dict[str, list[A]] = {
         A("get list watch update patch", f"localmodelnodegroups.{SERVING}"),
         A("get update patch", f"localmodelnodegroups.{SERVING}/status"),
         A("get list watch", f"inferenceservices.{SERVING}", TENANT),
+        A("get list watch", f"clusterstoragecontainers.{SERVING}"),
+        A("get list watch", CRDS, name=f"inferenceservices.{SERVING}"),
+        A("get list watch", CRDS, name=f"clusterstoragecontainers.{SERVING}"),
+        A("get list watch", CRDS, name=f"localmodelcaches.{SERVING}"),
+        A("get list watch", CRDS, name=f"localmodelnamespacecaches.{SERVING}"),
+        A("get list watch", CRDS, name=f"localmodelnodes.{SERVING}"),
+        A("get list watch", CRDS, name=f"localmodelnodegroups.{SERVING}"),
         A("get list watch", "nodes"),
         A("get list watch create update patch delete", "persistentvolumes"),
         A("get list watch create update patch delete", "persistentvolumeclaims", TENANT),
@@ -92,6 +100,7 @@ ACCESS: dict[str, list[A]] = {
         A("update", f"localmodelnodes.{SERVING}/finalizers"),
         A("get list watch", f"localmodelnodegroups.{SERVING}"),
         A("get list watch", f"clusterstoragecontainers.{SERVING}"),
+        A("get list watch", CRDS, name=f"clusterstoragecontainers.{SERVING}"),
         A("get list watch", f"localmodelcaches.{SERVING}"),
         A("get list watch", f"localmodelnamespacecaches.{SERVING}", TENANT),
         A("get list watch create delete", "jobs.batch", JOBS_NS),
@@ -115,6 +124,7 @@ DENIED: dict[str, list[A]] = {
         A("create delete", f"localmodelcaches.{SERVING}"),
         A("create delete", f"localmodelnamespacecaches.{SERVING}", TENANT),
         A("update patch", f"inferenceservices.{SERVING}", TENANT),
+        A("list", CRDS),
         A("patch", f"mutatingwebhookconfigurations.{REG}", name="someone-elses"),
         A("list create delete", f"mutatingwebhookconfigurations.{REG}"),
         A("patch delete", f"validatingwebhookconfigurations.{REG}", name="someone-elses"),
@@ -132,6 +142,7 @@ DENIED: dict[str, list[A]] = {
         A("delete create update patch", f"localmodelnamespacecaches.{SERVING}", TENANT),
         A("create update patch delete", f"localmodelnodes.{SERVING}"),
         A("update patch", f"localmodelnodegroups.{SERVING}"),
+        A("get", CRDS, name=f"inferenceservices.{SERVING}"),
         A("list watch create update", "secrets", TENANT),
         A("create delete get watch", "pods", TENANT),
         A("list watch", "nodes"),

@@ -24,7 +24,7 @@ from typing import Any, Literal
 import yaml
 
 from localcache.api import groupversion
-from localcache.runtime import errors, informer, kube
+from localcache.runtime import errors, informer, kube, optional
 from localcache.runtime.keys import ObjectKey
 from localcache.runtime.testing import webhooks as wh
 from localcache.runtime.testing.controlplane import ControlPlane
@@ -204,7 +204,7 @@ class Harness:
 
     async def seen(
         self,
-        inf: informer.Informer,
+        inf: informer.Informer | optional.OptionalInformer,
         key: ObjectKey,
         pred: Callable[[Obj], bool] = lambda _: True,
     ) -> None:
@@ -214,7 +214,9 @@ class Harness:
 
         await wait_until(holds, timeout=15, what=f"the webhooks' {inf.name} informer holds {key}")
 
-    async def gone(self, inf: informer.Informer, key: ObjectKey) -> None:
+    async def gone(
+        self, inf: informer.Informer | optional.OptionalInformer, key: ObjectKey
+    ) -> None:
         await wait_until(
             lambda: inf.store.get(key) is None,
             timeout=15,

@@ -386,11 +386,11 @@ def test_check_root_names_both_paths_when_they_differ() -> None:
     assert "mounted at /mnt/models" in message
 
 
-def test_prepare_staging_makes_a_writable_empty_folder(tmp_path: Path) -> None:
+def test_prepare_staging_makes_an_empty_folder_not_world_writable(tmp_path: Path) -> None:
     d = disk.ModelDisk(tmp_path)
     path = d.prepare_staging(KEY, JOB)
     assert path.is_dir()
-    assert path.stat().st_mode & 0o777 == 0o777
+    assert path.stat().st_mode & 0o7777 == layout.STAGING_MODE
     assert d.prepare_staging(KEY, JOB) == path  # idempotent
     d.remove_staging(KEY, JOB)
     assert not path.exists()
@@ -414,21 +414,43 @@ def test_a_fifo_in_a_download_does_not_hang_promotion(tmp_path: Path) -> None:
     _assert_promoted(d)
 
 
-@pytest.mark.parametrize("linked", [layout.TRASH_DIR, layout.STAGING_DIR, layout.MANIFESTS_DIR])
-def test_a_layout_directory_replaced_by_a_symlink_deletes_nothing(
+@pytest.mark.parametrize("linked", [layout.TRASH_DIR, layout.STAGING_DIR])
+def test_a_scratch_directory_replaced_by_a_symlink_is_repaired_and_deletes_nothing(
     tmp_path: Path, linked: str
 ) -> None:
-    """Issue 13: `.trash` linked to `models` made one normal pass delete every model."""
+    """Issue 13: `.trash` linked to `models` made one normal pass delete every model. Now the
+    link is removed without being followed, the directory recreated, and the pass goes on."""
     d = disk.ModelDisk(tmp_path)
     d.promote(_download(d), KEY, _manifest())
     d.promote(_download(d, key=OTHER), OTHER, _manifest(key=OTHER))
     target = tmp_path / linked
     target.rename(tmp_path / f"{linked}.moved-aside")
     target.symlink_to(d.models)
+    (repaired,) = d.ensure_layout()
+    assert f"{target} was a symlink" in repaired
+    assert target.is_dir()
+    assert not target.is_symlink()
+    assert d.ensure_layout() == []
+    d.delete_unreferenced({KEY})
+    assert (d.models / KEY / "weights" / "model.bin").is_file()
+    assert not (d.models / OTHER).exists()
+    assert not any((tmp_path / layout.TRASH_DIR).iterdir())
+
+
+@pytest.mark.parametrize("linked", [layout.MODELS_DIR, layout.MANIFESTS_DIR])
+def test_a_models_or_manifests_directory_replaced_by_a_symlink_is_refused(
+    tmp_path: Path, linked: str
+) -> None:
+    """`models` and `.manifests` hold the node's models and their records: never repaired
+    by the agent, every pass refuses to move or delete anything."""
+    d = disk.ModelDisk(tmp_path)
+    d.promote(_download(d), KEY, _manifest())
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    target = tmp_path / linked
+    target.rename(tmp_path / f"{linked}.moved-aside")
+    target.symlink_to(elsewhere)
     with pytest.raises(layout.DiskError, match="symlink"):
         d.ensure_layout()
-    if linked == layout.TRASH_DIR:
-        with pytest.raises(layout.DiskError, match="symlink"):
-            d.delete_unreferenced({KEY})
-    assert (d.models / KEY / "weights" / "model.bin").is_file()
-    assert (d.models / OTHER).is_dir()
+    assert target.is_symlink()
+    assert (tmp_path / f"{linked}.moved-aside").is_dir()

@@ -12,11 +12,12 @@ from hypothesis import strategies as st
 
 from localcache.agent import jobs, layout
 from localcache.api import modelnode, nodegroup, storage
-from localcache.caching import config, credentials, keys
+from localcache.caching import config, credentials, keys, names
 
 URI = "s3://mybucket/mymodel"
 KEY = keys.storage_key(URI)
 NODE = "node-1"
+SUFFIX = "abcd1234"
 LOCAL_MODEL = config.LocalModelConfig()
 INITIALIZER = config.StorageInitializerConfig()
 DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
@@ -85,6 +86,7 @@ def _job(
         injection=injection or credentials.Injection(uri=URI),
         local_model=local_model,
         backoff_limit=backoff_limit,
+        suffix=SUFFIX,
     )
 
 
@@ -128,7 +130,7 @@ def test_default_job_has_the_kserve_shape_with_a_staging_subpath() -> None:
                 "subPath": f".staging/{KEY}-{name}",
             }
         ],
-        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "terminationMessagePolicy": "File",
     }
     assert container["volumeMounts"][0]["subPath"] == layout.staging_subpath(KEY, name)
 
@@ -152,7 +154,9 @@ def test_cluster_entry_labels_and_pvc() -> None:
     assert job["metadata"]["labels"] == {"model": "sklearn-model", "node": NODE, "storageKey": KEY}
     assert job["spec"]["template"]["metadata"]["labels"] == job["metadata"]["labels"]
     claim = _pod(job)["volumes"][0]["persistentVolumeClaim"]["claimName"]
-    assert claim == "sklearn-model-sklearn-nodegroup"
+    # a dashed group makes `{cache}-{group}` ambiguous: shortened like the controller's name
+    assert claim == names.download_pvc("sklearn-model", "sklearn-nodegroup", namespaced=False)
+    assert claim.startswith("sklearn-model-sklearn-nodegroup--")
 
 
 def test_namespace_entry_runs_in_its_namespace_with_its_download_pvc() -> None:
@@ -262,12 +266,23 @@ def test_bad_storage_container_regex_is_a_job_error() -> None:
         jobs.select_container(URI, [_csc("bad", regex="(")], INITIALIZER)
 
 
-def test_job_name_is_deterministic_and_distinct_per_node_scope_and_attempt() -> None:
-    def name(node: str = NODE, attempt: int = 0, scope: Hashable = None) -> str:
-        return jobs.job_name(storage_key=KEY, node_name=node, attempt=attempt, scope=scope)
+def test_job_name_is_distinct_per_node_scope_attempt_and_suffix() -> None:
+    def name(
+        node: str = NODE, attempt: int = 0, scope: Hashable = None, suffix: str = SUFFIX
+    ) -> str:
+        return jobs.job_name(
+            storage_key=KEY, node_name=node, attempt=attempt, scope=scope, suffix=suffix
+        )
 
     assert name() == name()
-    assert len({name(), name(attempt=1), name(node="node-2"), name(scope=("ns", "sa"))}) == 4
+    variants = {
+        name(),
+        name(attempt=1),
+        name(node="node-2"),
+        name(scope=("ns", "sa")),
+        name(suffix="zz99zz99"),
+    }
+    assert len(variants) == 5
     long = name(node="n" * 253, attempt=10**6, scope=("x" * 300,))
     assert len(long) <= 63
     assert DNS_LABEL.fullmatch(long)
@@ -275,6 +290,23 @@ def test_job_name_is_deterministic_and_distinct_per_node_scope_and_attempt() -> 
     assert _job(attempt=3)["metadata"]["name"] == name(attempt=3)
     with pytest.raises(ValueError, match="attempt"):
         name(attempt=-1)
+    with pytest.raises(ValueError, match="suffix"):
+        name(suffix="UPPER123")
+
+
+def test_name_suffixes_are_random() -> None:
+    """A squatter cannot pre-create the name of the next download Job."""
+    suffixes = {jobs.name_suffix() for _ in range(50)}
+    assert len(suffixes) == 50
+    assert all(len(s) == jobs.SUFFIX_LENGTH for s in suffixes)
+
+
+def test_termination_message_never_falls_back_to_logs() -> None:
+    """Risk 5: with FallbackToLogsOnError the pod's log lines became the message the agent
+    copies into the cluster-scoped status; a storage container cannot set it back."""
+    container = {"name": "c", "image": "x", "terminationMessagePolicy": "FallbackToLogsOnError"}
+    [main] = _pod(_job(container=container))["containers"]
+    assert main["terminationMessagePolicy"] == "File"
 
 
 def test_long_names_give_valid_distinct_labels() -> None:

@@ -15,6 +15,7 @@ from localcache.caching import keys
 URI = "s3://mybucket/mymodel"
 NODE = "node-1"
 JOB_NS = "kserve-localmodel-jobs"
+SUFFIX = "abcd1234"
 
 
 def _entry(name: str, uri: str = URI, **fields: Any) -> modelnode.LocalModelInfo:
@@ -69,32 +70,56 @@ def test_unit_reuses_open_and_own_scope_downloads_only() -> None:
         _entry("b", namespace="team-b", serviceAccountName="reader"),
         _entry("open"),
     )
-    own_job = f"{scoped.tag}-3"
-    open_job = f"{open_.tag}-0"
+    own_job = f"{scoped.tag}-3-{SUFFIX}"
+    open_job = f"{open_.tag}-0-{SUFFIX}"
     assert scoped.reuses(own_job)
     assert scoped.reuses(open_job)
-    assert not scoped.reuses(f"{other.tag}-0")
+    assert not scoped.reuses(f"{other.tag}-0-{SUFFIX}")
     assert not open_.reuses(own_job), "a download with credentials is not free for all"
     assert not scoped.reuses(None)
     assert not scoped.reuses("iris-node-1-abcde")
 
 
-def test_unit_tag_is_the_job_name_without_attempt() -> None:
+def test_unit_tag_is_the_job_name_without_attempt_and_suffix() -> None:
     [unit] = _units(_entry("iris"))
-    name = jobs.job_name(storage_key=unit.storage_key, node_name=NODE, attempt=7, scope=None)
-    assert name == f"{unit.tag}-7"
+    name = jobs.job_name(
+        storage_key=unit.storage_key, node_name=NODE, attempt=7, scope=None, suffix=SUFFIX
+    )
+    assert name == f"{unit.tag}-7-{SUFFIX}"
     assert plan.parse_job_name(name) == (unit.storage_key, unit.tag, 7)
     assert plan.tag_of(name) == unit.tag
+
+
+def test_scope_tag_in_job_names_has_64_bits() -> None:
+    """Risk 5: a 32-bit tag let colliding scopes be found by brute force."""
+    [unit] = _units(_entry("iris", namespace="team-a", serviceAccountName="reader"))
+    digest = unit.tag.rpartition("-")[2]
+    assert len(digest) * 4 >= 64
+    assert len(unit.scope_id) == 64, "units and Job records use the full SHA-256 of the scope"
+
+
+def test_units_are_grouped_by_full_scope_not_by_tag(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Even if two scopes' tags collided, their entries stay separate units."""
+    monkeypatch.setattr(plan, "unit_tag", lambda **_: "lmd-0000000000000000-0000000000000000")
+    units = _units(
+        _entry("a", namespace="team-a", serviceAccountName="reader"),
+        _entry("b", namespace="team-b", serviceAccountName="reader"),
+    )
+    assert [u.status_keys for u in units] == [["team-a/a"], ["team-b/b"]]
+    assert units[0].tag == units[1].tag
+    assert units[0].scope_id != units[1].scope_id
 
 
 @pytest.mark.parametrize(
     "name",
     [
         "iris-node-1-abcde",
-        "lmd-0123456789abcdef-0123abcd",
-        "lmd-0123456789abcdef-0123abcd-01",
-        "lmd-0123456789ABCDEF-0123abcd-0",
-        "x-lmd-0123456789abcdef-0123abcd-0",
+        "lmd-0123456789abcdef-0123abcd-0",
+        "lmd-0123456789abcdef-0123456789abcdef-0",
+        "lmd-0123456789abcdef-0123456789abcdef-01-abcd1234",
+        "lmd-0123456789ABCDEF-0123456789abcdef-0-abcd1234",
+        "lmd-0123456789abcdef-0123456789abcdef-0-abcd123",
+        "x-lmd-0123456789abcdef-0123456789abcdef-0-abcd1234",
         "",
     ],
 )
@@ -103,26 +128,41 @@ def test_foreign_job_names_are_not_ours(name: str) -> None:
     assert plan.tag_of(name) is None
 
 
-def test_job_ref_skips_foreign_and_deleting_jobs() -> None:
-    [unit] = _units(_entry("iris"))
-    meta = {"name": f"{unit.tag}-2", "namespace": "ns"}
-    ref = plan.job_ref({"metadata": meta})
-    assert ref is not None
-    assert (ref.namespace, ref.attempt, ref.tag) == ("ns", 2, unit.tag)
-    assert plan.job_ref({"metadata": {**meta, "deletionTimestamp": "2026-01-01T00:00:00Z"}}) is None
-    assert plan.job_ref({"metadata": {"name": "other", "namespace": "ns"}}) is None
+def _ref(unit: plan.Unit, *, namespace: str, attempt: int = 0, **fields: Any) -> plan.JobRef:
+    values: dict[str, Any] = {
+        "namespace": namespace,
+        "name": f"{unit.tag}-{attempt}-{SUFFIX}",
+        "uid": f"uid-{attempt}",
+        "status_key": unit.status_keys[0],
+        "storage_key": unit.storage_key,
+        "scope": unit.scope_id,
+        "attempt": attempt,
+        "obj": {},
+        **fields,
+    }
+    return plan.JobRef(**values)
 
 
-def test_wanted_jobs_match_by_label_values_and_scope() -> None:
+def test_wanted_jobs_match_by_entry_storage_key_and_full_scope() -> None:
     long_name = "m" * 80
     units = _units(_entry(long_name, namespace="n" * 63))
     [unit] = units
-    labels = jobs.job_labels(unit.leader, node_name=NODE, storage_key=unit.storage_key)
-    ref = plan.job_ref({"metadata": {"name": f"{unit.tag}-0", "labels": labels}})
-    assert ref is not None
-    assert plan.job_identity(ref) in plan.wanted_job_labels(units)
+    ref = _ref(unit, namespace="n" * 63)
+    assert ref.identity in plan.wanted_jobs(units)
     changed = _units(_entry(long_name, namespace="n" * 63, serviceAccountName="sa"))
-    assert plan.job_identity(ref) not in plan.wanted_job_labels(changed)
+    assert ref.identity not in plan.wanted_jobs(changed)
+
+
+def test_unit_jobs_are_its_scope_in_its_namespaces_oldest_first() -> None:
+    [unit, other] = _units(
+        _entry("a", namespace="team-a", serviceAccountName="reader"),
+        _entry("b", namespace="team-b", serviceAccountName="reader"),
+    )
+    assert unit.namespaces == {"team-a"}
+    second, first = _ref(unit, namespace="team-a", attempt=1), _ref(unit, namespace="team-a")
+    elsewhere = _ref(unit, namespace="team-b", attempt=2)
+    others = _ref(other, namespace="team-b")
+    assert plan.unit_jobs(unit, [second, elsewhere, others, first]) == [first, second]
 
 
 # ---- Job state ---------------------------------------------------------------------------
@@ -216,8 +256,28 @@ def test_pod_message_falls_back_to_reason_and_exit_code_then_pod_message() -> No
 def test_long_messages_are_clipped() -> None:
     pods = [_pod(T0, "Failed", containerStatuses=_terminated(message="x" * 5000))]
     message = plan.pod_failure_message(pods)
-    assert len(message) == 1024
+    assert len(message) == plan.POD_MESSAGE_LIMIT
     assert message.endswith("...")
+
+
+def test_pod_message_is_one_line_without_control_characters() -> None:
+    """Risk 5: a termination message (or, with FallbackToLogsOnError, log lines) must not
+    reach the cluster-scoped status as raw multi-line text."""
+    logs = (
+        "secret-token=abc\nTraceback (most recent call last):\n  ...\nValueError: \x1b[31mbad\r\n"
+    )
+    pods = [_pod(T0, "Failed", containerStatuses=_terminated(message=logs))]
+    assert plan.pod_failure_message(pods) == "ValueError: [31mbad"
+    assert plan.one_line("a\u2028b\x85") == "b"
+    assert plan.one_line(None) == ""
+
+
+def test_pod_message_only_from_pods_the_job_controls() -> None:
+    own = _pod(T0, "Failed", containerStatuses=_terminated(message="own"))
+    own["metadata"]["ownerReferences"] = [{"uid": "job-uid", "controller": True}]
+    forged = _pod(T1, "Failed", containerStatuses=_terminated(message="forged"))
+    forged["metadata"]["ownerReferences"] = [{"uid": "other", "controller": True}]
+    assert plan.pod_failure_message([own, forged], job_uid="job-uid") == "own"
 
 
 @pytest.mark.parametrize(
@@ -281,3 +341,15 @@ def test_times_round_trip_in_kubernetes_format() -> None:
     assert plan.parse_time("2026-03-01T10:00:00") == parsed
     assert plan.parse_time("yesterday") is None
     assert plan.parse_time(None) is None
+
+
+def test_a_folder_downloaded_under_a_32_bit_tag_is_reused_after_the_upgrade() -> None:
+    """Manifests and status of earlier versions name Jobs `lmd-<key>-<8 hex>-<attempt>`: the
+    same scope's folder is reused (no download again), another scope's is not."""
+    (unit,) = _units(_entry("a", namespace="team-a", serviceAccountName="reader"))
+    (other,) = _units(_entry("b", namespace="team-b", serviceAccountName="writer"))
+    legacy = f"{unit.tag[:-8]}-0"
+    assert unit.reuses(legacy)
+    assert not other.reuses(legacy)
+    assert unit.reuses(f"{unit.open_tag[:-8]}-3")
+    assert not unit.reuses(f"{unit.tag[:-8]}x-0")

@@ -37,6 +37,7 @@ class FakeApi:
         self.deleted: builtins.list[str] = []
         self.pods: builtins.list[Obj] = []
         self.full: set[str] = set()
+        self.taken: set[str] = set()
 
     async def get(self, res: kube.Resource, name: str, *, namespace: str | None = None) -> Obj:
         try:
@@ -52,10 +53,13 @@ class FakeApi:
     async def create(self, res: kube.Resource, obj: Obj, *, namespace: str | None = None) -> Obj:
         if namespace in self.full:
             raise errors.Forbidden(403, "exceeded quota: jobs", reason="Forbidden")
-        if res.plural == "jobs" and any(
-            c["metadata"].get("name") == obj["metadata"]["name"] for c in self.created
+        name = obj["metadata"].get("name")
+        if res.plural == "jobs" and (
+            name in self.taken or any(c["metadata"].get("name") == name for c in self.created)
         ):
             raise errors.Conflict(409, "already exists", reason="AlreadyExists")
+        obj = copy.deepcopy(obj)
+        obj["metadata"]["uid"] = f"uid-{len(self.created)}"
         self.created.append(obj)
         return obj
 
@@ -66,6 +70,7 @@ class FakeApi:
         *,
         namespace: str | None = None,
         propagation_policy: Any = None,
+        uid: str | None = None,
     ) -> Obj:
         self.deleted.append(name)
         return {}
@@ -110,7 +115,7 @@ def _apply(target: Any, patch: Any) -> Any:
 
 
 class World:
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, *, suffixes: builtins.list[str] | None = None) -> None:
         self.stores = {name: store.Store() for name in reconciler.Stores.__dataclass_fields__}
         self.api = FakeApi(self.stores["nodes"])
         self.disk = disk.ModelDisk(root)
@@ -125,6 +130,7 @@ class World:
             config_namespace="kserve",
             clock=self.clock,
             wall_clock=lambda: self.now,
+            job_name_suffix=(lambda: suffixes.pop(0)) if suffixes else None,
         )
         self.configure(json.dumps({"jobNamespace": NS}))
         self.group("gpu", str(root))
@@ -243,10 +249,13 @@ async def test_job_not_yet_in_the_cache_is_not_created_twice(world: World) -> No
     assert len(world.api.jobs()) == 1
     [job] = world.api.jobs()
     assert world.disk.staging_path(KEY, job["metadata"]["name"]).is_dir(), "staging kept"
-    await world.clock.advance(launcher.CREATED_MEMORY_S + 1)
-    await world.reconcile()  # memory expired, still unseen: AlreadyExists counts as created
-    assert len(world.api.jobs()) == 1
     assert world.status()["modelStatus"] == {"iris": "ModelDownloadPending"}
+    [record] = world.status()["downloadJobs"]
+    assert (record["name"], record["uid"]) == (job["metadata"]["name"], job["metadata"]["uid"])
+    await world.clock.advance(launcher.CREATED_MEMORY_S + 1)
+    await world.reconcile()  # memory expired and never seen: that Job is gone, start another
+    assert len(world.api.jobs()) == 2
+    assert [r["uid"] for r in world.status()["downloadJobs"]] == ["uid-1"]
 
 
 async def test_empty_download_is_an_error_retried_after_backoff(world: World) -> None:
@@ -270,7 +279,7 @@ async def test_empty_download_is_an_error_retried_after_backoff(world: World) ->
     world.now = T0 + datetime.timedelta(seconds=61)
     await world.reconcile()
     names = [j["metadata"]["name"] for j in world.api.jobs()]
-    assert [n.rsplit("-", 1)[1] for n in names] == ["0", "1"]
+    assert [n.rsplit("-", 2)[1] for n in names] == ["0", "1"]
     assert world.status()["modelStatus"] == {"iris": "ModelDownloadPending"}
 
 
@@ -322,3 +331,172 @@ async def test_rejected_job_is_this_entrys_error_only(world: World) -> None:
     assert [p.name for p in world.disk.staging.iterdir()] == [
         f"{keys.storage_key('s3://b/other')}-{world.api.jobs()[0]['metadata']['name']}"
     ]
+
+
+# ---- Job trust (issue 13, bug 1) -------------------------------------------------------------
+def _complete(world: World, job: Obj, *, files: bool = True) -> None:
+    if files:
+        (world.disk.staging_path(KEY, job["metadata"]["name"]) / "m.bin").write_bytes(b"12345")
+    world.job_seen(job, conditions=[{"type": "Complete", "status": "True"}])
+
+
+def _forged(job: Obj, *, uid: str = "forged-uid", **status: Any) -> Obj:
+    forged = copy.deepcopy(job)
+    forged["metadata"]["uid"] = uid
+    return {**forged, "status": status}
+
+
+async def test_same_named_job_with_another_uid_is_not_trusted(world: World) -> None:
+    """A tenant deletes its download Job and creates one of the same name, labels and
+    ownerReference, with a Complete status: it proves nothing, is never promoted or deleted,
+    is reported, and a new Job of the agent's own takes over."""
+    world.models(_entry("tenant", namespace="team-a", nodeGroup="gpu"))
+    await world.reconcile()
+    [job] = world.api.jobs()
+    (world.disk.staging_path(KEY, job["metadata"]["name"]) / "m.bin").write_bytes(b"evil")
+    world.stores["jobs"].upsert(
+        _forged(job, conditions=[{"type": "Complete", "status": "True"}], succeeded=1)
+    )
+    await world.reconcile()
+    assert world.status()["modelStatus"] == {"team-a/tenant": "ModelDownloadPending"}
+    assert not world.disk.is_complete(KEY)
+    assert world.api.deleted == []
+    [event] = [e for e in world.api.events() if e["reason"] == "UntrustedDownloadJob"]
+    assert f"team-a/{job['metadata']['name']}" in event["message"]
+    [_, replacement] = world.api.jobs()
+    assert replacement["metadata"]["name"] != job["metadata"]["name"]
+    [record] = world.status()["downloadJobs"]
+    assert record["uid"] == replacement["metadata"]["uid"]
+    await world.reconcile()
+    assert len([e for e in world.api.events() if e["reason"] == "UntrustedDownloadJob"]) == 1
+
+
+@pytest.mark.parametrize(
+    "status",
+    [
+        {"conditions": [{"type": "Failed", "status": "True", "message": "fake"}], "failed": 1},
+        {"active": 1, "ready": 1},
+    ],
+    ids=["failed", "active"],
+)
+async def test_untrusted_failed_or_active_job_does_not_stall_the_download(
+    world: World, status: Obj
+) -> None:
+    """A same-labelled Job the agent never created (named like one of its next Jobs) is
+    neither a failure to back off from nor a download to wait for."""
+    world.models(_entry(nodeGroup="gpu"))
+    [name] = [
+        j["metadata"]["name"]
+        for j in (await _would_create(world.disk.root, _entry(nodeGroup="gpu")))
+    ]
+    squat = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": name,
+            "namespace": NS,
+            "uid": "tenant-uid",
+            "labels": {"node": NODE, "model": "iris", "storageKey": KEY},
+        },
+    }
+    world.stores["jobs"].upsert({**squat, "status": status})
+    await world.reconcile()
+    [job] = world.api.jobs()
+    assert world.status()["modelStatus"] == {"iris": "ModelDownloadPending"}
+    assert world.status()["modelProgress"]["iris"]["jobName"] == job["metadata"]["name"]
+    _complete(world, job)
+    await world.reconcile()
+    assert world.status()["modelStatus"] == {"iris": "ModelDownloaded"}
+    assert world.api.deleted == []
+
+
+async def _would_create(root: Path, entry: Obj) -> builtins.list[Obj]:
+    """The Jobs a fresh agent creates for `entry` (its name is what a squatter can see)."""
+    other = World(root / "elsewhere")
+    other.models(entry)
+    await other.reconcile()
+    return other.api.jobs()
+
+
+async def test_already_exists_is_someone_elses_job_and_another_name_is_used(
+    tmp_path: Path,
+) -> None:
+    world = World(tmp_path, suffixes=["squat001", "mine0002"])
+    world.models(_entry(nodeGroup="gpu"))
+    tag = plan.unit_tag(storage_key=KEY, node_name=NODE, scope=None)
+    world.api.taken.add(f"{tag}-0-squat001")
+    await world.reconcile()
+    [job] = world.api.jobs()
+    assert job["metadata"]["name"] == f"{tag}-0-mine0002"
+    [record] = world.status()["downloadJobs"]
+    assert record["name"] == f"{tag}-0-mine0002"
+    assert not world.disk.staging_path(KEY, f"{tag}-0-squat001").exists()
+
+
+async def test_recorded_jobs_are_trusted_after_a_restart(world: World) -> None:
+    world.models(_entry(nodeGroup="gpu"))
+    await world.reconcile()
+    [job] = world.api.jobs()
+    _complete(world, job)
+    restarted = reconciler.Reconciler(
+        node_name=NODE,
+        api=world.api,
+        disk=world.disk,
+        stores=reconciler.Stores(**{k: v.view() for k, v in world.stores.items()}),
+        agent_metrics=report.AgentMetrics(metrics.Metrics()),
+        config_namespace="kserve",
+        clock=world.clock,
+        wall_clock=lambda: world.now,
+    )
+    await restarted.reconcile(rkeys.ObjectKey("", NODE))
+    assert world.status()["modelStatus"] == {"iris": "ModelDownloaded"}
+    assert len(world.api.jobs()) == 1
+
+
+async def test_job_created_just_before_a_crash_is_never_trusted(world: World) -> None:
+    """The record of a created Job never reached status (crash between create and status
+    write): the orphan is reported and ignored, its staging folder is never promoted, and
+    the unit runs a Job of its own."""
+    world.models(_entry(nodeGroup="gpu"))
+    orphan = (await _would_create(world.disk.root, _entry(nodeGroup="gpu")))[0]
+    world.disk.prepare_staging(KEY, orphan["metadata"]["name"])
+    _complete(world, orphan)
+    await world.reconcile()
+    assert world.status()["modelStatus"] == {"iris": "ModelDownloadPending"}
+    assert not world.disk.is_complete(KEY)
+    assert not world.disk.staging_path(KEY, orphan["metadata"]["name"]).exists()
+    assert [e["reason"] for e in world.api.events()] == ["UntrustedDownloadJob"]
+    [job] = world.api.jobs()
+    assert job["metadata"]["name"] != orphan["metadata"]["name"]
+
+
+async def test_recorded_job_in_another_namespace_than_its_entries_is_not_used(
+    world: World,
+) -> None:
+    world.models(_entry("tenant", namespace="team-a", nodeGroup="gpu"))
+    await world.reconcile()
+    [job] = world.api.jobs()
+    _complete(world, job)
+    world.models(_entry("tenant", namespace="team-b", nodeGroup="gpu"))
+    await world.reconcile()
+    assert world.status()["modelStatus"] == {"team-b/tenant": "ModelDownloadPending"}
+    assert not world.disk.is_complete(KEY)
+
+
+async def test_a_created_job_is_recorded_before_the_pass_goes_on(world: World) -> None:
+    """The record reaches status right after the create: a failure later in the same pass
+    (here the next unit's create) does not turn the first Job into an untrusted orphan."""
+    world.models(_entry(nodeGroup="gpu"), _entry("other", "s3://b/other", nodeGroup="gpu"))
+    create = world.api.create
+
+    async def failing_second(res: kube.Resource, obj: Obj, *, namespace: str | None = None) -> Obj:
+        if res.plural == "jobs" and world.api.jobs():
+            raise errors.ServerError(500, "etcd hiccup")
+        return await create(res, obj, namespace=namespace)
+
+    world.api.create = failing_second  # type: ignore[method-assign]
+    with pytest.raises(errors.ServerError):
+        await world.reconcile()
+    [job] = world.api.jobs()
+    [record] = world.status()["downloadJobs"]
+    assert record["uid"] == job["metadata"]["uid"]

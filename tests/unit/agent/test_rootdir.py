@@ -61,3 +61,31 @@ def test_the_shipped_agent_runs_the_init_container_with_two_capabilities() -> No
     assert init["command"] == ["localcache", "prepare-models-root"]
     assert init["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN", "FOWNER"]}
     assert init["securityContext"]["allowPrivilegeEscalation"] is False
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chown to another uid needs root")
+def test_folders_left_in_trash_by_another_uid_are_given_to_the_agent(tmp_path: Path) -> None:
+    """Issue 13 bug 4: what the agent could not delete (written under uid 1000) becomes the
+    agent's at its next start, so that deletion then succeeds; symlinks are not followed."""
+    root = tmp_path / "models"
+    stuck = root / ".trash" / "0123456789abcdef.1234" / "sub"
+    stuck.mkdir(parents=True)
+    (stuck / "model.bin").write_bytes(b"x")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (stuck / "link").symlink_to(outside)
+    served = root / "models" / "fedcba9876543210"
+    served.mkdir(parents=True)
+    for path in (stuck.parent, stuck, stuck / "model.bin", served):
+        os.chown(path, 1000, 1000)
+    os.lchown(stuck / "link", 1000, 1000)
+
+    changes = rootdir.prepare(root, uid=65532, gid=1000)
+
+    for path in (stuck.parent, stuck, stuck / "model.bin"):
+        assert os.lstat(path).st_uid == 65532
+    assert os.lstat(stuck / "link").st_uid == 65532
+    assert os.lstat(outside).st_uid == 0, "a symlink in .trash is not followed"
+    assert os.lstat(served).st_uid == 1000, "nothing outside .trash changes"
+    assert any("4 entries" in c for c in changes)
+    assert not any("entries" in c for c in rootdir.prepare(root, uid=65532, gid=1000))

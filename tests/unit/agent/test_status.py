@@ -114,3 +114,30 @@ def test_previous_progress_skips_unreadable_entries() -> None:
     assert list(found) == ["ok"]
     assert found["ok"].job_name == "j-1"
     assert status.previous_states(None) == {}
+
+
+def test_job_records_are_an_owned_field_and_leave_when_empty() -> None:
+    record = modelnode.DownloadJob(
+        namespace="ns",
+        name="lmd-x",
+        uid="u1",
+        status_key="iris",
+        storage_key="0123456789abcdef",
+        scope="s" * 64,
+        attempt=0,
+    )
+    desired = status.desired_status({}, jobs=[record])
+    assert desired["downloadJobs"] == [
+        {
+            "namespace": "ns",
+            "name": "lmd-x",
+            "uid": "u1",
+            "statusKey": "iris",
+            "storageKey": "0123456789abcdef",
+            "scope": "s" * 64,
+            "attempt": 0,
+        }
+    ]
+    assert (
+        status.merge_patch(status.owned(desired), status.desired_status({}))["downloadJobs"] is None
+    )

@@ -1,0 +1,158 @@
+"""Walking a downloaded tree without trusting it: size, fsync, promoted modes, removal.
+
+A download pod writes the tree; the agent must never follow a symlink out of it, block on a
+FIFO or device, or leave a world-writable or setuid file in a folder it serves:
+- `folder_bytes` sums regular files (symlinks not followed; vanishing files skipped);
+- `fsync_tree` flushes regular files and directories, opening nothing blocking;
+- `normalise` gives directories `layout.DIR_MODE` and regular files `layout.FILE_MODE`, and
+  removes special files (FIFOs, sockets, devices) and symlinks that are absolute or resolve
+  outside the tree, logging each; a mode it cannot change (a file of another uid) is logged;
+- `remove` deletes a tree completely or raises the first `OSError`; directories this process
+  owns are made writable first (archives may unpack 0555 folders). It never ignores errors.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import stat
+from pathlib import Path
+
+import structlog
+
+from localcache.agent import layout
+
+log = structlog.get_logger(__name__)
+
+
+def folder_bytes(path: Path) -> int:
+    """Total size of the regular files under `path` (symlinks not followed). Files that vanish
+    or cannot be read while a download is writing are skipped; a missing `path` counts 0."""
+    total = 0
+    stack = [path]
+    while stack:
+        current = stack.pop()
+        try:
+            entries = list(os.scandir(current))
+        except (FileNotFoundError, NotADirectoryError, PermissionError):
+            continue
+        for entry in entries:
+            try:
+                if entry.is_dir(follow_symlinks=False):
+                    stack.append(Path(entry.path))
+                elif entry.is_file(follow_symlinks=False):
+                    total += entry.stat(follow_symlinks=False).st_size
+            except (FileNotFoundError, PermissionError):
+                continue
+    return total
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_tree(path: Path) -> None:
+    """Best effort: flush every regular file and directory a download wrote before it is
+    published. Files are opened non-blocking and only regular ones are flushed: a download
+    pod may leave a FIFO or a device node, whose blocking open would hang the agent."""
+    for dirpath, _dirnames, filenames in os.walk(path):
+        for name in filenames:
+            with contextlib.suppress(OSError):
+                flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY
+                fd = os.open(os.path.join(dirpath, name), flags)
+                try:
+                    if stat.S_ISREG(os.fstat(fd).st_mode):
+                        os.fsync(fd)
+                finally:
+                    os.close(fd)
+        with contextlib.suppress(OSError):
+            fsync_dir(Path(dirpath))
+
+
+def _set_mode(path: str, mode: int, info: os.stat_result) -> None:
+    """chmod a path already lstat'ed as a directory or regular file; failures are logged (a
+    file of another uid), never raised."""
+    if stat.S_IMODE(info.st_mode) == mode:
+        return
+    try:
+        os.chmod(path, mode)
+    except OSError as exc:
+        log.warning("model_mode_not_fixed", path=path, mode=f"{mode:o}", error=str(exc))
+
+
+def _link_stays_inside(top: str, link: str) -> bool:
+    target = os.readlink(link)
+    if os.path.isabs(target):
+        return False
+    resolved = os.path.realpath(link)
+    return resolved == top or resolved.startswith(top + os.sep)
+
+
+def normalise(path: Path) -> None:
+    """Give a finished download the promoted modes and drop what has no place in a model (see
+    the module contract). Walks with lstat only: nothing is followed or opened."""
+    top = os.path.realpath(path)
+    _set_mode(str(path), layout.DIR_MODE, os.lstat(path))
+    stack = [str(path)]
+    while stack:
+        current = stack.pop()
+        try:
+            entries = list(os.scandir(current))
+        except OSError as exc:
+            log.warning("model_tree_unreadable", path=current, error=str(exc))
+            continue
+        for entry in entries:
+            try:
+                info = entry.stat(follow_symlinks=False)
+                if stat.S_ISDIR(info.st_mode):
+                    _set_mode(entry.path, layout.DIR_MODE, info)
+                    stack.append(entry.path)
+                elif stat.S_ISREG(info.st_mode):
+                    _set_mode(entry.path, layout.FILE_MODE, info)
+                elif stat.S_ISLNK(info.st_mode):
+                    if not _link_stays_inside(top, entry.path):
+                        os.unlink(entry.path)
+                        log.warning("model_symlink_removed", path=entry.path)
+                else:
+                    os.unlink(entry.path)
+                    log.warning("model_special_file_removed", path=entry.path)
+            except FileNotFoundError:
+                continue
+
+
+def _grant_owner_access(path: Path) -> None:
+    """Give the owner rwx on every directory below `path` that this process owns and that
+    lacks it (an archive may unpack 0555 folders), so that they can be emptied."""
+    uid = os.geteuid()
+    stack = [str(path)]
+    while stack:
+        current = stack.pop()
+        try:
+            info = os.lstat(current)
+            if not stat.S_ISDIR(info.st_mode):
+                continue
+            if info.st_uid == uid and info.st_mode & 0o700 != 0o700:
+                os.chmod(current, stat.S_IMODE(info.st_mode) | 0o700)
+            entries = list(os.scandir(current))
+        except OSError:
+            continue  # rmtree reports it
+        stack.extend(e.path for e in entries if e.is_dir(follow_symlinks=False))
+
+
+def remove(path: Path) -> None:
+    """Remove one entry of `.trash` completely, or raise the first OSError."""
+    if not stat.S_ISDIR(os.lstat(path).st_mode):
+        os.unlink(path)
+        return
+    _grant_owner_access(path)
+    shutil.rmtree(path)
+
+
+def describe_error(exc: OSError) -> str:
+    where = f": {exc.filename}" if exc.filename else ""
+    return f"{exc.strerror or type(exc).__name__}{where}"

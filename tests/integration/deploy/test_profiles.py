@@ -1,0 +1,92 @@
+"""The install profiles, rendered: `kubectl kustomize manifests/profiles/<p>` (the control
+plane's kubectl) and `helm template charts/localcache --set profile=<p>` give the same
+objects, and the generated files are what hack/genprofiles.py makes of manifests/default.
+Tests that need helm skip when hack/build-helm.sh has not built it (and fail instead under
+LOCALCACHE_REQUIRE_HELM=1, as `.ci/run` sets)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from localcache.runtime.testing import installs
+from localcache.runtime.testing.controlplane import ControlPlane
+
+
+def _kubectl(control_plane: ControlPlane) -> str:
+    kubectl = control_plane.kubectl_path
+    assert kubectl is not None, "no kubectl beside the control plane or on PATH"
+    return kubectl
+
+
+def _normal(docs: list[dict[str, Any]]) -> list[str]:
+    """Order-free, formatting-free: each object as canonical JSON, sorted."""
+    return sorted(json.dumps(d, sort_keys=True) for d in docs)
+
+
+def test_generated_profiles_and_chart_are_up_to_date(control_plane: ControlPlane) -> None:
+    done = subprocess.run(
+        [sys.executable, str(installs.REPO_ROOT / "hack" / "genprofiles.py"), "--check"],
+        env={**os.environ, "KUBECTL": _kubectl(control_plane)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize("profile", installs.PROFILES)
+def test_helm_template_renders_exactly_the_kustomize_build(
+    control_plane: ControlPlane, profile: str
+) -> None:
+    helm = installs.helm_or_skip()
+    built = installs.kustomize(
+        _kubectl(control_plane), installs.REPO_ROOT / "manifests" / "profiles" / profile
+    )
+    rendered = installs.helm_template(helm, profile)
+    assert {installs.identity(d) for d in rendered} == {installs.identity(d) for d in built}
+    assert _normal(rendered) == _normal(built)
+
+
+def test_helm_values_reach_every_place() -> None:
+    helm = installs.helm_or_skip()
+    docs = installs.helm_template(
+        helm,
+        "with-kserve",
+        "--set",
+        "namespace=models-system",
+        "--set",
+        "jobNamespace=models-jobs",
+        "--set",
+        "image=registry.example/localcache:1.2.3",
+        "--set",
+        "modelsRoot=/data/models",
+        "--set-json",
+        # Helm merges maps with the default: null removes the default label
+        'nodeSelector={"kserve/localmodel":null,"pool":"gpu"}',
+    )
+    text = json.dumps(docs)
+    for default in ("localcache:0.1.0", "/mnt/models", "kserve/localmodel", '"localcache-jobs"'):
+        assert default not in text, default
+    assert not [d for d in docs if d["metadata"].get("namespace") == "localcache"]
+    (agent,) = [d for d in docs if d["kind"] == "DaemonSet"]
+    spec = agent["spec"]["template"]["spec"]
+    assert spec["nodeSelector"] == {"pool": "gpu"}
+    assert spec["volumes"][0]["hostPath"]["path"] == "/data/models"
+    assert "--models-root=/data/models" in spec["containers"][0]["args"]
+    (config,) = [d for d in docs if d["kind"] == "ConfigMap"]
+    assert json.loads(config["data"]["localModel"])["jobNamespace"] == "models-jobs"
+    assert "system:serviceaccount:models-system:localcache-agent" in text
+    assert installs.kserve_clashes(docs) == []
+
+
+def test_an_unknown_profile_is_refused() -> None:
+    helm = installs.helm_or_skip()
+    with pytest.raises(AssertionError, match="profile must be standalone or with-kserve"):
+        installs.helm_template(helm, "kserve")
