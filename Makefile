@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
 .PHONY: help venv lint typecheck test-unit test-integration test bench manifests run \
-        control-plane node images deploy undeploy clean docker-build kind-create kind-load e2e-kind
+        control-plane helm node images deploy undeploy clean docker-build kind-create kind-load e2e-kind
 
 help: ## list targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s $$'\t'
@@ -23,6 +23,9 @@ control-plane: ## build (or reuse) etcd, kube-apiserver, kube-controller-manager
 
 node: control-plane ## build (or reuse) kubelet, kube-scheduler, containerd; install runc, CNI plugins
 	@bash hack/build-node.sh >/dev/null
+
+helm: ## build (or reuse) helm v3.22.0 from source through the Go module proxy
+	@bash hack/build-helm.sh >/dev/null
 
 images: ## build (or reuse) the local images: pause, python base, localcache, storage initializer
 	@bash hack/build-images.sh >/dev/null
@@ -47,8 +50,9 @@ test: $(PY) control-plane ## the whole suite: lint, types, unit, integration, e2
 bench: $(PY) control-plane ## benchmarks, each printed beside its baseline
 	$(PY) -m benchmarks
 
-manifests: $(PY) ## regenerate manifests/crds from the pydantic models
+manifests: $(PY) ## regenerate manifests/crds, then the install profiles and the Helm chart
 	$(PY) -m localcache.api.crdgen manifests/crds
+	$(PY) hack/genprofiles.py
 
 run: $(PY) control-plane ## the operator against the current kubeconfig, or a local control plane
 	$(VENV)/bin/localcache run

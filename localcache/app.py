@@ -265,6 +265,7 @@ async def run_components(
                 factory=informers,
                 # KServe's kinds are watched while their CRDs serve (runtime.optional)
                 storage_containers=True,
+                allow_file_uris=settings.allow_file_uris,
             )
             if cert_manager is not None:
                 mgr.add_runnable("webhook-cert-rotation", cert_manager, needs_leader=False)

@@ -52,6 +52,8 @@ def local_settings(
         "kubeconfig": str(kubeconfig),
         "models_root": run_dir / "nodes",
         "host_models_root": Path(pv_path),
+        # the demo sample is a file:// model that the demo Job runner copies on this host
+        "allow_file_uris": True,
     }
     if settings.metrics_port == int(default["metrics_port"]):
         changes["metrics_port"] = pick_port()  # not 0: the address is printed for the user

@@ -204,6 +204,16 @@ FLAGS: tuple[Flag, ...] = (
         _CONTROLLER,
     ),
     Flag(
+        "allow_file_uris",
+        "--allow-file-uris",
+        "LOCALCACHE_ALLOW_FILE_URIS",
+        "false",
+        "admit file:// model URIs (demo nodes only: in a real download pod a file:// URI "
+        "copies the pod's own files, such as its token, into a shared model folder)",
+        "bool",
+        _CONTROLLER,
+    ),
+    Flag(
         "self_managed_certs",
         "--self-managed-certs",
         "LOCALCACHE_SELF_MANAGED_CERTS",
@@ -264,6 +274,7 @@ class Settings:
     webhook_service: str
     webhook_secret: str
     self_managed_certs: bool
+    allow_file_uris: bool
     node_name: str
     models_root: Path
     host_models_root: Path
@@ -367,6 +378,7 @@ def from_args(
         webhook_service=str(raw["webhook_service"]),
         webhook_secret=str(raw["webhook_secret"]),
         self_managed_certs=bool(raw["self_managed_certs"]),
+        allow_file_uris=bool(raw["allow_file_uris"]),
         node_name=str(raw["node_name"]),
         models_root=models_root,
         host_models_root=(

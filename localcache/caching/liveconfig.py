@@ -80,6 +80,12 @@ class LiveConfig(Generic[Initial]):
             under.get("data") or {}, obj.get("data") or {}, names=names
         )
 
+    def _names(self) -> dict[str, str]:
+        names = {"configmap": str(self._key)}
+        if self._under is not None:
+            names["under"] = str(self._under.key)
+        return names
+
     def load(self) -> Loaded[Initial]:
         version, data = self._data()
         if version == self._version:
@@ -89,11 +95,9 @@ class LiveConfig(Generic[Initial]):
             self._config = config_mod.parse_config(data())
         except config_mod.ConfigError as exc:
             kept = self._config is not None
-            log.error(
-                "config_invalid", configmap=str(self._key), error=str(exc), keeps_last_good=kept
-            )
+            log.error("config_invalid", **self._names(), error=str(exc), keeps_last_good=kept)
             return Loaded(self._config, new_error=exc)
-        log.info("config_loaded", configmap=str(self._key), version=version)
+        log.info("config_loaded", **self._names(), version=version)
         return Loaded(self._config)
 
     def __call__(self) -> config_mod.InferenceServiceConfig | Initial:

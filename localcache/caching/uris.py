@@ -5,7 +5,10 @@ A download Job runs KServe's storage initializer (`storageInitializer.image`, th
 `workloadType: localModelDownloadJob` claims the URI. The storage initializer recognises a URI
 by its prefix, case-sensitively (`Storage.download` in kserve-storage 0.21.0): `gs://`,
 `s3://`, `hdfs://`, `webhdfs://`, `hf://`, `modelscope://`, `oci://`, `file://` and
-`http(s)://` (Azure blob and file shares, git repositories and plain HTTP downloads are all
+`http(s)://`. `file://` is refused unless allowed (`--allow-file-uris`, on for demo nodes
+only), as the `localcache-cache-uri` admission policy refuses it: in a download pod it
+copies the pod's own files, such as its ServiceAccount token, into a shared folder.
+(Azure blob and file shares, git repositories and plain HTTP downloads are all
 `https://` or `http://`). Anything else (no scheme, such as `my-model`, or `ftp://`) fails in
 the Job with "Cannot recognize storage type", so admission refuses it up front.
 `localcache download` (the demo Job runner) handles a subset: `file://` and `http(s)://`.
@@ -31,16 +34,24 @@ SUPPORTED_SCHEMES: Final = (
     "hf",
     "modelscope",
     "oci",
-    "file",
     "http",
     "https",
 )
 SUPPORTED_PREFIXES: Final = tuple(f"{scheme}://" for scheme in SUPPORTED_SCHEMES)
+FILE_PREFIX: Final = "file://"
+"""Refused unless allowed (demo nodes): in a real download pod it reads the pod's own files,
+such as its ServiceAccount token, into a model folder other tenants may read."""
 
 
-def built_in(uri: str) -> bool:
+def _prefixes(allow_file: bool) -> tuple[str, ...]:
+    return (*SUPPORTED_PREFIXES, FILE_PREFIX) if allow_file else SUPPORTED_PREFIXES
+
+
+def built_in(uri: str, *, allow_file: bool = False) -> bool:
     """Whether the storage initializer recognises `uri` (a supported prefix and more)."""
-    return any(uri.startswith(prefix) and len(uri) > len(prefix) for prefix in SUPPORTED_PREFIXES)
+    return any(
+        uri.startswith(prefix) and len(uri) > len(prefix) for prefix in _prefixes(allow_file)
+    )
 
 
 def claimed_by(uri: str, containers: Iterable[storage.ClusterStorageContainer]) -> str | None:
@@ -57,11 +68,16 @@ def claimed_by(uri: str, containers: Iterable[storage.ClusterStorageContainer]) 
     return None
 
 
-def supported(uri: str, containers: Iterable[storage.ClusterStorageContainer] = ()) -> bool:
+def supported(
+    uri: str,
+    containers: Iterable[storage.ClusterStorageContainer] = (),
+    *,
+    allow_file: bool = False,
+) -> bool:
     """Whether some download path handles `uri` (module docstring)."""
-    return built_in(uri) or claimed_by(uri, containers) is not None
+    return built_in(uri, allow_file=allow_file) or claimed_by(uri, containers) is not None
 
 
-def describe_supported() -> str:
+def describe_supported(*, allow_file: bool = False) -> str:
     """The supported schemes for messages: `gs://, s3://, …`."""
-    return ", ".join(SUPPORTED_PREFIXES)
+    return ", ".join(_prefixes(allow_file))

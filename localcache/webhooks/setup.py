@@ -75,6 +75,7 @@ def setup(
     clock: clock_mod.Clock | None = None,
     factory: factory_mod.InformerFactory | None = None,
     storage_containers: bool = False,
+    allow_file_uris: bool = False,
 ) -> Webhooks:
     """Register the webhook handlers on `server`, reading through informers from `factory`
     (a new one over `client` and `clock` on `manager` when None).
@@ -140,6 +141,7 @@ def setup(
             inference_services=isvcs.reader(),
             synced=synced,
             storage_containers=containers.reader() if containers else None,
+            allow_file_uris=allow_file_uris,
         )
         for namespaced in (False, True)
     ]

@@ -106,6 +106,7 @@ class Snapshot:
     users: Sequence[runtime_keys.ObjectKey] = ()
     """Live InferenceServices labelled for the cache under review (delete only)."""
     storage_containers: Sequence[storage.ClusterStorageContainer] = ()
+    allow_file_uris: bool = False
 
 
 def _ref(cache: AnyCache) -> tuple[str, str]:
@@ -132,17 +133,19 @@ def check_uri(
     *,
     old: AnyCache | None,
     storage_containers: Iterable[storage.ClusterStorageContainer],
+    allow_file: bool = False,
 ) -> list[Violation]:
     uri = cache.spec.source_model_uri
     if (old is not None and old.spec.source_model_uri == uri) or uris.supported(
-        uri, storage_containers
+        uri, storage_containers, allow_file=allow_file
     ):
         return []
     return [
         Violation(
             "spec.sourceModelUri",
             f"no download path supports {uri!r}: supported schemes are "
-            f"{uris.describe_supported()}, or a ClusterStorageContainer with workloadType "
+            f"{uris.describe_supported(allow_file=allow_file)}, or a ClusterStorageContainer "
+            "with workloadType "
             f"{storage.WORKLOAD_LOCAL_MODEL_DOWNLOAD_JOB} whose supportedUriFormats match it",
         )
     ]
@@ -254,7 +257,12 @@ def validate_write(
     if old is not None and cache.metadata.deletion_timestamp:
         return []
     return [
-        *check_uri(cache, old=old, storage_containers=snapshot.storage_containers),
+        *check_uri(
+            cache,
+            old=old,
+            storage_containers=snapshot.storage_containers,
+            allow_file=snapshot.allow_file_uris,
+        ),
         *check_model_size(cache, old=old),
         *check_node_groups(cache, old=old, node_groups=snapshot.node_groups),
         *check_unique_uri(cache, old=old, cluster_caches=snapshot.cluster_caches),
@@ -292,6 +300,7 @@ class CacheValidator:
         inference_services: IndexedLister,
         synced: Callable[[], bool],
         storage_containers: isvc.Lister | None = None,
+        allow_file_uris: bool = False,
     ) -> None:
         """`storage_containers` reads KServe's ClusterStorageContainers; None where the
         apiserver does not serve that kind (only the built-in schemes are supported then)."""
@@ -304,6 +313,7 @@ class CacheValidator:
         self._isvcs = inference_services
         self._synced = synced
         self._storage_containers = storage_containers
+        self._allow_file_uris = allow_file_uris
 
     def _cache(self, obj: Obj | None, request: admission.Request) -> AnyCache | None:
         if obj is None:
@@ -366,6 +376,7 @@ class CacheValidator:
             _collect(namespaced, self._namespace_caches.by_index(NODE_GROUP_INDEX, group))
         containers = self._storage_containers
         return Snapshot(
+            allow_file_uris=self._allow_file_uris,
             storage_containers=isvc.parse_all(
                 storage.ClusterStorageContainer, containers.list() if containers else []
             ),

@@ -257,7 +257,7 @@ def test_with_kserve_controller_runs_on_the_profile_rbac_and_names(
                 code = proc.wait(timeout=30)
         text = log.read_text()
         assert code == 0, text[-3000:]
-        assert "kserve/inferenceservice-config" in text  # config_loaded names both
+        assert '"under": "kserve/inferenceservice-config"' in text  # config_loaded
         assert "forbidden" not in text.lower(), text[-3000:]
     finally:
         installer.uninstall("with-kserve", "kustomize")

@@ -37,7 +37,6 @@ def csc(
         "hf://org/model",
         "modelscope://org/model",
         "oci://registry/model:1",
-        "file:///models/iris",
         "http://host/model.tgz",
         "https://account.blob.core.windows.net/c/model",
     ],
@@ -52,6 +51,16 @@ def test_schemes_of_the_storage_initializer_are_supported(uri: str) -> None:
 )
 def test_other_uris_have_no_download_path(uri: str) -> None:
     assert not uris.supported(uri)
+
+
+def test_file_uris_are_refused_unless_allowed() -> None:
+    """Issue 13 risk 4: in a download pod `file:///var/run/secrets/…` copies the pod's token
+    into a shared folder; only demo nodes (no real pods) allow file://."""
+    token = "file:///var/run/secrets/kubernetes.io/serviceaccount"
+    assert not uris.supported(token)
+    assert "file://" not in uris.describe_supported()
+    assert uris.supported(token, allow_file=True)
+    assert "file://" in uris.describe_supported(allow_file=True)
 
 
 def test_a_download_job_storage_container_makes_a_uri_supported() -> None:

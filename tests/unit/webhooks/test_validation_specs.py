@@ -9,9 +9,16 @@ from localcache.api import storage
 from localcache.webhooks import validation
 from tests.unit.webhooks.test_validation import lmc, lmnc, messages, snapshot
 
-SCHEMES = (
-    "gs://, s3://, hdfs://, webhdfs://, hf://, modelscope://, oci://, file://, http://, https://"
-)
+SCHEMES = "gs://, s3://, hdfs://, webhdfs://, hf://, modelscope://, oci://, http://, https://"
+
+
+def test_a_file_uri_is_denied_unless_the_controller_allows_it() -> None:
+    uri = "file:///var/run/secrets/kubernetes.io/serviceaccount"
+    for cache in (lmc("m", uri), lmnc("m", uri)):
+        found = validation.validate_write(cache, snapshot=snapshot())
+        assert [v.field for v in found] == ["spec.sourceModelUri"]
+        allowed = snapshot(allow_file_uris=True)
+        assert validation.validate_write(cache, snapshot=allowed) == []
 
 
 @pytest.mark.parametrize("uri", ["my-model", "ftp://host/model"])
