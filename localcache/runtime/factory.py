@@ -114,6 +114,27 @@ class _Entry:
     consumers: int = 1
 
 
+def _new_indexers(
+    present: Mapping[str, store.IndexFunc],
+    requested: Mapping[str, store.IndexFunc],
+    *,
+    owner: str,
+) -> dict[str, store.IndexFunc]:
+    """The requested indexes not present yet; `IndexConflict` for a name present with another
+    function (two consumers must agree on what an index means)."""
+    new: dict[str, store.IndexFunc] = {}
+    for name, func in requested.items():
+        existing = present.get(name)
+        if existing is None:
+            new[name] = func
+        elif existing != func:
+            raise IndexConflict(
+                f"index {name!r} of {owner} already exists with another function "
+                f"({_describe(existing)}, requested {_describe(func)})"
+            )
+    return new
+
+
 def _describe(func: object) -> str:
     """A function's (or callable object's) dotted name, for logs, errors and stats."""
     if func is None:
@@ -201,17 +222,7 @@ class InformerFactory:
     def _merge_optional_indexers(
         self, opt: optional.OptionalInformer, indexers: Mapping[str, store.IndexFunc]
     ) -> None:
-        present = opt.indexers
-        new: dict[str, store.IndexFunc] = {}
-        for name, func in indexers.items():
-            existing = present.get(name)
-            if existing is None:
-                new[name] = func
-            elif existing != func:
-                raise IndexConflict(
-                    f"index {name!r} of optional {opt.name} already exists with another "
-                    f"function ({_describe(existing)}, requested {_describe(func)})"
-                )
+        new = _new_indexers(opt.indexers, indexers, owner=f"optional {opt.name}")
         if new and opt.started:
             raise RuntimeError(f"cannot add indexes {sorted(new)} to optional {opt.name}")
         if new:
@@ -274,17 +285,7 @@ class InformerFactory:
         return entry
 
     def _merge_indexers(self, entry: _Entry, indexers: Mapping[str, store.IndexFunc]) -> None:
-        present = entry.informer.store.indexers
-        new: dict[str, store.IndexFunc] = {}
-        for name, func in indexers.items():
-            existing = present.get(name)
-            if existing is None:
-                new[name] = func
-            elif existing != func:
-                raise IndexConflict(
-                    f"index {name!r} of {entry.target} already exists with another function "
-                    f"({_describe(existing)}, requested {_describe(func)})"
-                )
+        new = _new_indexers(entry.informer.store.indexers, indexers, owner=str(entry.target))
         if not new:
             return
         if entry.informer.started:

@@ -419,16 +419,25 @@ class ControlPlane:
         body: Any = None,
         *,
         creds: Credentials | None = None,
+        token: str | None = None,
         content_type: str = "application/json",
         timeout: float = 10.0,
     ) -> tuple[int, Any]:
-        """One request to the apiserver; returns (status, decoded JSON or text)."""
+        """One request to the apiserver as `creds` (default admin) or, with `token`, as that
+        bearer token alone (no client certificate); returns (status, decoded JSON or text)."""
+        context = (
+            ssl.create_default_context(cafile=str(self.ca_path))
+            if token is not None
+            else self.ssl_context(creds)
+        )
         conn = http.client.HTTPSConnection(
-            f"127.0.0.1:{self.api_port}", timeout=timeout, context=self.ssl_context(creds)
+            f"127.0.0.1:{self.api_port}", timeout=timeout, context=context
         )
         try:
             payload = None if body is None else json.dumps(body).encode()
             headers = {"Content-Type": content_type, "Accept": "application/json"}
+            if token is not None:
+                headers["Authorization"] = f"Bearer {token}"
             conn.request(method, path, body=payload, headers=headers)
             resp = conn.getresponse()
             raw = resp.read().decode(errors="replace")

@@ -3,9 +3,6 @@ token, as a pod on a node gets one), objects in the shapes localcache creates th
 
 from __future__ import annotations
 
-import http.client
-import json
-import ssl
 from typing import Any
 
 from localcache.runtime.testing.controlplane import ControlPlane
@@ -22,26 +19,8 @@ def rest_as_token(
     plane: ControlPlane, token: str, method: str, path: str, body: Any = None
 ) -> tuple[int, Any]:
     """One request to the apiserver authenticated by `token` alone (no client certificate)."""
-    ctx = ssl.create_default_context(cafile=str(plane.ca_path))
-    conn = http.client.HTTPSConnection(f"127.0.0.1:{plane.api_port}", timeout=10, context=ctx)
-    try:
-        headers = {
-            "Authorization": f"Bearer {token}",
-            "Content-Type": "application/merge-patch+json"
-            if method == "PATCH"
-            else "application/json",
-            "Accept": "application/json",
-        }
-        payload = None if body is None else json.dumps(body).encode()
-        conn.request(method, path, body=payload, headers=headers)
-        resp = conn.getresponse()
-        raw = resp.read().decode(errors="replace")
-    finally:
-        conn.close()
-    try:
-        return resp.status, json.loads(raw)
-    except json.JSONDecodeError:
-        return resp.status, raw
+    content_type = "application/merge-patch+json" if method == "PATCH" else "application/json"
+    return plane.rest(method, path, body, token=token, content_type=content_type)
 
 
 def ok(result: tuple[int, Any], what: str) -> Obj:

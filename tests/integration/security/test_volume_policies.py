@@ -202,3 +202,42 @@ async def test_download_claim_staging_mount_only_for_the_agents_jobs(
         ),
         "the download Job's pod created by the Job controller",
     )  # fmt: skip
+
+
+async def test_updating_an_admitted_pod_is_not_refused(
+    control_plane: ControlPlane, namespace: str, tenant: Credentials, download_claim: str
+) -> None:
+    """The Job controller removes its tracking finalizer from a finished download pod with an
+    UPDATE (no subresource): the policy must not fail on it, or the Job never completes (seen
+    on real nodes: "no such key" on `request.subResource`)."""
+    job_owner = {
+        "apiVersion": "batch/v1", "kind": "Job", "name": STAGING_JOB,
+        "uid": "00000000-0000-0000-0000-000000000002", "controller": True,
+    }  # fmt: skip
+    await _denied(
+        control_plane, tenant, _pods(namespace),
+        harness.pod(namespace, "probe", harness.pod_spec(download_claim, {})),
+        "the probe pod mounting the download PVC at its root (the policy is in force)",
+    )  # fmt: skip
+    job_controller = control_plane.service_account_credentials("kube-system", "job-controller")
+    harness.grant(control_plane, namespace, job_controller.user)
+    pod = harness.pod(
+        namespace,
+        "tracked",
+        harness.pod_spec(download_claim, {"subPath": STAGING}),
+        owner=job_owner,
+    )
+    pod["metadata"]["finalizers"] = ["batch.kubernetes.io/job-tracking"]
+    harness.ok(
+        control_plane.rest("POST", _pods(namespace), pod, creds=job_controller),
+        "the download Job's pod, with the Job controller's tracking finalizer",
+    )
+    patch = {"metadata": {"finalizers": None, "labels": {"seen": "yes"}}}
+    status, body = control_plane.rest(
+        "PATCH",
+        f"{_pods(namespace)}/tracked",
+        patch,
+        creds=job_controller,
+        content_type="application/merge-patch+json",
+    )
+    assert status == 200, f"removing the tracking finalizer was refused: {status} {body}"
