@@ -1,7 +1,8 @@
 """Fixtures of the admission-policy tests: the shipped policies (manifests/policies) and the
-agent's RBAC applied to the session's control plane once (deleting and re-creating the
-PersistentVolume-parameter bindings within one apiserver's life was seen to leave them
-unenforced), removed at the end of the session; a tenant user with its own Role."""
+agent's RBAC applied to the session's control plane once for this package (deleting and
+re-creating the PersistentVolume-parameter bindings within one apiserver's life was seen to
+leave them unenforced), removed when the package's tests are done, so that later packages
+(the webhook tests) see only what they install; a tenant user with its own Role."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ POLICIES = REPO / "manifests" / "policies"
 BASE = REPO / "manifests" / "base"
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def policies(control_plane: ControlPlane, crds: list[str]) -> Iterator[None]:
     files = [BASE / "namespaces.yaml", BASE / "agent-rbac.yaml"]
     control_plane.kubectl(
