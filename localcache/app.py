@@ -279,6 +279,8 @@ async def run_components(
                     host_path=str(settings.host_models_root)
                     if settings.host_models_root != settings.models_root
                     else None,
+                    # one agent per process: the roots it serves (local mode: one root per node)
+                    models_roots=settings.models_roots if len(components.agent_nodes) == 1 else (),
                     config_namespace=settings.config_namespace,
                     config_map=settings.config_map,
                     kserve_config=settings.kserve_config,

@@ -82,7 +82,11 @@ def build_parser() -> argparse.ArgumentParser:
             "CAP_FOWNER only). Nothing below the root is changed."
         ),
     )
-    prepare.add_argument("--models-root", default="/mnt/models", help="the models root")
+    prepare.add_argument(
+        "--models-root",
+        action="append",
+        help="a models root (repeat for several; default /mnt/models)",
+    )
     prepare.add_argument(
         "--owner", default="65532:1000", help="UID:GID: the agent's uid, the download fsGroup"
     )
@@ -92,14 +96,15 @@ def build_parser() -> argparse.ArgumentParser:
 def _prepare_models_root(args: argparse.Namespace) -> int:
     from localcache.agent import rootdir
 
-    try:
-        uid, gid = rootdir.parse_owner(args.owner)
-        changes = rootdir.prepare(Path(args.models_root), uid=uid, gid=gid)
-    except (ValueError, OSError, rootdir.RootError) as exc:
-        print(f"localcache prepare-models-root: {exc}", file=sys.stderr)
-        return 1
-    for change in changes or [f"{args.models_root} already prepared"]:
-        print(change)
+    for root in args.models_root or ["/mnt/models"]:
+        try:
+            uid, gid = rootdir.parse_owner(args.owner)
+            changes = rootdir.prepare(Path(root), uid=uid, gid=gid)
+        except (ValueError, OSError, rootdir.RootError) as exc:
+            print(f"localcache prepare-models-root: {exc}", file=sys.stderr)
+            return 1
+        for change in changes or [f"{root} already prepared"]:
+            print(change)
     return 0
 
 

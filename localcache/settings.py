@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from localcache.agent import roots
+
 
 @dataclass(frozen=True)
 class Flag:
@@ -249,6 +251,17 @@ FLAGS: tuple[Flag, ...] = (
         "str",
         _AGENT,
     ),
+    Flag(
+        "models_roots",
+        "--models-roots",
+        "LOCALCACHE_MODELS_ROOTS",
+        "",
+        "several models roots, `<host path>=<container path>,...`: each node group is served "
+        "on the root whose host path is its PV path (replaces --models-root and "
+        "--host-models-root when set)",
+        "str",
+        _AGENT,
+    ),
 )
 
 
@@ -278,6 +291,7 @@ class Settings:
     node_name: str
     models_root: Path
     host_models_root: Path
+    models_roots: tuple[roots.Root, ...] = ()
     lease_duration: float = 15.0
     renew_deadline: float = 10.0
     retry_period: float = 2.0
@@ -357,6 +371,10 @@ def from_args(
             f"got {raw['webhook_configurations']!r}"
         )
     models_root = Path(str(raw["models_root"]))
+    try:
+        models_roots = tuple(roots.parse_roots(str(raw["models_roots"])))
+    except ValueError as exc:
+        raise SettingsError(str(exc)) from exc
     return Settings(
         command=command,
         kubeconfig=str(raw["kubeconfig"]),
@@ -384,6 +402,7 @@ def from_args(
         host_models_root=(
             Path(str(raw["host_models_root"])) if raw["host_models_root"] else models_root
         ),
+        models_roots=models_roots,
         lease_duration=float(str(raw["lease_duration"])),
         renew_deadline=float(str(raw["renew_deadline"])),
         retry_period=float(str(raw["retry_period"])),

@@ -8,10 +8,12 @@ records of the Jobs it created (`agent.trust`: the only Jobs the agent trusts, b
   never leads to a second create); `records()` is what the status must keep;
 - `cleanup(units, refs)` deletes trusted Jobs no spec entry wants (same entry, URI and
   scope), with the uid as precondition: a Job we did not create is never deleted;
-- `launch(...)` resolves the node group, checks that its PV path is the models root, reads
-  the credentials (in the entry's namespace only), picks the container, prepares the
-  staging folder and creates the Job under a fresh random name (AlreadyExists means someone
-  else holds that name: never ours; another name is tried); the uid of the created Job is
+- `resolve(entry)` finds the entry's node group and the models root serving its PV path
+  (`roots.Disks.for_path`), or says why not;
+- `launch(...)` reads the credentials (in the entry's namespace only), picks the
+  container, prepares the staging folder on that root and creates the Job under a fresh
+  random name (AlreadyExists means someone else holds that name: never ours; another name
+  is tried); the uid of the created Job is
   recorded at once; a problem that a retry cannot fix comes back as `NotLaunched(message)`
   and no Job is created;
 - `pod_message(job)` reads why the Job's newest failed pod failed (cached per failure
@@ -29,7 +31,7 @@ from typing import Any, Final, Protocol
 import structlog
 
 from localcache.agent import disk as disk_mod
-from localcache.agent import jobs, layout, plan, trust
+from localcache.agent import jobs, layout, plan, roots, trust
 from localcache.api import modelnode, nodegroup, storage
 from localcache.caching import config, credentials
 from localcache.runtime import clock as clock_mod
@@ -77,9 +79,11 @@ class Api(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class NotLaunched:
-    """Why a unit's Job was not created (the entry's ModelDownloadError message)."""
+    """Why a unit's Job was not created (the entry's ModelDownloadError message);
+    `unmounted` when the node group's PV path is no models root of this agent."""
 
     message: str
+    unmounted: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,7 +100,7 @@ class JobLauncher:
         *,
         node_name: str,
         api: Api,
-        disk: disk_mod.ModelDisk,
+        disks: roots.Disks,
         jobs_store: store.Reader,
         node_groups: store.Reader,
         storage_containers: store.Reader,
@@ -109,7 +113,7 @@ class JobLauncher:
         self._records: list[modelnode.DownloadJob] = []
         self._deleted: set[str] = set()
         self._api = api
-        self._disk = disk
+        self._disks = disks
         self._jobs = jobs_store
         self._groups = node_groups
         self._containers = storage_containers
@@ -118,6 +122,7 @@ class JobLauncher:
         self._created: dict[tuple[str, str], tuple[float, Obj]] = {}
         self._pod_messages: dict[tuple[str, str, int], str] = {}
         self._warned = onchange.OnChange()  # per storage key: warn on a change, not per pass
+        self._root_warned = onchange.OnChange()  # per node group
 
     def sort_jobs(self, status_records: Iterable[modelnode.DownloadJob]) -> trust.Sorted:
         """Trusted and untrusted Jobs now; the records whose Job is gone are forgotten."""
@@ -187,21 +192,19 @@ class JobLauncher:
         node: modelnode.LocalModelNode,
         cfg: config.InferenceServiceConfig,
         attempt: int,
+        group: nodegroup.LocalModelNodeGroup,
+        disk: disk_mod.ModelDisk,
     ) -> Launched | NotLaunched:
-        """Create attempt `attempt` of the unit's download Job, or say why it cannot run."""
-        group = await self._node_group(unit.leader)
-        if isinstance(group, NotLaunched):
-            return group
-        pv_path = group.spec.local_path()
+        """Create attempt `attempt` of the unit's download Job, or say why it cannot run;
+        `group` is the unit's node group and `disk` the models root serving its PV path
+        (`resolve`)."""
         try:
-            if pv_path is not None:
-                self._disk.check_root(pv_path)
             injection = await self._credentials(unit.request, cfg.credentials)
             containers = [
                 storage.ClusterStorageContainer.model_validate(o) for o in self._containers.list()
             ]
             container = jobs.select_container(unit.request.uri, containers, cfg.storage_initializer)
-        except (layout.RootMismatch, credentials.CredentialError, jobs.JobError) as exc:
+        except (credentials.CredentialError, jobs.JobError) as exc:
             if self._warned.changed(unit.storage_key, str(exc)):
                 log.warning("download_not_started", storage_key=unit.storage_key, error=str(exc))
             return NotLaunched(str(exc))
@@ -217,12 +220,12 @@ class JobLauncher:
                 local_model=cfg.local_model,
                 scope=unit.scope,
                 backoff_limit=self._backoff_limit,
-                run_as_user=self._disk.download_uid,
+                run_as_user=disk.download_uid,
                 suffix=self._name_suffix(),
             )
             name, namespace = job["metadata"]["name"], job["metadata"]["namespace"]
             await asyncio.to_thread(
-                self._disk.prepare_staging,
+                disk.prepare_staging,
                 unit.storage_key,
                 name,
                 group=cfg.local_model.fs_group,
@@ -234,7 +237,7 @@ class JobLauncher:
                     raise
                 # Someone else holds this name: not our Job, whatever it looks like.
                 log.warning("download_job_name_taken", job=f"{namespace}/{name}")
-                await asyncio.to_thread(self._disk.remove_staging, unit.storage_key, name)
+                await asyncio.to_thread(disk.remove_staging, unit.storage_key, name)
                 continue
             except (errors.Forbidden, errors.NotFound, errors.Invalid) as exc:
                 # e.g. an exhausted ResourceQuota, or the namespace is gone: this entry's problem.
@@ -271,6 +274,23 @@ class JobLauncher:
             status_keys=unit.status_keys,
         )
         return Launched(namespace, name)
+
+    async def resolve(
+        self, entry: modelnode.LocalModelInfo
+    ) -> tuple[nodegroup.LocalModelNodeGroup, disk_mod.ModelDisk] | NotLaunched:
+        """The entry's node group and the models root serving its PV path, or why not
+        (group missing, or its path not mounted: `layout.RootMismatch`'s message)."""
+        group = await self._node_group(entry)
+        if isinstance(group, NotLaunched):
+            return group
+        try:
+            return group, self._disks.for_path(group.spec.local_path())
+        except layout.RootMismatch as exc:
+            if self._root_warned.changed(entry.node_group, str(exc)):
+                log.warning(
+                    "node_group_path_not_mounted", node_group=entry.node_group, error=str(exc)
+                )
+            return NotLaunched(str(exc), unmounted=True)
 
     async def _node_group(
         self, entry: modelnode.LocalModelInfo

@@ -46,8 +46,8 @@ import pydantic
 import structlog
 
 from localcache.agent import disk as disk_mod
-from localcache.agent import jobs, launcher, layout, plan, report, status, trust
-from localcache.api import modelnode
+from localcache.agent import jobs, launcher, layout, plan, report, roots, status, trust
+from localcache.api import modelnode, nodegroup
 from localcache.api import quantity as quantity_mod
 from localcache.caching import config, liveconfig
 from localcache.runtime import clock as clock_mod
@@ -90,6 +90,20 @@ class _Pass:
     states: dict[str, str]
     progress: dict[str, modelnode.ModelProgress]
     live_jobs: set[str] = field(default_factory=set)
+    placements: dict[
+        str, tuple[nodegroup.LocalModelNodeGroup, disk_mod.ModelDisk] | launcher.NotLaunched
+    ] = field(default_factory=dict)
+    """Per node group name ("" for entries without one): its group and root, or why not."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Where:
+    """Where a unit is served: its root, its node group (None when missing) and how
+    `JobLauncher.resolve` answered."""
+
+    disk: disk_mod.ModelDisk
+    group: nodegroup.LocalModelNodeGroup | None
+    resolved: tuple[nodegroup.LocalModelNodeGroup, disk_mod.ModelDisk] | launcher.NotLaunched
 
 
 class Reconciler:
@@ -100,7 +114,7 @@ class Reconciler:
         *,
         node_name: str,
         api: launcher.Api,
-        disk: disk_mod.ModelDisk,
+        disk: disk_mod.ModelDisk | roots.Disks,
         stores: Stores,
         agent_metrics: report.AgentMetrics,
         config_namespace: str,
@@ -113,7 +127,7 @@ class Reconciler:
         job_name_suffix: Callable[[], str] | None = None,
     ) -> None:
         self.node_name = node_name
-        self._disk = disk
+        self._disks = disk if isinstance(disk, roots.Disks) else roots.Disks([disk])
         self._stores = stores
         self._metrics = agent_metrics
         self._live_config = liveconfig.LiveConfig(
@@ -127,7 +141,7 @@ class Reconciler:
         self._jobs = launcher.JobLauncher(
             node_name=node_name,
             api=api,
-            disk=disk,
+            disks=self._disks,
             jobs_store=stores.jobs,
             node_groups=stores.node_groups,
             storage_containers=stores.storage_containers,
@@ -137,21 +151,25 @@ class Reconciler:
         )
         self._report = report.Reporter(node_name=node_name, api=api, wall_clock=wall_clock)
         self._counted_failures: set[tuple[str, str]] = set()
-        self._layout_warned = onchange.OnChange(max_keys=1)
+        self._layout_warned = onchange.OnChange()  # per models root
+        self._kept_reported = onchange.OnChange()  # per models root: the folders kept
 
-    async def _check_layout(self, node: modelnode.LocalModelNode | None) -> None:
+    async def _check_layout(
+        self, node: modelnode.LocalModelNode | None, disk: disk_mod.ModelDisk
+    ) -> None:
         """`disk.ensure_layout`, reported: a repair as a Warning Event each time, a refusal
         as one Warning Event per distinct problem, then raised (retried with backoff)."""
+        where = str(disk.root)
         try:
-            repaired = await asyncio.to_thread(self._disk.ensure_layout)
+            repaired = await asyncio.to_thread(disk.ensure_layout)
         except layout.DiskError as exc:
-            log.error("models_root_unsafe", root=str(self._disk.root), error=str(exc))
-            if node is not None and self._layout_warned.changed("layout", str(exc)):
+            log.error("models_root_unsafe", root=where, error=str(exc))
+            if node is not None and self._layout_warned.changed(where, str(exc)):
                 await self._report.event(node, "Warning", "ModelsRootUnsafe", str(exc))
-            raise errors.LocalcacheError(f"models root {self._disk.root}: {exc}") from exc
-        self._layout_warned.forget("layout")
+            raise errors.LocalcacheError(f"models root {where}: {exc}") from exc
+        self._layout_warned.forget(where)
         for message in repaired:
-            log.warning("models_root_repaired", root=str(self._disk.root), repair=message)
+            log.warning("models_root_repaired", root=where, repair=message)
             if node is not None:
                 await self._report.event(node, "Warning", "ModelsRootRepaired", message)
 
@@ -168,8 +186,9 @@ class Reconciler:
                 raise errors.TerminalError(f"LocalModelNode {self.node_name}: {exc}") from exc
         # Every pass: a layout directory replaced by a symlink is repaired or refused before
         # any move, and reported.
-        await self._check_layout(node)
-        await asyncio.to_thread(self._disk.recover)
+        for disk in self._disks.all:
+            await self._check_layout(node, disk)
+            await asyncio.to_thread(disk.recover)
         if node_obj is None or node is None:
             return reconcile.Result()
         cfg = await self._load_config(node)
@@ -197,18 +216,11 @@ class Reconciler:
             live_jobs=active,
         )
         outcomes: dict[str, status.Outcome] = {}
+        served: dict[str, set[str]] = {}  # host path -> storage keys served there
         for unit in units:
-            outcome = await self._evaluate(unit, ctx)
+            outcome = await self._place_and_evaluate(unit, ctx, served)
             outcomes.update(dict.fromkeys(unit.status_keys, outcome))
-        deleted = await asyncio.to_thread(
-            self._disk.delete_unreferenced,
-            {u.storage_key for u in units},
-            live_jobs=ctx.live_jobs,
-        )
-        if deleted:
-            log.info("model_folders_deleted", storage_keys=deleted)
-        for failure in self._disk.take_new_deletion_failures():
-            await self._report.event(node, "Warning", "ModelDeletionFailed", failure.message)
+        await self._clean_roots(node, units, served, ctx)
         desired = status.desired_status(outcomes, jobs=self._jobs.records())
         before = await self._report.write_status(ctx.node_obj, desired)
         for change in status.transitions(before, outcomes):
@@ -233,11 +245,78 @@ class Reconciler:
             await self._report.event(node, "Warning", "InvalidConfiguration", message)
         return loaded.config
 
+    # ---- models roots ------------------------------------------------------------------
+    async def _place_and_evaluate(
+        self, unit: plan.Unit, ctx: _Pass, served: dict[str, set[str]]
+    ) -> status.Outcome:
+        """Evaluate `unit` on the models root serving its node group's PV path (recorded in
+        `served`); a group whose path is not mounted is a ModelDownloadError. A missing group
+        keeps the single root's behaviour: the folder there counts, no Job starts."""
+        group_name = unit.leader.node_group or ""
+        where = ctx.placements.get(group_name)
+        if where is None:
+            where = ctx.placements[group_name] = await self._jobs.resolve(unit.leader)
+        if isinstance(where, launcher.NotLaunched):
+            if where.unmounted or len(self._disks.all) > 1:
+                return _not_launched(where, ctx)
+            disk, group = self._disks.all[0], None
+        else:
+            group, disk = where
+        served.setdefault(roots.served_path(disk), set()).add(unit.storage_key)
+        return await self._evaluate(unit, ctx, _Where(disk, group, where))
+
+    async def _clean_roots(
+        self,
+        node: modelnode.LocalModelNode,
+        units: list[plan.Unit],
+        served: dict[str, set[str]],
+        ctx: _Pass,
+    ) -> None:
+        """Delete what no entry wants on each root, by the keep rule (`roots.retention`):
+        nothing on a root that no node group declares any more, and no folder whose entry
+        is served on another root. What is kept is reported once per change."""
+        declared = _declared_paths(self._stores.node_groups.list())
+        anywhere = {u.storage_key for u in units}
+        for disk in self._disks.all:
+            path = roots.served_path(disk)
+            folders = await asyncio.to_thread(disk.list_model_folders)
+            keep = roots.retention(
+                path=path,
+                folders=folders,
+                here=served.get(path, set()),
+                anywhere=anywhere,
+                declared=declared,
+            )
+            deleted = await asyncio.to_thread(
+                disk.delete_unreferenced, keep.referenced, live_jobs=ctx.live_jobs
+            )
+            if deleted:
+                log.info("model_folders_deleted", root=path, storage_keys=deleted)
+            for failure in disk.take_new_deletion_failures():
+                await self._report.event(node, "Warning", "ModelDeletionFailed", failure.message)
+            await self._report_kept(node, path, keep.kept)
+
+    async def _report_kept(
+        self, node: modelnode.LocalModelNode, path: str, kept: frozenset[str]
+    ) -> None:
+        if not self._kept_reported.changed(path, kept) or not kept:
+            return
+        listed = ", ".join(sorted(kept))
+        log.warning("model_folders_kept", root=path, storage_keys=sorted(kept))
+        message = plan.clip(
+            f"{len(kept)} model folder(s) on {path} kept: no model of this node is served "
+            "from there any more (a node group's PV path changed, or the group moved). "
+            "localcache does not delete them; when no longer needed, delete "
+            f"{path}/models/<key> and {path}/.manifests/<key>.json on the node by hand "
+            f"(README, Node group paths). Keys: {listed}"
+        )
+        await self._report.event(node, "Warning", "ModelFoldersKept", message)
+
     # ---- one download unit -------------------------------------------------------------
-    async def _evaluate(self, unit: plan.Unit, ctx: _Pass) -> status.Outcome:
+    async def _evaluate(self, unit: plan.Unit, ctx: _Pass, at: _Where) -> status.Outcome:
         key = unit.storage_key
-        complete = await asyncio.to_thread(self._disk.is_complete, key)
-        manifest = await asyncio.to_thread(self._disk.manifest, key) if complete else None
+        complete = await asyncio.to_thread(at.disk.is_complete, key)
+        manifest = await asyncio.to_thread(at.disk.manifest, key) if complete else None
         if manifest is not None:
             if unit.reuses(manifest.job):
                 return _downloaded(manifest, job_name=manifest.job)
@@ -246,19 +325,19 @@ class Reconciler:
                 return _downloaded(manifest, job_name=proof)
         unit_jobs = plan.unit_jobs(unit, ctx.jobs)
         if not unit_jobs:
-            return await self._launch(unit, ctx, attempt=0, message=None)
+            return await self._launch(unit, ctx, at, attempt=0, message=None)
         latest = unit_jobs[-1]
         state = plan.job_state(latest.obj)
         if state.phase is plan.JobPhase.ACTIVE:
-            return await self._active(unit, latest, state, ctx)
+            return await self._active(unit, latest, state, ctx, at)
         if state.phase is plan.JobPhase.COMPLETE:
-            return await self._complete(unit, latest, state, manifest, ctx)
-        return await self._failed(unit, latest, state, ctx)
+            return await self._complete(unit, latest, state, manifest, ctx, at)
+        return await self._failed(unit, latest, state, ctx, at)
 
     async def _active(
-        self, unit: plan.Unit, latest: plan.JobRef, state: plan.JobState, ctx: _Pass
+        self, unit: plan.Unit, latest: plan.JobRef, state: plan.JobState, ctx: _Pass, at: _Where
     ) -> status.Outcome:
-        staging = self._disk.staging_path(unit.storage_key, latest.name)
+        staging = at.disk.staging_path(unit.storage_key, latest.name)
         size = await asyncio.to_thread(disk_mod.folder_bytes, staging)
         message = _carried_message(unit, ctx) if latest.attempt > 0 else None
         if state.failed_pods:
@@ -283,22 +362,23 @@ class Reconciler:
         state: plan.JobState,
         manifest: layout.Manifest | None,
         ctx: _Pass,
+        at: _Where,
     ) -> status.Outcome:
         key = unit.storage_key
-        staging = self._disk.staging_path(key, latest.name)
+        staging = at.disk.staging_path(key, latest.name)
         if not await asyncio.to_thread(staging.is_dir):
             if manifest is not None:  # promoted earlier, or another scope's folder is there
                 return _downloaded(manifest, job_name=latest.name)
             log.info("model_folder_lost", storage_key=key, job=latest.name)
-            return await self._launch(unit, ctx, attempt=latest.attempt + 1, message=None)
+            return await self._launch(unit, ctx, at, attempt=latest.attempt + 1, message=None)
         if not await asyncio.to_thread(lambda: any(staging.iterdir())):
             ctx.live_jobs.add(latest.name)  # keep it: the retry waits for the backoff
-            root = self._disk.host_path or self._disk.root
+            root = at.disk.host_path or at.disk.root
             message = (
                 f"download Job {latest.namespace}/{latest.name} succeeded but wrote nothing "
                 f"into {staging}: the node group's PV must be the agent's models root ({root})"
             )
-            return await self._retry_or_wait(unit, latest, state, ctx, message)
+            return await self._retry_or_wait(unit, latest, state, ctx, at, message)
         size = await asyncio.to_thread(disk_mod.folder_bytes, staging)
         record = layout.Manifest(
             storage_key=key,
@@ -307,7 +387,7 @@ class Reconciler:
             completed_at=plan.format_time(state.finished_at or ctx.now),
             job=latest.name,
         )
-        in_force = await asyncio.to_thread(self._disk.promote, staging, key, record)
+        in_force = await asyncio.to_thread(at.disk.promote, staging, key, record)
         self._metrics.succeeded.inc()
         self._metrics.bytes.inc(size)
         if state.started_at and state.finished_at:
@@ -318,7 +398,7 @@ class Reconciler:
         return _downloaded(in_force, job_name=latest.name)
 
     async def _failed(
-        self, unit: plan.Unit, latest: plan.JobRef, state: plan.JobState, ctx: _Pass
+        self, unit: plan.Unit, latest: plan.JobRef, state: plan.JobState, ctx: _Pass, at: _Where
     ) -> status.Outcome:
         ident = (latest.namespace, latest.name)
         if ident not in self._counted_failures:
@@ -327,7 +407,7 @@ class Reconciler:
         pod = await self._jobs.pod_message(latest, state.failed_pods)
         why = pod or plan.one_line(state.message or state.reason) or "no message"
         message = plan.clip(f"download Job {latest.namespace}/{latest.name} failed: {why}")
-        return await self._retry_or_wait(unit, latest, state, ctx, message)
+        return await self._retry_or_wait(unit, latest, state, ctx, at, message)
 
     async def _retry_or_wait(
         self,
@@ -335,6 +415,7 @@ class Reconciler:
         latest: plan.JobRef,
         state: plan.JobState,
         ctx: _Pass,
+        at: _Where,
         message: str,
     ) -> status.Outcome:
         """A new attempt once the backoff after `latest` has passed; until then an error."""
@@ -348,7 +429,7 @@ class Reconciler:
         wait = (retry_at - ctx.now).total_seconds()
         if wait <= 0:
             log.info("download_retried", job=latest.name, attempt=latest.attempt + 1)
-            return await self._launch(unit, ctx, attempt=latest.attempt + 1, message=message)
+            return await self._launch(unit, ctx, at, attempt=latest.attempt + 1, message=message)
         progress = modelnode.ModelProgress(
             attempts=latest.attempt + 1,
             job_name=latest.name,
@@ -358,13 +439,16 @@ class Reconciler:
         return status.Outcome(ModelStatus.DOWNLOAD_ERROR, progress, wait)
 
     async def _launch(
-        self, unit: plan.Unit, ctx: _Pass, *, attempt: int, message: str | None
+        self, unit: plan.Unit, ctx: _Pass, at: _Where, *, attempt: int, message: str | None
     ) -> status.Outcome:
-        result = await self._jobs.launch(unit, node=ctx.node, cfg=ctx.cfg, attempt=attempt)
+        if at.group is None:  # the node group is missing: no Job can run
+            assert isinstance(at.resolved, launcher.NotLaunched)
+            return _not_launched(at.resolved, ctx)
+        result = await self._jobs.launch(
+            unit, node=ctx.node, cfg=ctx.cfg, attempt=attempt, group=at.group, disk=at.disk
+        )
         if isinstance(result, launcher.NotLaunched):
-            progress = modelnode.ModelProgress(message=result.message)
-            retry = float(ctx.cfg.local_model.reconcilation_frequency_in_secs)
-            return status.Outcome(ModelStatus.DOWNLOAD_ERROR, progress, retry)
+            return _not_launched(result, ctx)
         ctx.live_jobs.add(result.name)
         ctx.node_obj = await self._report.record_jobs(ctx.node_obj, self._jobs.records())
         self._metrics.started.inc()
@@ -385,6 +469,26 @@ class Reconciler:
                 except ValueError:
                     continue
         return None
+
+
+def _not_launched(why: launcher.NotLaunched, ctx: _Pass) -> status.Outcome:
+    progress = modelnode.ModelProgress(message=why.message)
+    retry = float(ctx.cfg.local_model.reconcilation_frequency_in_secs)
+    return status.Outcome(ModelStatus.DOWNLOAD_ERROR, progress, retry)
+
+
+def _declared_paths(groups: list[dict[str, Any]]) -> set[str]:
+    """The normalised PV paths of `groups` (node group objects); a group that does not
+    validate declares nothing (which only ever keeps more)."""
+    paths = set()
+    for obj in groups:
+        try:
+            path = nodegroup.LocalModelNodeGroup.model_validate(obj).spec.local_path()
+        except pydantic.ValidationError:
+            continue
+        if path:
+            paths.add(roots.normalise(path))
+    return paths
 
 
 def _downloaded(manifest: layout.Manifest, *, job_name: str) -> status.Outcome:

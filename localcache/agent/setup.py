@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from localcache.agent import disk, jobs, layout, reconciler, report
+from localcache.agent import disk, jobs, layout, reconciler, report, roots
 from localcache.api import groupversion
 from localcache.caching import config, liveconfig
 from localcache.runtime import clock as clock_mod
@@ -59,11 +59,14 @@ class AgentSettings:
     with `downloadRetryBackoffInSecs` doubling. With Kubernetes' default (None: 6 pod
     retries behind the pod backoff) a refused download looked pending for ~10 minutes.
     `progress_interval` is how often a running download's progress is refreshed, in
-    seconds."""
+    seconds. `models_roots`, when given, are all the roots served (host path and where the
+    agent sees it; `models_root` and `host_path` are then ignored): each node group is
+    served on the root whose host path is its PV path (`agent.roots`)."""
 
     node_name: str
     models_root: Path = layout.DEFAULT_ROOT
     host_path: str | None = None
+    models_roots: tuple[roots.Root, ...] = ()
     config_namespace: str = config.DEFAULT_NAMESPACE
     config_map: str = config.CONFIGMAP_NAME
     kserve_config: str = ""
@@ -79,6 +82,15 @@ class AgentSettings:
             raise ValueError("the agent needs its node's name (--node-name / NODE_NAME)")
         if self.progress_interval <= 0:
             raise ValueError("progress_interval must be positive")
+        roots.check_unique(self.models_roots)
+
+    def disks(self) -> roots.Disks:
+        """One `ModelDisk` per models root served."""
+        if not self.models_roots:
+            return roots.Disks([disk.ModelDisk(self.models_root, host_path=self.host_path)])
+        return roots.Disks(
+            [disk.ModelDisk(r.container_path, host_path=r.host_path) for r in self.models_roots]
+        )
 
 
 def setup(
@@ -164,7 +176,7 @@ def setup(
     rec = reconciler.Reconciler(
         node_name=node,
         api=kube,
-        disk=disk.ModelDisk(settings.models_root, host_path=settings.host_path),
+        disk=settings.disks(),
         stores=reconciler.Stores(
             nodes=nodes.reader(),
             jobs=job_informer.reader(),

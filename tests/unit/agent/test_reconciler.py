@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from localcache.agent import disk, launcher, plan, reconciler, report
+from localcache.agent import disk, launcher, plan, reconciler, report, roots
 from localcache.caching import keys
 from localcache.runtime import clock, errors, kube, metrics, store
 from localcache.runtime import keys as rkeys
@@ -115,16 +115,23 @@ def _apply(target: Any, patch: Any) -> Any:
 
 
 class World:
-    def __init__(self, root: Path, *, suffixes: builtins.list[str] | None = None) -> None:
+    def __init__(
+        self,
+        root: Path,
+        *,
+        suffixes: builtins.list[str] | None = None,
+        disks: roots.Disks | None = None,
+    ) -> None:
         self.stores = {name: store.Store() for name in reconciler.Stores.__dataclass_fields__}
         self.api = FakeApi(self.stores["nodes"])
-        self.disk = disk.ModelDisk(root)
+        self.disks = disks or roots.Disks([disk.ModelDisk(root)])
+        self.disk = self.disks.all[0]
         self.now = T0
         self.clock = clock.FakeClock()
         self.rec = reconciler.Reconciler(
             node_name=NODE,
             api=self.api,
-            disk=self.disk,
+            disk=self.disks,
             stores=reconciler.Stores(**{k: v.view() for k, v in self.stores.items()}),
             agent_metrics=report.AgentMetrics(metrics.Metrics()),
             config_namespace="kserve",
@@ -133,7 +140,7 @@ class World:
             job_name_suffix=(lambda: suffixes.pop(0)) if suffixes else None,
         )
         self.configure(json.dumps({"jobNamespace": NS}))
-        self.group("gpu", str(root))
+        self.group("gpu", roots.served_path(self.disk))
 
     def configure(self, local_model: str) -> None:
         self.stores["config_maps"].upsert(
@@ -147,8 +154,8 @@ class World:
             }
         )
 
-    def group(self, name: str, path: str) -> None:
-        term = {"matchExpressions": [{"key": "pool", "operator": "In", "values": [name]}]}
+    def group(self, name: str, path: str, *, pool: str | None = None) -> None:
+        term = {"matchExpressions": [{"key": "pool", "operator": "In", "values": [pool or name]}]}
         self.stores["node_groups"].upsert(
             {
                 "metadata": {"name": name},

@@ -1,0 +1,207 @@
+"""Several models roots (`agent.roots`): a node group is served on the root of its PV path,
+an unmounted path is a clear error, and editing a group's path never deletes the models at
+the old path (they are kept and reported once), while a node leaving a group whose path is
+unchanged still loses its models (spec §4)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from localcache.agent import disk, layout, roots
+from tests.unit.agent.test_reconciler import KEY, World, _entry
+
+Obj = dict[str, Any]
+
+
+# ---- pure rules ---------------------------------------------------------------------------
+def test_models_roots_flag_parses_host_and_container_paths() -> None:
+    assert roots.parse_roots("/mnt/models=/mnt/models, /models/=/mnt/kserve-models") == [
+        roots.Root("/mnt/models", Path("/mnt/models")),
+        roots.Root("/models", Path("/mnt/kserve-models")),
+    ]
+    assert roots.parse_roots("/data") == [roots.Root("/data", Path("/data"))]
+
+
+@pytest.mark.parametrize(
+    "text", ["models=/mnt/models", "/a=/x,/a=/y", "/a=/x,/b=/x/", "/a=relative"]
+)
+def test_models_roots_flag_refuses_relative_or_repeated_paths(text: str) -> None:
+    with pytest.raises(ValueError, match="--models-roots"):
+        roots.parse_roots(text)
+
+
+def test_group_is_served_on_the_root_whose_host_path_is_its_pv_path(tmp_path: Path) -> None:
+    a = disk.ModelDisk(tmp_path / "a", host_path="/mnt/models")
+    b = disk.ModelDisk(tmp_path / "b", host_path="/models")
+    disks = roots.Disks([a, b])
+    assert disks.for_path("/models/") is b
+    assert disks.for_path("/mnt/models") is a
+    assert disks.for_path(None) is a
+
+
+def test_unmounted_pv_path_names_the_mounted_roots_and_how_to_add_one(tmp_path: Path) -> None:
+    disks = roots.Disks([disk.ModelDisk(tmp_path / "a", host_path="/mnt/models")])
+    with pytest.raises(layout.RootMismatch) as info:
+        disks.for_path("/models")
+    message = str(info.value)
+    assert "node group PV path /models differs from the agent's models root" in message
+    assert f"/mnt/models (mounted at {tmp_path / 'a'})" in message
+    assert "--models-roots" in message
+    assert "modelsRoots" in message
+
+
+def test_retention_deletes_only_keys_no_entry_has_on_a_declared_root() -> None:
+    keep = roots.retention(
+        path="/a", folders={"k1", "k2", "k3"}, here={"k1"}, anywhere={"k1", "k2"}, declared={"/a"}
+    )
+    assert keep.referenced == {"k1", "k2"}  # k3 goes: no entry has it
+    assert keep.kept == {"k2"}  # k2's entry is served on another root now
+
+
+def test_retention_keeps_everything_on_a_root_no_group_declares() -> None:
+    keep = roots.retention(
+        path="/a/", folders={"k1", "k3"}, here=set(), anywhere=set(), declared={"/b"}
+    )
+    assert keep.referenced == {"k1", "k3"}
+    assert keep.kept == {"k1", "k3"}
+
+
+# ---- the reconciler on two roots ----------------------------------------------------------
+A, B = "/mnt/models", "/models"
+
+
+@pytest.fixture
+def two(tmp_path: Path) -> World:
+    disks = roots.Disks(
+        [
+            disk.ModelDisk(tmp_path / "a", host_path=A),
+            disk.ModelDisk(tmp_path / "b", host_path=B),
+        ]
+    )
+    return World(tmp_path, disks=disks)
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> World:
+    return World(tmp_path)
+
+
+def _finish(world: World, job: Obj, on: disk.ModelDisk) -> None:
+    (on.staging_path(KEY, job["metadata"]["name"]) / "m.bin").write_bytes(b"12345")
+    world.job_seen(job, conditions=[{"type": "Complete", "status": "True"}])
+
+
+async def _downloaded_on_a(world: World) -> disk.ModelDisk:
+    a = world.disks.for_path(A)
+    world.models(_entry(nodeGroup="gpu"))
+    await world.reconcile()
+    [job] = world.api.jobs()
+    _finish(world, job, a)
+    await world.reconcile()
+    assert world.status()["modelStatus"] == {"iris": "ModelDownloaded"}
+    assert a.is_complete(KEY)
+    return a
+
+
+def _events(world: World, reason: str) -> list[Obj]:
+    return [e for e in world.api.events() if e["reason"] == reason]
+
+
+async def test_group_with_the_second_roots_path_downloads_there(two: World) -> None:
+    two.group("kserve-sample", B)
+    two.models(_entry(nodeGroup="kserve-sample"))
+    await two.reconcile()
+    [job] = two.api.jobs()
+    b = two.disks.for_path(B)
+    assert b.staging_path(KEY, job["metadata"]["name"]).is_dir()
+    _finish(two, job, b)
+    await two.reconcile()
+    assert two.status()["modelStatus"] == {"iris": "ModelDownloaded"}
+    assert b.is_complete(KEY)
+    assert two.disks.for_path(A).list_model_folders() == []
+
+
+async def test_path_edit_keeps_the_old_folder_reports_it_once_and_downloads_at_the_new(
+    two: World,
+) -> None:
+    a = await _downloaded_on_a(two)
+    two.group("gpu", B)  # the node group's PV path is edited from A to B
+    await two.reconcile()
+    [_, job] = two.api.jobs()
+    assert two.status()["modelStatus"] == {"iris": "ModelDownloadPending"}
+    b = two.disks.for_path(B)
+    _finish(two, job, b)
+    await two.reconcile()
+    await two.reconcile()
+    assert two.status()["modelStatus"] == {"iris": "ModelDownloaded"}
+    assert b.is_complete(KEY)
+    assert a.is_complete(KEY), "the folder at the old path is kept"
+    [kept] = _events(two, "ModelFoldersKept")
+    assert kept["type"] == "Warning"
+    assert A in kept["message"]
+    assert KEY in kept["message"]
+    assert "by hand" in kept["message"]
+
+
+async def test_path_edit_to_an_unmounted_path_is_an_error_and_deletes_nothing(
+    world: World,
+) -> None:
+    root = world.disk
+    world.models(_entry(nodeGroup="gpu"))
+    await world.reconcile()
+    [job] = world.api.jobs()
+    (root.staging_path(KEY, job["metadata"]["name"]) / "m.bin").write_bytes(b"12345")
+    world.job_seen(job, conditions=[{"type": "Complete", "status": "True"}])
+    await world.reconcile()
+    assert root.is_complete(KEY)
+    world.group("gpu", "/models")
+    await world.reconcile()
+    await world.reconcile()
+    status = world.status()
+    assert status["modelStatus"] == {"iris": "ModelDownloadError"}
+    message = status["modelProgress"]["iris"]["message"]
+    assert "PV path /models differs" in message
+    assert "--models-roots" in message
+    assert root.is_complete(KEY)
+    assert len(world.api.jobs()) == 1
+    assert len(_events(world, "ModelFoldersKept")) == 1
+
+
+async def test_kserve_sample_over_the_demo_group_deletes_no_model(world: World) -> None:
+    """KServe's sample `workers` group (PV path /models, nodes `node-type=gpu`) applied
+    over the demo group: the nodes leave the group, the controller drops their entries, and
+    the agent used to delete every folder (`delete_unreferenced` with nothing referenced).
+    The old root is no group's path any more: everything on it is kept and reported."""
+    root = world.disk
+    world.models(_entry(nodeGroup="gpu"))
+    await world.reconcile()
+    [job] = world.api.jobs()
+    (root.staging_path(KEY, job["metadata"]["name"]) / "m.bin").write_bytes(b"12345")
+    world.job_seen(job, conditions=[{"type": "Complete", "status": "True"}])
+    await world.reconcile()
+    world.group("gpu", "/models", pool="gpu-sample")
+    world.models()  # the controller removed the entries: the node left the group
+    await world.reconcile()
+    assert root.is_complete(KEY)
+    assert root.list_model_folders() == [KEY]
+    [kept] = _events(world, "ModelFoldersKept")
+    assert KEY in kept["message"]
+
+
+async def test_node_leaving_a_group_whose_path_is_unchanged_loses_its_models(
+    world: World,
+) -> None:
+    root = world.disk
+    world.models(_entry(nodeGroup="gpu"))
+    await world.reconcile()
+    [job] = world.api.jobs()
+    (root.staging_path(KEY, job["metadata"]["name"]) / "m.bin").write_bytes(b"12345")
+    world.job_seen(job, conditions=[{"type": "Complete", "status": "True"}])
+    await world.reconcile()
+    world.models()  # the node's labels changed: it left the group (spec §4)
+    await world.reconcile()
+    assert root.list_model_folders() == []
+    assert _events(world, "ModelFoldersKept") == []
