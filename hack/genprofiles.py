@@ -16,8 +16,11 @@ only in the settings ConfigMap and in reading KServe's `inferenceservice-config`
                kserve/inferenceservice-config read-only (--kserve-config), through a Role
                in namespace kserve that only localcache creates
 
+with-kserve's agent also mounts KServe's models root (`/models`, at /mnt/kserve-models) and
+serves both (`--models-roots`), so node groups with either PV path work.
+
 The chart's templates are the same objects with the configurable values (namespace, job
-namespace, images, node selector, models root, KServe's ConfigMap) put back as Helm
+namespace, images, node selector, models roots, KServe's ConfigMap) put back as Helm
 expressions, so `helm template` with the default values renders exactly the kustomize
 build (tests/integration/deploy/test_profiles.py checks it). kubectl comes from the
 control plane's cache (hack/build-control-plane.sh) unless KUBECTL is set.
@@ -42,6 +45,9 @@ NAMESPACE, JOB_NAMESPACE = "localcache", "localcache-jobs"
 IMAGE = "localcache:0.1.0"
 STORAGE_INITIALIZER = "kserve/storage-initializer:latest"
 MODELS_ROOT = "/mnt/models"
+# with-kserve also serves KServe's models root (its agent's hostPath, and the PV path of its
+# docs/samples/localmodelcache node group), so KServe's sample works unchanged.
+KSERVE_MODELS_ROOT, KSERVE_MOUNT = "/models", "/mnt/kserve-models"
 NODE_SELECTOR = {"kserve/localmodel": "worker"}
 KSERVE_CONFIG = ("kserve", "inferenceservice-config")
 CONFIG_MAP = "localcache-config"
@@ -146,6 +152,30 @@ def _args(doc: Doc, extra: list[str]) -> None:
             container["args"] = [*container["args"], *extra]
 
 
+def _kserve_models_root(doc: Doc) -> None:
+    """Mount KServe's models root too (agent and init container) and serve both roots."""
+    pod = doc["spec"]["template"]["spec"]
+    pod["volumes"].insert(
+        1,
+        {
+            "name": "models-kserve",
+            "hostPath": {"path": KSERVE_MODELS_ROOT, "type": "DirectoryOrCreate"},
+        },
+    )
+    mount = {"name": "models-kserve", "mountPath": KSERVE_MOUNT}
+    for container in [*pod["initContainers"], *pod["containers"]]:
+        mounts = container["volumeMounts"]
+        mounts.insert(1, dict(mount))
+        args = container["args"]
+        at = args.index(f"--models-root={MODELS_ROOT}")
+        if container["name"] == "manager":
+            args[at] = (
+                f"--models-roots={MODELS_ROOT}={MODELS_ROOT},{KSERVE_MODELS_ROOT}={KSERVE_MOUNT}"
+            )
+        else:
+            args.insert(at + 1, f"--models-root={KSERVE_MOUNT}")
+
+
 def _config(doc: Doc, profile: str) -> None:
     data = doc["data"]
     local_model = json.loads(data["localModel"])
@@ -226,6 +256,8 @@ def profile(default: list[Doc], name: str) -> list[Doc]:
             )
         if kind == "DaemonSet":
             _args(doc, extra)
+            if name == "with-kserve":
+                _kserve_models_root(doc)
         docs.append(doc)
     if name == "with-kserve":
         docs.extend(_kserve_config_role())
@@ -259,6 +291,11 @@ def _tokenize(node: Any, key: str | None = None) -> Any:
         node = node.replace(KSERVE_CONFIG[1], "@@KSERVECONFIGNAME@@")
         if node == MODELS_ROOT or node.endswith("=" + MODELS_ROOT):
             node = node.replace(MODELS_ROOT, "@@MODELSROOT@@")
+        if node.startswith("--models-roots="):
+            node = node.replace(f"={MODELS_ROOT}={MODELS_ROOT},", "=@@MODELSROOT@@=@@MODELSROOT@@,")
+            node = node.replace(f",{KSERVE_MODELS_ROOT}=", ",@@KSERVEMODELSROOT@@=")
+        if key == "path" and node == KSERVE_MODELS_ROOT:
+            node = "@@KSERVEMODELSROOT@@"
     return node
 
 
@@ -271,6 +308,7 @@ EXPRESSIONS = {
     "@@KSERVECONFIGNAME@@": "{{ .Values.kserveConfig.name }}",
     "@@KSERVECONFIG@@": "{{ .Values.kserveConfig.namespace }}/{{ .Values.kserveConfig.name }}",
     "@@MODELSROOT@@": "{{ .Values.modelsRoot }}",
+    "@@KSERVEMODELSROOT@@": "{{ .Values.kserveModelsRoot }}",
 }
 
 

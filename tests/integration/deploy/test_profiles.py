@@ -67,6 +67,8 @@ def test_helm_values_reach_every_place() -> None:
         "image=registry.example/localcache:1.2.3",
         "--set",
         "modelsRoot=/data/models",
+        "--set",
+        "kserveModelsRoot=/data/kserve",
         "--set-json",
         # Helm merges maps with the default: null removes the default label
         'nodeSelector={"kserve/localmodel":null,"pool":"gpu"}',
@@ -79,7 +81,9 @@ def test_helm_values_reach_every_place() -> None:
     spec = agent["spec"]["template"]["spec"]
     assert spec["nodeSelector"] == {"pool": "gpu"}
     assert spec["volumes"][0]["hostPath"]["path"] == "/data/models"
-    assert "--models-root=/data/models" in spec["containers"][0]["args"]
+    assert spec["volumes"][1]["hostPath"]["path"] == "/data/kserve"
+    roots = "--models-roots=/data/models=/data/models,/data/kserve=/mnt/kserve-models"
+    assert roots in spec["containers"][0]["args"]
     (config,) = [d for d in docs if d["kind"] == "ConfigMap"]
     assert json.loads(config["data"]["localModel"])["jobNamespace"] == "models-jobs"
     assert "system:serviceaccount:models-system:localcache-agent" in text

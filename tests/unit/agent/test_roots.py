@@ -5,11 +5,15 @@ unchanged still loses its models (spec §4)."""
 
 from __future__ import annotations
 
+import argparse
+import os
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
+from localcache import cli, settings
 from localcache.agent import disk, layout, roots
 from tests.unit.agent.test_reconciler import KEY, World, _entry
 
@@ -205,3 +209,48 @@ async def test_node_leaving_a_group_whose_path_is_unchanged_loses_its_models(
     await world.reconcile()
     assert root.list_model_folders() == []
     assert _events(world, "ModelFoldersKept") == []
+
+
+# ---- the shipped profiles -----------------------------------------------------------------
+REPO = Path(__file__).resolve().parents[3]
+
+
+@pytest.mark.parametrize(
+    ("profile", "served"),
+    [("standalone", ["/mnt/models"]), ("with-kserve", ["/mnt/models", "/models"])],
+)
+def test_each_profile_mounts_and_prepares_every_root_it_serves(
+    profile: str, served: list[str]
+) -> None:
+    """with-kserve also serves KServe's /models (its agent's hostPath, the PV path of its
+    sample node group): every root the agent's flags name is a hostPath of the same node
+    path, mounted writable in the agent and prepared by the init container."""
+    text = (REPO / "manifests" / "profiles" / profile / "localcache.yaml").read_text()
+    (ds,) = [d for d in yaml.safe_load_all(text) if d and d["kind"] == "DaemonSet"]
+    pod = ds["spec"]["template"]["spec"]
+    (agent,) = pod["containers"]
+    (init,) = pod["initContainers"]
+    parser = argparse.ArgumentParser()
+    settings.add_arguments(parser, "agent")
+    parsed = settings.from_args(parser.parse_args(agent["args"]), "agent", {"NODE_NAME": "n"})
+    agent_settings = roots.Root(str(parsed.host_models_root), parsed.models_root)
+    mounted = list(parsed.models_roots) or [agent_settings]
+    assert [r.host_path for r in mounted] == served
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    for container in (agent, init):
+        mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+        for root in mounted:
+            mount = mounts[str(root.container_path)]
+            assert not mount.get("readOnly")
+            assert volumes[mount["name"]]["hostPath"]["path"] == root.host_path
+    prepared = [a.removeprefix("--models-root=") for a in init["args"] if "--models-root=" in a]
+    assert prepared == [str(r.container_path) for r in mounted]
+
+
+def test_prepare_models_root_prepares_every_root_given(tmp_path: Path) -> None:
+    first, second = tmp_path / "a", tmp_path / "b"
+    owner = f"{os.getuid()}:{os.getgid()}"
+    args = ["prepare-models-root", f"--models-root={first}", f"--models-root={second}"]
+    assert cli.main([*args, f"--owner={owner}"]) == 0
+    assert first.is_dir()
+    assert second.is_dir()
