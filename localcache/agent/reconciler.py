@@ -20,7 +20,12 @@ One pass (`reconcile`), for the LocalModelNode named like this node only:
    the staging folder (keeping an existing complete folder) or re-download when the folder
    was lost; Failed → ModelDownloadError with the pod's message, and a new attempt after
    the backoff;
-4. delete folders no entry maps to, and staging folders of Jobs that no longer run;
+   Each unit is served on the models root whose host path is its node group's PV path
+   (`roots.Disks`); a path no root has is a ModelDownloadError naming the roots;
+4. per root, delete folders no entry maps to by the keep rule (`roots.retention`: nothing
+   on a root no node group declares any more, and never a folder whose entry is now served
+   on another root; what is kept is logged and posted once as a `ModelFoldersKept` Warning),
+   and staging folders of Jobs that no longer run;
 5. patch the owned status fields when changed (with the records of the Jobs created, so
    they survive a restart), post Events for entries that became Downloaded or failed, and
    requeue (sooner while downloading or waiting for a retry).
@@ -45,8 +50,8 @@ from typing import Any, Final
 import pydantic
 import structlog
 
+from localcache.agent import cleanup, jobs, launcher, layout, plan, report, roots, status, trust
 from localcache.agent import disk as disk_mod
-from localcache.agent import jobs, launcher, layout, plan, report, roots, status, trust
 from localcache.api import modelnode, nodegroup
 from localcache.api import quantity as quantity_mod
 from localcache.caching import config, liveconfig
@@ -150,9 +155,11 @@ class Reconciler:
             name_suffix=job_name_suffix or jobs.name_suffix,
         )
         self._report = report.Reporter(node_name=node_name, api=api, wall_clock=wall_clock)
+        self._cleaner = cleanup.RootCleaner(
+            disks=self._disks, node_groups=stores.node_groups, reporter=self._report
+        )
         self._counted_failures: set[tuple[str, str]] = set()
         self._layout_warned = onchange.OnChange()  # per models root
-        self._kept_reported = onchange.OnChange()  # per models root: the folders kept
 
     async def _check_layout(
         self, node: modelnode.LocalModelNode | None, disk: disk_mod.ModelDisk
@@ -220,7 +227,9 @@ class Reconciler:
         for unit in units:
             outcome = await self._place_and_evaluate(unit, ctx, served)
             outcomes.update(dict.fromkeys(unit.status_keys, outcome))
-        await self._clean_roots(node, units, served, ctx)
+        await self._cleaner.clean(
+            node, anywhere={u.storage_key for u in units}, served=served, live_jobs=ctx.live_jobs
+        )
         desired = status.desired_status(outcomes, jobs=self._jobs.records())
         before = await self._report.write_status(ctx.node_obj, desired)
         for change in status.transitions(before, outcomes):
@@ -264,53 +273,6 @@ class Reconciler:
             group, disk = where
         served.setdefault(roots.served_path(disk), set()).add(unit.storage_key)
         return await self._evaluate(unit, ctx, _Where(disk, group, where))
-
-    async def _clean_roots(
-        self,
-        node: modelnode.LocalModelNode,
-        units: list[plan.Unit],
-        served: dict[str, set[str]],
-        ctx: _Pass,
-    ) -> None:
-        """Delete what no entry wants on each root, by the keep rule (`roots.retention`):
-        nothing on a root that no node group declares any more, and no folder whose entry
-        is served on another root. What is kept is reported once per change."""
-        declared = _declared_paths(self._stores.node_groups.list())
-        anywhere = {u.storage_key for u in units}
-        for disk in self._disks.all:
-            path = roots.served_path(disk)
-            folders = await asyncio.to_thread(disk.list_model_folders)
-            keep = roots.retention(
-                path=path,
-                folders=folders,
-                here=served.get(path, set()),
-                anywhere=anywhere,
-                declared=declared,
-            )
-            deleted = await asyncio.to_thread(
-                disk.delete_unreferenced, keep.referenced, live_jobs=ctx.live_jobs
-            )
-            if deleted:
-                log.info("model_folders_deleted", root=path, storage_keys=deleted)
-            for failure in disk.take_new_deletion_failures():
-                await self._report.event(node, "Warning", "ModelDeletionFailed", failure.message)
-            await self._report_kept(node, path, keep.kept)
-
-    async def _report_kept(
-        self, node: modelnode.LocalModelNode, path: str, kept: frozenset[str]
-    ) -> None:
-        if not self._kept_reported.changed(path, kept) or not kept:
-            return
-        listed = ", ".join(sorted(kept))
-        log.warning("model_folders_kept", root=path, storage_keys=sorted(kept))
-        message = plan.clip(
-            f"{len(kept)} model folder(s) on {path} kept: no model of this node is served "
-            "from there any more (a node group's PV path changed, or the group moved). "
-            "localcache does not delete them; when no longer needed, delete "
-            f"{path}/models/<key> and {path}/.manifests/<key>.json on the node by hand "
-            f"(README, Node group paths). Keys: {listed}"
-        )
-        await self._report.event(node, "Warning", "ModelFoldersKept", message)
 
     # ---- one download unit -------------------------------------------------------------
     async def _evaluate(self, unit: plan.Unit, ctx: _Pass, at: _Where) -> status.Outcome:
@@ -475,20 +437,6 @@ def _not_launched(why: launcher.NotLaunched, ctx: _Pass) -> status.Outcome:
     progress = modelnode.ModelProgress(message=why.message)
     retry = float(ctx.cfg.local_model.reconcilation_frequency_in_secs)
     return status.Outcome(ModelStatus.DOWNLOAD_ERROR, progress, retry)
-
-
-def _declared_paths(groups: list[dict[str, Any]]) -> set[str]:
-    """The normalised PV paths of `groups` (node group objects); a group that does not
-    validate declares nothing (which only ever keeps more)."""
-    paths = set()
-    for obj in groups:
-        try:
-            path = nodegroup.LocalModelNodeGroup.model_validate(obj).spec.local_path()
-        except pydantic.ValidationError:
-            continue
-        if path:
-            paths.add(roots.normalise(path))
-    return paths
 
 
 def _downloaded(manifest: layout.Manifest, *, job_name: str) -> status.Outcome:

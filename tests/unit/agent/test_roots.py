@@ -254,3 +254,24 @@ def test_prepare_models_root_prepares_every_root_given(tmp_path: Path) -> None:
     assert cli.main([*args, f"--owner={owner}"]) == 0
     assert first.is_dir()
     assert second.is_dir()
+
+
+def _agent_settings(args: list[str], env: dict[str, str]) -> settings.Settings:
+    parser = argparse.ArgumentParser()
+    settings.add_arguments(parser, "agent")
+    return settings.from_args(parser.parse_args(args), "agent", {"NODE_NAME": "n", **env})
+
+
+def test_models_roots_come_from_the_flag_or_the_environment() -> None:
+    env = {"LOCALCACHE_MODELS_ROOTS": "/mnt/models=/mnt/models,/models=/mnt/kserve-models"}
+    parsed = _agent_settings([], env)
+    assert [r.host_path for r in parsed.models_roots] == ["/mnt/models", "/models"]
+    assert _agent_settings(["--models-roots", "/data=/mnt/data"], env).models_roots == (
+        roots.Root("/data", Path("/mnt/data")),
+    )
+    assert _agent_settings([], {}).models_roots == ()  # the single-root flags apply
+
+
+def test_a_bad_models_roots_value_is_a_settings_error() -> None:
+    with pytest.raises(settings.SettingsError, match="--models-roots"):
+        _agent_settings(["--models-roots", "/a=/x,/a=/y"], {})
