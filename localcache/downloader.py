@@ -50,6 +50,7 @@ from pathlib import Path, PurePosixPath
 import structlog
 
 from localcache import httpfetch
+from localcache.agent import tree
 from localcache.api import quantity as quantity_mod
 from localcache.runtime import clock as clock_mod
 
@@ -123,7 +124,7 @@ async def download(
                     )  # fmt: skip
             except TimeoutError:
                 raise limits.expired() from None
-        await asyncio.to_thread(_fsync_dir, staging)
+        await asyncio.to_thread(tree.fsync_dir, staging)
         await asyncio.to_thread(_commit, staging, dest)
     except OSError as exc:
         await asyncio.to_thread(_clean_up, staging, dest if created else None)
@@ -180,7 +181,7 @@ def _copy_tree(source: Path, target: Path, limits: httpfetch.Limits) -> int:
         elif entry.is_dir(follow_symlinks=False):
             dst.mkdir()
             total += _copy_tree(src, dst, limits)
-            _fsync_dir(dst)
+            tree.fsync_dir(dst)
         elif entry.is_file(follow_symlinks=False):
             total += _copy_file(src, dst, limits)
         else:
@@ -256,7 +257,7 @@ def _commit(staging: Path, dest: Path) -> None:
                     os.rename(backup / name, target)
                 raise
             done.append((name, moved_old))
-        _fsync_dir(dest)
+        tree.fsync_dir(dest)
     except BaseException:
         for name, moved_old in reversed(done):
             with contextlib.suppress(OSError):
@@ -283,14 +284,6 @@ def _remove(path: Path) -> None:
         shutil.rmtree(path)
     elif os.path.lexists(path):
         path.unlink()
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _os_message(exc: OSError) -> str:

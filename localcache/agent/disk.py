@@ -38,7 +38,7 @@ import time
 import uuid
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
 import structlog
@@ -166,19 +166,6 @@ class ModelDisk:
         for path in (self.models, self.staging, self.manifests, self.trash):
             _plain_directory(path)
         return repaired
-
-    def check_root(self, pv_path: str) -> None:
-        """Raise `layout.RootMismatch` when a node group's PV path is not the agent's models root:
-        downloads would land where the agent never sees them (KServe #4151, #5156)."""
-        mine = PurePosixPath(os.path.normpath(self.host_path or str(self.root)))
-        theirs = PurePosixPath(os.path.normpath(pv_path))
-        if mine != theirs:
-            mounted = f" (mounted at {self.root})" if self.host_path else ""
-            raise layout.RootMismatch(
-                f"node group PV path {theirs} differs from the agent's models root "
-                f"{mine}{mounted}; set the node group's PV path or the agent's models root "
-                "so they are the same directory"
-            )
 
     def model_path(self, storage_key: str) -> Path:
         layout.require_key(storage_key)

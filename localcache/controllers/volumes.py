@@ -324,8 +324,8 @@ def ownerless_pvs(sc: scope.Scope, cache: scope.CacheModel, *, stores: state.Sto
     }
     if not sc.pvs_owned:
         for group in cache.spec.node_groups:
-            download = (sc.download_pv_name(cache, group), sc.download_pvc(
-                cache, group, job_namespace=cache.namespace)[1])  # fmt: skip
+            _, download_claim = sc.download_pvc(cache, group, job_namespace=cache.namespace)
+            download = (sc.download_pv_name(cache, group), download_claim)
             serving = (
                 sc.serving_pv_name(cache, group, cache.namespace),
                 sc.serving_pvc_name(cache, group),

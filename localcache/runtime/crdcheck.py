@@ -46,6 +46,7 @@ from localcache.runtime import (
     kube,
     manager,
     metrics,
+    onchange,
     reconcile,
     schemadiff,
     store,
@@ -138,7 +139,7 @@ class CrdSchemaCheck:
             "How many field paths localcache uses the served CRD does not declare.",
             labels=("crd",),
         )
-        self._reported: dict[str, schemadiff.SchemaFinding | None] = {}
+        self._reported = onchange.OnChange()
         self._evented: dict[str, str] = {}
 
     async def reconcile(self, key: keys.ObjectKey) -> reconcile.Result:
@@ -148,9 +149,8 @@ class CrdSchemaCheck:
             return reconcile.Result()
         served = self._readers[name].get(keys.ObjectKey("", name))
         finding = schemadiff.compare(wanted, served) if served is not None else None
-        if name not in self._reported or self._reported[name] != finding:
+        if self._reported.changed(name, finding):
             self._report(name, finding)
-            self._reported[name] = finding
         if served is None or finding is None or not finding.degraded:
             self._evented.pop(name, None)  # degraded again later: a new Event, or a bump
             return reconcile.Result()

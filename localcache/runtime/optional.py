@@ -243,7 +243,7 @@ class OptionalInformer:
             async with asyncio.TaskGroup() as tg:
                 while True:
                     self._wake.clear()
-                    want = self._crds.synced.is_set() and self.wanted()
+                    want = self.wanted()  # the CRD informer has synced (above)
                     if want and not tasks:
                         tasks = self._start(tg)
                     elif not want and tasks:

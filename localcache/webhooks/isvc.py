@@ -277,8 +277,9 @@ class IsvcMutator:
         if obj is None or request.operation not in ("CREATE", "UPDATE"):
             return admission.allowed()
         if not isinstance(obj.get("metadata", {}), dict):  # not from an apiserver: say so
-            return admission.denied("metadata must be an object", field="metadata", code=400,
-                                    reason="BadRequest")  # fmt: skip
+            return admission.denied(
+                "metadata must be an object", field="metadata", code=400, reason="BadRequest"
+            )
         if (obj.get("metadata") or {}).get("deletionTimestamp"):
             return admission.allowed()
         if not self._synced():

@@ -26,7 +26,7 @@ informer each. The returned `Webhooks` exposes the informers (read-only: shared 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,13 +57,19 @@ class Webhooks:
     def synced(self) -> bool:
         """True once every informer the handlers read has synced (an optional kind: is
         not being listed right now)."""
-        return all(
-            inf.synced.is_set() for inf in (self.caches, self.namespace_caches, self.node_groups)
-        ) and all(
-            opt.settled()
-            for opt in (self.inference_services, self.storage_containers)
-            if opt is not None
+        return _all_synced(
+            (self.caches, self.namespace_caches, self.node_groups),
+            (self.inference_services, self.storage_containers),
         )
+
+
+def _all_synced(
+    required: Iterable[informer.Informer], optionals: Iterable[optional.OptionalInformer | None]
+) -> bool:
+    """Every `required` informer has synced and no present optional one is listing."""
+    return all(inf.synced.is_set() for inf in required) and all(
+        opt.settled() for opt in optionals if opt is not None
+    )
 
 
 def setup(
@@ -117,13 +123,12 @@ def setup(
         else None
     )
     required = (caches, namespace_caches, node_groups)
-    optionals = tuple(opt for opt in (isvcs, containers) if opt is not None)
 
     def required_synced() -> bool:
-        return all(inf.synced.is_set() for inf in required)
+        return _all_synced(required, ())
 
     def synced() -> bool:
-        return required_synced() and all(opt.settled() for opt in optionals)
+        return _all_synced(required, (isvcs, containers))
 
     mutator = isvc.IsvcMutator(
         caches=caches.reader(),

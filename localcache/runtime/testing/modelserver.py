@@ -40,10 +40,10 @@ import tempfile
 import threading
 import time
 import urllib.parse
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Self
 
 from localcache.runtime.testing import controlplane, processes
 
@@ -190,7 +190,81 @@ class ServerStats:
 
 
 @dataclass
-class ModelServer:
+class ServerProcess:
+    """The harness side shared by the test servers run as subprocesses (`ModelServer` here,
+    `objectstore.ObjectStore`): host, port, the process and the URL this process reaches.
+
+    `_launch()` binds host:port (a port free on this host's loopback when `port` is None),
+    starts the process built by `command(port)`, waits until `GET ready_path` answers 200
+    and runs `then()`; on any failure it calls `stop()` and re-raises. `stop()` ends the
+    process group, waits and releases the port; it is idempotent.
+    """
+
+    host: str = field(default="127.0.0.1", init=False)
+    port: int = field(default=0, init=False)
+    process: processes.ManagedProcess | None = field(default=None, init=False)
+    reach: str | None = field(default=None, init=False)
+
+    def _launch(
+        self,
+        command: Callable[[int], processes.ManagedProcess],
+        *,
+        host: str,
+        port: int | None,
+        reach: str | None,
+        ready_path: str,
+        what: str,
+        error: type[ServerError],
+        then: Callable[[], None] | None = None,
+    ) -> None:
+        if self.process is not None:
+            raise error(f"{what} already started")
+        self.host = host
+        self.reach = reach
+        self.port = controlplane.free_port() if port is None else port
+        self.process = command(self.port)
+        self.process.start()
+        try:
+            self.process.wait_ready(
+                functools.partial(self._answers, ready_path),
+                what=f"{what} on {self._own_url}",
+                error=error,
+            )
+            if then is not None:
+                then()
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.stop()
+            self.process = None
+        controlplane.release_port(self.port)  # a no-op unless free_port reserved it
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{format_host(self.host)}:{self.port}"
+
+    @property
+    def _own_url(self) -> str:
+        return self.reach or self.base_url
+
+    def _answers(self, path: str) -> bool:
+        try:
+            return http_get(self._own_url + path, timeout=1.0)[0] == 200
+        except OSError:
+            return False
+
+
+@dataclass
+class ModelServer(ServerProcess):
     """The model file server of this module, run as a subprocess.
 
     `start()` launches it (after `argv_prefix`, e.g. an `nsenter` into a network namespace)
@@ -204,10 +278,6 @@ class ModelServer:
     root: Path
     rate: int | None = None
     log_path: Path | None = None
-    host: str = field(default="127.0.0.1", init=False)
-    port: int = field(default=0, init=False)
-    process: processes.ManagedProcess | None = field(default=None, init=False)
-    reach: str | None = field(default=None, init=False)
 
     def start(
         self,
@@ -218,60 +288,29 @@ class ModelServer:
         reach: str | None = None,
     ) -> ModelServer:
         """`reach`: the URL this process uses when host:port is not reachable from it."""
-        if self.process is not None:
-            raise ServerError("model server already started")
-        self.host = host
-        self.reach = reach
-        self.port = controlplane.free_port() if port is None else port
-        log_path = self.log_path or Path(tempfile.mkdtemp(prefix="localcache-modelsrv-")) / "log"
-        argv = [
-            *argv_prefix,
-            sys.executable,
-            "-m",
-            __name__,
-            "--dir",
-            str(self.root),
-            "--host",
-            host,
-            "--port",
-            str(self.port),
-        ]
-        if self.rate is not None:
-            argv += ["--rate", str(self.rate)]
-        self.process = processes.ManagedProcess("modelserver", argv, log_path)
-        self.process.start()
-        try:
-            self.process.wait_ready(
-                self._answers, what=f"model server on {self._own_url}", error=ServerError
-            )
-        except BaseException:
-            self.stop()
-            raise
+
+        def command(port: int) -> processes.ManagedProcess:
+            argv = [*argv_prefix, sys.executable, "-m", __name__, "--dir", str(self.root)]
+            argv += ["--host", host, "--port", str(port)]
+            if self.rate is not None:
+                argv += ["--rate", str(self.rate)]
+            log = self.log_path or Path(tempfile.mkdtemp(prefix="localcache-modelsrv-")) / "log"
+            return processes.ManagedProcess("modelserver", argv, log)
+
+        self._launch(
+            command,
+            host=host,
+            port=port,
+            reach=reach,
+            ready_path=STATS_PATH,
+            what="model server",
+            error=ServerError,
+        )
         return self
-
-    def stop(self) -> None:
-        if self.process is not None:
-            self.process.stop()
-            self.process = None
-        controlplane.release_port(self.port)  # a no-op unless free_port reserved it
-
-    def __enter__(self) -> ModelServer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    @property
-    def base_url(self) -> str:
-        return f"http://{format_host(self.host)}:{self.port}"
 
     def url(self, path: str) -> str:
         """The URL of `path` (relative to `root`; percent-encoded here)."""
         return f"{self.base_url}/{urllib.parse.quote(path.lstrip('/'))}"
-
-    @property
-    def _own_url(self) -> str:
-        return self.reach or self.base_url
 
     def stats(self) -> ServerStats:
         status, body = http_get(self._own_url + STATS_PATH)
@@ -279,12 +318,6 @@ class ModelServer:
             raise ServerError(f"{STATS_PATH} answered {status}")
         data = json.loads(body)
         return ServerStats(requests=data["requests"], bytes_sent=data["bytes_sent"])
-
-    def _answers(self) -> bool:
-        try:
-            return http_get(self._own_url + STATS_PATH, timeout=1.0)[0] == 200
-        except OSError:
-            return False
 
 
 if __name__ == "__main__":

@@ -53,7 +53,7 @@ import boto3
 import botocore.config
 import botocore.exceptions
 
-from localcache.runtime.testing import controlplane, modelserver, processes
+from localcache.runtime.testing import modelserver, processes
 
 if TYPE_CHECKING:
     from wsgiref.types import StartResponse, WSGIApplication, WSGIEnvironment
@@ -167,7 +167,7 @@ def status_of(error: botocore.exceptions.ClientError) -> tuple[int, str]:
 
 
 @dataclass
-class ObjectStore:
+class ObjectStore(modelserver.ServerProcess):
     """moto's S3 and IAM in a subprocess, requiring signed requests from known users.
 
     `start()` launches it (after `argv_prefix`, e.g. an `nsenter` into a network namespace)
@@ -178,11 +178,7 @@ class ObjectStore:
 
     region: str = REGION
     log_path: Path | None = None
-    host: str = field(default="127.0.0.1", init=False)
-    port: int = field(default=0, init=False)
     admin: AccessKey | None = field(default=None, init=False)
-    process: processes.ManagedProcess | None = field(default=None, init=False)
-    reach: str | None = field(default=None, init=False)
 
     def start(
         self,
@@ -194,46 +190,39 @@ class ObjectStore:
     ) -> ObjectStore:
         """`reach`: the URL this process uses when host:port is not reachable from it (the
         server runs in another network namespace behind a forwarder)."""
-        if self.process is not None:
-            raise ObjectStoreError("object store already started")
-        self.host = host
-        self.reach = reach
-        self.port = controlplane.free_port() if port is None else port
-        log_path = self.log_path or Path(tempfile.mkdtemp(prefix="localcache-s3-")) / "log"
-        argv = [*argv_prefix, sys.executable, "-m", __name__, "--host", host]
-        env = {**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": str(BOOTSTRAP_ACTIONS)}
-        self.process = processes.ManagedProcess(
-            "objectstore", [*argv, "--port", str(self.port)], log_path, env=env
-        )
-        self.process.start()
-        try:
-            self.process.wait_ready(
-                self._answers, what=f"object store on {self.endpoint}", error=ObjectStoreError
+
+        def command(port: int) -> processes.ManagedProcess:
+            log_path = self.log_path or Path(tempfile.mkdtemp(prefix="localcache-s3-")) / "log"
+            argv = [*argv_prefix, sys.executable, "-m", __name__, "--host", host]
+            env = {**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": str(BOOTSTRAP_ACTIONS)}
+            return processes.ManagedProcess(
+                "objectstore", [*argv, "--port", str(port)], log_path, env=env
             )
+
+        def then() -> None:
             self.admin = self._bootstrap()
             self._check_enforced()
-        except BaseException:
-            self.stop()
-            raise
+
+        self._launch(
+            command,
+            host=host,
+            port=port,
+            reach=reach,
+            ready_path=READY_PATH,
+            what="object store",
+            error=ObjectStoreError,
+            then=then,
+        )
         return self
 
     def stop(self) -> None:
-        if self.process is not None:
-            self.process.stop()
-            self.process = None
-        controlplane.release_port(self.port)  # a no-op unless free_port reserved it
+        super().stop()
         self.admin = None
-
-    def __enter__(self) -> ObjectStore:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     @property
     def endpoint(self) -> str:
         """The S3 (and IAM) endpoint URL this process uses, e.g. `http://127.0.0.1:40123`."""
-        return self.reach or f"http://{modelserver.format_host(self.host)}:{self.port}"
+        return self._own_url
 
     def client(self, service: str = "s3", key: AccessKey | None = None) -> Any:
         """A boto3 client of `service` signed with `key` (default: the admin's), configured
@@ -295,12 +284,6 @@ class ObjectStore:
         if self.admin is None:
             raise ObjectStoreError("object store not started")
         return self.admin
-
-    def _answers(self) -> bool:
-        try:
-            return modelserver.http_get(self.endpoint + READY_PATH, timeout=1.0)[0] == 200
-        except OSError:
-            return False
 
     def _bootstrap(self) -> AccessKey:
         """Spend the BOOTSTRAP_ACTIONS unauthenticated actions on the admin user and key."""

@@ -64,6 +64,15 @@ class Sources:
             pytest.skip("the S3 store that enforces credentials runs in the real-node test bed")
         return self.s3, self.s3_endpoint_for_pods
 
+    def private_model(self, bucket: str) -> tuple[str, dict[str, bytes]]:
+        """A model in a new bucket of the S3 store (credentials needed): its URI and files."""
+        files = {"model.bin": os.urandom(1024 * 1024), "config.json": b'{"arch": "bert"}\n'}
+        store, _ = self.require_s3()
+        store.create_bucket(bucket)
+        for name, data in files.items():
+            store.put_object(bucket, f"bert/{name}", data)
+        return f"s3://{bucket}/bert", files
+
 
 @dataclass
 class Cluster:

@@ -180,13 +180,6 @@ def test_tenant_pods_reach_a_localcache_claim_only_read_only_at_their_caches_sub
 # --------------------------------------------------------------------------- forged Jobs
 
 
-def _private_model(sources: Sources, bucket: str) -> str:
-    store, _ = sources.require_s3()
-    store.create_bucket(bucket)
-    store.put_object(bucket, "bert/model.bin", os.urandom(256 * 1024))
-    return f"s3://{bucket}/bert"
-
-
 def _forged_job(original: Obj) -> Obj:
     """A Job with `original`'s name, namespace and labels that completes at once, doing
     nothing: what a tenant who may create Jobs in its namespace can make."""
@@ -230,7 +223,7 @@ def test_a_tenant_that_replaces_its_download_job_does_not_get_model_downloaded(
     cluster: Cluster, sources: Sources
 ) -> None:
     run = uuid.uuid4().hex[:6]
-    uri = _private_model(sources, f"forge-{run}")
+    uri, _ = sources.private_model(f"forge-{run}")
     key = keys.storage_key(uri)
     store, endpoint = sources.require_s3()
     node = cluster.node_names[0]

@@ -41,20 +41,11 @@ def _job_images(cluster: Cluster, namespace: str, storage_key: str) -> set[str]:
     return {c["image"] for job in jobs for c in job["spec"]["template"]["spec"]["containers"]}
 
 
-def _private_model(sources: Sources, bucket: str) -> tuple[str, dict[str, bytes]]:
-    files = {"model.bin": os.urandom(1024 * 1024), "config.json": b'{"arch": "bert"}\n'}
-    store, _ = sources.require_s3()
-    store.create_bucket(bucket)
-    for name, data in files.items():
-        store.put_object(bucket, f"bert/{name}", data)
-    return f"s3://{bucket}/bert", files
-
-
 def test_credentialed_namespace_cache_is_downloaded_by_kserve_storage_and_others_are_refused(
     cluster: Cluster, sources: Sources
 ) -> None:
     bucket = f"private-{uuid.uuid4().hex[:8]}"
-    uri, files = _private_model(sources, bucket)
+    uri, files = sources.private_model(bucket)
     key = keys.storage_key(uri)
     group = f"g-{uuid.uuid4().hex[:6]}"
     cluster.apply(cluster.node_group(group))
@@ -153,7 +144,7 @@ def test_storage_key_gives_the_download_the_storage_config_entry(
     cluster: Cluster, sources: Sources
 ) -> None:
     bucket = f"spec-{uuid.uuid4().hex[:8]}"
-    uri, files = _private_model(sources, bucket)
+    uri, files = sources.private_model(bucket)
     store, endpoint = sources.require_s3()
     key_id, secret = store.create_user(f"spec-{bucket}")
     namespace = cluster.namespace("storage-spec")

@@ -362,30 +362,6 @@ def test_folder_bytes_counts_regular_files_without_following_symlinks(tmp_path: 
     assert disk.folder_bytes(tmp_path / "missing") == 0
 
 
-@pytest.mark.parametrize(
-    ("root", "host_path", "pv_path"),
-    [
-        ("/mnt/models", "/models", "/models"),
-        ("/mnt/models", "/models", "/models/"),
-        ("/models", None, "/models"),
-    ],
-)
-def test_check_root_accepts_the_same_directory(
-    root: str, host_path: str | None, pv_path: str
-) -> None:
-    disk.ModelDisk(Path(root), host_path=host_path).check_root(pv_path)
-
-
-def test_check_root_names_both_paths_when_they_differ() -> None:
-    d = disk.ModelDisk(Path("/mnt/models"), host_path="/models")
-    with pytest.raises(layout.RootMismatch) as info:
-        d.check_root("/data/fast-disk")
-    message = str(info.value)
-    assert "/data/fast-disk" in message
-    assert "/models" in message
-    assert "mounted at /mnt/models" in message
-
-
 def test_prepare_staging_makes_an_empty_folder_not_world_writable(tmp_path: Path) -> None:
     d = disk.ModelDisk(tmp_path)
     path = d.prepare_staging(KEY, JOB)
