@@ -12,10 +12,15 @@ Contract:
   is fsynced and every rename is followed by an fsync of the directories involved. A crash at
   any point leaves a state that `recover()` completes from the intent record; running
   `promote` or `recover` twice is harmless.
-- `promote` first normalises the download (`_normalise_tree`): directories `layout.DIR_MODE`,
+- `promote` first normalises the download (`tree.normalise`): directories `layout.DIR_MODE`,
   regular files `layout.FILE_MODE` (no setuid, setgid or world-write), symlinks that are
   absolute or lead out of the folder and special files (FIFOs, sockets, devices) removed, each
-  with a warning. Nothing in the tree is followed or opened blocking.
+  with a warning (one it cannot remove fails the promotion with `DiskError`). Nothing in the
+  tree is followed or opened blocking.
+- `adopt` records a folder another agent downloaded (KServe's add-on, which writes no
+  manifest) as complete, after the same normalisation; it refuses (writing nothing) anything
+  but a real, non-empty directory with neither manifest nor promotion record whose tree it
+  could fully check and clean. Modes it cannot change (another uid's files) are tolerated.
 - `delete_unreferenced` only ever removes storage-key-shaped names (16 lowercase hex) that the
   caller did not list, removes the manifest before the folder, and never touches anything else
   under `models/`. It returns only the keys whose bytes are really gone. A folder that cannot
@@ -311,7 +316,9 @@ class ModelDisk:
                 self._move_to_trash(final)
                 _checkpoint("old-moved-aside")
             self._manifest_path(storage_key).unlink(missing_ok=True)  # orphan of a lost folder
-            tree.normalise(staging)
+            left = tree.normalise(staging).not_removed
+            if left:
+                raise layout.DiskError(f"{staging}: could not remove {', '.join(left[:3])}")
             tree.fsync_tree(staging)
             os.rename(staging, final)
             tree.fsync_dir(self.models)
@@ -332,6 +339,44 @@ class ModelDisk:
         _checkpoint("record-removed")
         self._empty_trash()
         return outcome, in_force
+
+    # ---- adoption -----------------------------------------------------------------------
+    def adopt(self, storage_key: str, *, uri: str, job: str, completed_at: str) -> layout.Adoption:
+        """Record `models/<storage_key>`, downloaded by another agent (KServe's add-on writes no
+        manifest), as complete: normalise it as `promote` does (modes this uid cannot change
+        are tolerated and returned), then write its manifest (`adopted` set, `bytes` counted
+        here) atomically and fsynced. Refused, with nothing written, unless the folder is a
+        real non-empty directory without a manifest or promotion record, every directory in
+        it could be read and every entry normalisation drops could be removed."""
+        final = self.model_path(storage_key)
+        kind = _not_a_directory(final)
+        if kind is not None:
+            return layout.Adoption(refused=f"{final} is {kind}")
+        if not final.exists():
+            return layout.Adoption(refused=f"{final} does not exist")
+        records = {"a manifest": self._manifest_path(storage_key)}
+        records["a pending promotion"] = self._record_path(storage_key)
+        for what, path in records.items():
+            if os.path.lexists(path):
+                return layout.Adoption(refused=f"{storage_key} has {what} ({path.name})")
+        if not any(final.iterdir()):
+            return layout.Adoption(refused=f"{final} is empty")
+        done = tree.normalise(final)
+        if done.not_removed or done.unreadable:
+            left = [*done.not_removed, *done.unreadable]
+            return layout.Adoption(refused=f"could not check or clean {', '.join(left[:3])}")
+        tree.fsync_tree(final)
+        manifest = layout.Manifest(
+            storage_key=storage_key,
+            uri=uri,
+            bytes=tree.folder_bytes(final),
+            completed_at=completed_at,
+            job=job,
+            adopted=True,
+        )
+        _plain_directory(self.manifests)
+        _write_json_atomic(self._manifest_path(storage_key), manifest.to_json())
+        return layout.Adoption(manifest=manifest, modes_not_fixed=tuple(done.modes_not_fixed))
 
     # ---- deletion -----------------------------------------------------------------------
     def delete_unreferenced(

@@ -92,16 +92,27 @@ def model_subpath(storage_key: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Manifest:
-    """What is recorded about a complete model folder."""
+    """What is recorded about a complete model folder.
+
+    `job` is the download Job that wrote it; for a folder the agent adopted (downloaded by
+    KServe's add-on, which writes no manifest: `agent.adoption`), `adopted` is set and `job`
+    is the bare tag (`lmd-<storage key>-<digest>`) of the download unit it was adopted for,
+    since no Job of ours ran. `adopted` is written only when set, so manifests of earlier
+    versions read as not adopted and earlier versions read adopted ones (ignoring the field;
+    they do not reuse them, as the bare tag is no Job name of theirs)."""
 
     storage_key: str
     uri: str
     bytes: int
     completed_at: str  # RFC 3339, UTC
     job: str
+    adopted: bool = False
 
     def to_json(self) -> dict[str, Any]:
-        return {json_name: getattr(self, attr) for attr, json_name in _MANIFEST_JSON.items()}
+        data = {json_name: getattr(self, attr) for attr, json_name in _MANIFEST_JSON.items()}
+        if self.adopted:
+            data["adopted"] = True
+        return data
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Manifest:
@@ -109,7 +120,7 @@ class Manifest:
             return cls(
                 storage_key=str(data["storageKey"]), uri=str(data["uri"]),
                 bytes=int(data["bytes"]), completed_at=str(data["completedAt"]),
-                job=str(data["job"]),
+                job=str(data["job"]), adopted=data.get("adopted") is True,
             )  # fmt: skip
         except (KeyError, TypeError, ValueError) as exc:
             raise DiskError(f"malformed manifest: {exc}") from exc
@@ -131,6 +142,16 @@ class Recovered:
     # "finished": only the record was left; "kept-existing": another download of the same URI
     # was already complete, this one was discarded; "abandoned": staging and folder both gone.
     outcome: Outcome
+
+
+@dataclass(frozen=True, slots=True)
+class Adoption:
+    """What `disk.ModelDisk.adopt` did: the manifest it wrote, or `refused` saying why not;
+    `modes_not_fixed` lists the paths whose mode it could not change (another uid's)."""
+
+    manifest: Manifest | None = None
+    refused: str = ""
+    modes_not_fixed: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

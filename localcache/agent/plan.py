@@ -10,7 +10,8 @@ Vocabulary:
 - A unit's *tag* is its Job names without attempt and suffix: `lmd-<storage key>-<digest>`,
   where the 64-bit digest covers the node and the scope (`jobs.job_tag`). A manifest's `job`,
   or a status entry's `modelProgress.jobName` (both written by the agent for Jobs it
-  trusted), therefore records which scope proved access to a folder.
+  trusted), therefore records which scope proved access to a folder; the manifest of an
+  adopted folder (`agent.adoption`) records the bare tag of the unit it was adopted for.
 - A download needed no credentials iff its tag is the unit tag of the `None` scope.
 
 Job phases follow the Job's conditions only: `Failed` (for good, [P17]) and `Complete`; a Job
@@ -114,7 +115,10 @@ class Unit:
 
     def reuses(self, job_name: str | None) -> bool:
         """Whether a download by `job_name` is good for this unit at once: it needed no
-        credentials, or it ran in this unit's credential scope."""
+        credentials, or it ran in this unit's credential scope. A bare tag is what the
+        manifest of an adopted folder records (`agent.adoption`): the scope it was adopted for."""
+        if job_name in (self.tag, self.open_tag):
+            return True
         tag = tag_of(job_name)
         if tag is not None:
             return tag in (self.tag, self.open_tag)

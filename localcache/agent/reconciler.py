@@ -13,7 +13,10 @@ One pass (`reconcile`), for the LocalModelNode named like this node only:
    one Job, folder and status; its Jobs are the trusted ones recorded for that storage key
    and scope, in a namespace of its entries): Downloaded when the complete folder (with
    manifest) may be reused: it was downloaded without credentials, or in the unit's scope,
-   or the unit's own Job proved access earlier (recorded in `modelProgress.jobName`).
+   or the unit's own Job proved access earlier (recorded in `modelProgress.jobName`); or
+   when a folder without manifest that KServe's add-on downloaded is adopted, on the
+   evidence of the status as this process first read it (`agent.adoption`; no status is
+   written before every unit was considered).
    Otherwise follow the unit's latest Job: none → create one (or ModelDownloadError saying
    why not: credentials, node group, PV path); running → Pending/Downloading with progress
    (a pod failure while the Job still retries is only a message [P17]); Complete → promote
@@ -50,7 +53,18 @@ from typing import Any, Final
 import pydantic
 import structlog
 
-from localcache.agent import cleanup, jobs, launcher, layout, plan, report, roots, status, trust
+from localcache.agent import (
+    adoption,
+    cleanup,
+    jobs,
+    launcher,
+    layout,
+    plan,
+    report,
+    roots,
+    status,
+    trust,
+)
 from localcache.agent import disk as disk_mod
 from localcache.api import modelnode, nodegroup
 from localcache.api import quantity as quantity_mod
@@ -155,6 +169,7 @@ class Reconciler:
             name_suffix=job_name_suffix or jobs.name_suffix,
         )
         self._report = report.Reporter(node_name=node_name, api=api, wall_clock=wall_clock)
+        self._adoptions = adoption.Adoptions(node_name=node_name, reporter=self._report)
         self._cleaner = cleanup.RootCleaner(
             disks=self._disks, node_groups=stores.node_groups, reporter=self._report
         )
@@ -191,6 +206,7 @@ class Reconciler:
                 node = modelnode.LocalModelNode.model_validate(node_obj)
             except pydantic.ValidationError as exc:
                 raise errors.TerminalError(f"LocalModelNode {self.node_name}: {exc}") from exc
+            self._adoptions.observe(node, node_obj.get("status"))
         # Every pass: a layout directory replaced by a symlink is repaired or refused before
         # any move, and reported.
         for disk in self._disks.all:
@@ -279,9 +295,19 @@ class Reconciler:
         key = unit.storage_key
         complete = await asyncio.to_thread(at.disk.is_complete, key)
         manifest = await asyncio.to_thread(at.disk.manifest, key) if complete else None
+        adopted = await self._adoptions.consider(
+            unit,
+            complete=manifest is not None,
+            at=at.disk,
+            live_jobs=ctx.live_jobs,
+            node=ctx.node,
+            now=ctx.now,
+        )
+        if adopted is not None:
+            return _downloaded(adopted, job_name=None)
         if manifest is not None:
             if unit.reuses(manifest.job):
-                return _downloaded(manifest, job_name=manifest.job)
+                return _downloaded(manifest, job_name=None if manifest.adopted else manifest.job)
             proof = _proof(unit, ctx)
             if proof is not None:
                 return _downloaded(manifest, job_name=proof)
@@ -439,7 +465,7 @@ def _not_launched(why: launcher.NotLaunched, ctx: _Pass) -> status.Outcome:
     return status.Outcome(ModelStatus.DOWNLOAD_ERROR, progress, retry)
 
 
-def _downloaded(manifest: layout.Manifest, *, job_name: str) -> status.Outcome:
+def _downloaded(manifest: layout.Manifest, *, job_name: str | None) -> status.Outcome:
     progress = modelnode.ModelProgress(
         bytes_on_disk=manifest.bytes,
         percent=100,

@@ -6,7 +6,9 @@ FIFO or device, or leave a world-writable or setuid file in a folder it serves:
 - `fsync_tree` flushes regular files and directories, opening nothing blocking;
 - `normalise` gives directories `layout.DIR_MODE` and regular files `layout.FILE_MODE`, and
   removes special files (FIFOs, sockets, devices) and symlinks that are absolute or resolve
-  outside the tree, logging each; a mode it cannot change (a file of another uid) is logged;
+  outside the tree, logging each. It never raises for one entry: a mode it cannot change (a
+  file of another uid), an entry it cannot remove and a directory it cannot read are logged
+  and returned (`Normalised`), and the caller decides what they mean;
 - `remove` deletes a tree completely or raises the first `OSError`; directories this process
   owns are made writable first (archives may unpack 0555 folders). It never ignores errors.
 """
@@ -17,6 +19,7 @@ import contextlib
 import os
 import shutil
 import stat
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import structlog
@@ -74,15 +77,40 @@ def fsync_tree(path: Path) -> None:
             fsync_dir(Path(dirpath))
 
 
-def _set_mode(path: str, mode: int, info: os.stat_result) -> None:
+@dataclass(slots=True)
+class Normalised:
+    """What `normalise` could not do (paths; all empty when the tree is as promised)."""
+
+    modes_not_fixed: list[str] = field(default_factory=list)
+    """Directories and regular files whose mode could not be changed (another uid's)."""
+    not_removed: list[str] = field(default_factory=list)
+    """Special files and escaping symlinks that could not be removed."""
+    unreadable: list[str] = field(default_factory=list)
+    """Directories that could not be listed (their content was not checked)."""
+
+
+def _set_mode(path: str, mode: int, info: os.stat_result, done: Normalised) -> None:
     """chmod a path already lstat'ed as a directory or regular file; failures are logged (a
-    file of another uid), never raised."""
+    file of another uid) and recorded, never raised."""
     if stat.S_IMODE(info.st_mode) == mode:
         return
     try:
         os.chmod(path, mode)
     except OSError as exc:
         log.warning("model_mode_not_fixed", path=path, mode=f"{mode:o}", error=str(exc))
+        done.modes_not_fixed.append(path)
+
+
+def _remove(path: str, event: str, done: Normalised) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        log.warning("model_entry_not_removed", path=path, error=str(exc))
+        done.not_removed.append(path)
+        return
+    log.warning(event, path=path)
 
 
 def _link_stays_inside(top: str, link: str) -> bool:
@@ -93,11 +121,13 @@ def _link_stays_inside(top: str, link: str) -> bool:
     return resolved == top or resolved.startswith(top + os.sep)
 
 
-def normalise(path: Path) -> None:
+def normalise(path: Path) -> Normalised:
     """Give a finished download the promoted modes and drop what has no place in a model (see
-    the module contract). Walks with lstat only: nothing is followed or opened."""
+    the module contract); returns what could not be done. Walks with lstat only: nothing is
+    followed or opened."""
+    done = Normalised()
     top = os.path.realpath(path)
-    _set_mode(str(path), layout.DIR_MODE, os.lstat(path))
+    _set_mode(str(path), layout.DIR_MODE, os.lstat(path), done)
     stack = [str(path)]
     while stack:
         current = stack.pop()
@@ -105,24 +135,27 @@ def normalise(path: Path) -> None:
             entries = list(os.scandir(current))
         except OSError as exc:
             log.warning("model_tree_unreadable", path=current, error=str(exc))
+            done.unreadable.append(current)
             continue
         for entry in entries:
             try:
                 info = entry.stat(follow_symlinks=False)
                 if stat.S_ISDIR(info.st_mode):
-                    _set_mode(entry.path, layout.DIR_MODE, info)
+                    _set_mode(entry.path, layout.DIR_MODE, info, done)
                     stack.append(entry.path)
                 elif stat.S_ISREG(info.st_mode):
-                    _set_mode(entry.path, layout.FILE_MODE, info)
+                    _set_mode(entry.path, layout.FILE_MODE, info, done)
                 elif stat.S_ISLNK(info.st_mode):
                     if not _link_stays_inside(top, entry.path):
-                        os.unlink(entry.path)
-                        log.warning("model_symlink_removed", path=entry.path)
+                        _remove(entry.path, "model_symlink_removed", done)
                 else:
-                    os.unlink(entry.path)
-                    log.warning("model_special_file_removed", path=entry.path)
+                    _remove(entry.path, "model_special_file_removed", done)
             except FileNotFoundError:
                 continue
+            except OSError as exc:  # e.g. a directory listable but not searchable
+                log.warning("model_tree_unreadable", path=entry.path, error=str(exc))
+                done.unreadable.append(entry.path)
+    return done
 
 
 def _grant_owner_access(path: Path) -> None:
