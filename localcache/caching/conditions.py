@@ -2,7 +2,8 @@
 
 Pure rules, no I/O. Inputs are the cache's current member nodes (with readiness), the
 download state (and progress) its status key has on each node's LocalModelNode, and the
-derived objects (PV, PVC) the apiserver refused in this reconcile.
+derived objects (PV, PVC) the apiserver refused in this reconcile, and the wanted names held by
+objects that are not provably the cache's (`NameTaken`).
 
 - `nodeStatus` has exactly one entry per current member node [P7]: `NodeNotReady` for a
   node that is not Ready, whatever it had before [P8]; otherwise the LocalModelNode's
@@ -19,13 +20,16 @@ derived objects (PV, PVC) the apiserver refused in this reconcile.
 - Conditions (metav1.Condition shape): `Ready` is True when there is at least one member,
   every member has the model and no node group is missing. `Degraded` is True when a node
   group is missing [P5], the apiserver refused a derived object (`VolumeRefused`, with its
-  code, reason and message), or some download failed (`DownloadFailed`, naming the nodes, the
-  ones retrying, and the first failure message); the reason is the first of these that
-  applies, the message lists them all. `lastTransitionTime` changes only when a condition's
-  status changes; reason and message may change without it.
+  code, reason and message), a wanted PV/PVC name is held by an object that is not the
+  cache's (`VolumeNameTaken`, naming it, why, and what to do), or some download failed
+  (`DownloadFailed`, naming the nodes, the ones retrying, and the first failure message); the
+  reason is the first of these that applies, the message lists them all.
+  `lastTransitionTime` changes only when a condition's status changes; reason and message
+  may change without it.
 - `events` lists what deserves a Kubernetes Event when the status moves from `old` to `new`:
-  a node finishing or failing its download, a derived object newly refused, and
-  `Ready`/`Degraded` changing (so `Recovered` only once nothing fails any more).
+  a node finishing or failing its download, a derived object newly refused or a name newly
+  found taken, and `Ready`/`Degraded` changing (so `Recovered` only once nothing fails any
+  more).
 """
 
 from __future__ import annotations
@@ -51,6 +55,8 @@ REASON_NODES_NOT_READY: Final = "NodesNotReady"
 REASON_DOWNLOADING: Final = "DownloadInProgress"
 REASON_AS_EXPECTED: Final = "AsExpected"
 REASON_VOLUME_REFUSED: Final = "VolumeRefused"
+REASON_VOLUME_NAME_TAKEN: Final = "VolumeNameTaken"
+REASON_VOLUME_ADOPTED: Final = "VolumeAdopted"
 
 MAX_NAMES_IN_MESSAGE: Final = 5
 MAX_REFUSALS_IN_MESSAGE: Final = 3
@@ -103,7 +109,7 @@ class Refusal:
     `code` and `reason` are the HTTP status and the Status reason (`Invalid`, `Forbidden`,
     ...), `message` the apiserver's own text."""
 
-    verb: Literal["create", "delete"]
+    verb: Literal["create", "delete", "patch"]
     kind: str
     name: str
     namespace: str
@@ -115,6 +121,23 @@ class Refusal:
         where = f"{self.namespace}/{self.name}" if self.namespace else self.name
         why = f"{self.code} {self.reason}" if self.reason else str(self.code)
         return f"cannot {self.verb} {self.kind} {where}: {why}: {clip(self.message)}"
+
+
+@dataclass(frozen=True, slots=True)
+class NameTaken:
+    """A PV or PVC the cache wants exists under its name but is not provably the cache's
+    (`controllers.adoption`): it is left alone. `reason` says why it is not the cache's,
+    `remedy` what the user can do."""
+
+    kind: str
+    name: str
+    namespace: str
+    reason: str
+    remedy: str
+
+    def describe(self) -> str:
+        where = f"{self.namespace}/{self.name}" if self.namespace else self.name
+        return f"{self.kind} {where} is not this cache's: {self.reason}; {self.remedy}"
 
 
 def copies(statuses: Mapping[str, NodeStatus]) -> modelcache.ModelCopies:
@@ -166,6 +189,12 @@ def _refusals_message(refused: Sequence[Refusal]) -> str:
     return f"{shown}; and {extra} more refused" if extra > 0 else shown
 
 
+def _taken_message(taken: Sequence[NameTaken]) -> str:
+    shown = "; ".join(t.describe() for t in taken[:MAX_REFUSALS_IN_MESSAGE])
+    extra = len(taken) - MAX_REFUSALS_IN_MESSAGE
+    return f"{shown}; and {extra} more names taken" if extra > 0 else shown
+
+
 def _failures_message(
     failed: Sequence[str], retrying: Collection[str], details: Mapping[str, str]
 ) -> str:
@@ -184,6 +213,7 @@ def _degraded(
     missing: Sequence[str],
     *,
     refused: Sequence[Refusal],
+    taken: Sequence[NameTaken],
     retrying: Collection[str],
     details: Mapping[str, str],
 ) -> tuple[bool, str, str]:
@@ -196,6 +226,9 @@ def _degraded(
     if refused:
         parts.append(_refusals_message(refused))
         reasons.append(REASON_VOLUME_REFUSED)
+    if taken:
+        parts.append(_taken_message(taken))
+        reasons.append(REASON_VOLUME_NAME_TAKEN)
     if failed:
         parts.append(_failures_message(failed, retrying, details))
         reasons.append(REASON_DOWNLOAD_FAILED)
@@ -241,18 +274,21 @@ def conditions(
     generation: int | None,
     now: str,
     refused: Sequence[Refusal] = (),
+    taken: Sequence[NameTaken] = (),
     retrying: Collection[str] = (),
     failure_messages: Mapping[str, str] | None = None,
 ) -> list[meta.Condition]:
     """`Ready` then `Degraded`, followed by any other condition types already present.
-    `refused` are this reconcile's refused derived objects, `retrying` the member nodes whose
-    failed download is being retried, `failure_messages` the agent's text per node."""
+    `refused` are this reconcile's refused derived objects, `taken` the wanted names held by
+    objects that are not the cache's, `retrying` the member nodes whose failed download is
+    being retried, `failure_messages` the agent's text per node."""
     prior = list(previous or [])
     out = []
     degraded = _degraded(
         statuses,
         missing_groups,
         refused=refused,
+        taken=taken,
         retrying=retrying,
         details=failure_messages or {},
     )
@@ -295,11 +331,12 @@ def events(
     new_conditions: Sequence[meta.Condition],
     failure_messages: Mapping[str, str] | None = None,
     refused: Sequence[Refusal] = (),
+    taken: Sequence[NameTaken] = (),
 ) -> list[EventSpec]:
     """Events for a status change: downloads completed or failed on a node (only when the
-    node's state changed to that), derived objects refused that the old `Degraded` message
-    did not already report, and `Ready`/`Degraded` transitions. `failure_messages`
-    (node → text) adds the agent's reason to a failure event."""
+    node's state changed to that), derived objects refused and names taken that the old
+    `Degraded` message did not already report, and `Ready`/`Degraded` transitions.
+    `failure_messages` (node → text) adds the agent's reason to a failure event."""
     out: list[EventSpec] = []
     details = failure_messages or {}
     old_degraded = _find(old_conditions, DEGRADED)
@@ -308,6 +345,10 @@ def events(
         text = refusal.describe()
         if text not in reported:
             out.append(EventSpec("Warning", REASON_VOLUME_REFUSED, text))
+    for holder in taken:
+        text = holder.describe()
+        if text not in reported:
+            out.append(EventSpec("Warning", REASON_VOLUME_NAME_TAKEN, text))
     for node in sorted(new_nodes):
         state = new_nodes[node]
         if old_nodes.get(node) == state:

@@ -9,7 +9,11 @@ A reconcile of cache C (level-based, reading informer stores, writing only what 
    caches and is computed at write time).
 4. Volumes: the download pair per existing group and, when InferenceServices are watched and
    `disableVolumeManagement` is off, a serving pair per (ISVC namespace, node group)
-   (`volumes.reconcile_volumes`).
+   (`volumes.reconcile_volumes`): existing objects that are provably the cache's but not
+   annotated (KServe's, after a migration) are adopted, with a Normal Event `VolumeAdopted`
+   each; a wanted name held by an object that is not the cache's is reported (`Degraded`,
+   reason `VolumeNameTaken`, and one Warning Event and log line when first reported) and the
+   cache is looked at again after `volumes.TAKEN_RECHECK` seconds.
 5. Status: `nodeStatus`, `copies`, `conditions` and `inferenceServices`, patched only when
    they differ (from what this process last wrote, when the store lags behind it); Events
    for downloads completed or failed, derived objects refused, and condition changes.
@@ -38,7 +42,7 @@ import structlog
 
 from localcache.api import inferenceservice, modelcache
 from localcache.caching import conditions, placement
-from localcache.controllers import nodes, scope, state, status, volumes
+from localcache.controllers import nodes, scope, state, status, volumes, volumewriter
 from localcache.runtime import errors, reconcile
 from localcache.runtime import keys as runtime_keys
 
@@ -154,12 +158,21 @@ class CacheReconciler:
             if failures:
                 raise failures[0] from exc
             raise
-        refused = outcome.refused
         if outcome.error is not None:
             failures.append(outcome.error)
-        await self._write_status(raw, cache, snap, members, isvcs, refused)
+        for adopted in outcome.adopted:
+            await self._recorder.record(
+                self.scope,
+                cache,
+                conditions.EventSpec(
+                    "Normal", conditions.REASON_VOLUME_ADOPTED, adopted.describe()
+                ),
+            )
+        await self._write_status(raw, cache, snap, members, isvcs, outcome)
         if failures:
             raise failures[0]
+        if outcome.taken:
+            return reconcile.Result(requeue_after=volumes.TAKEN_RECHECK)
         return reconcile.Result()
 
     # ------------------------------------------------------------------- steps
@@ -213,7 +226,7 @@ class CacheReconciler:
         snap: placement.Snapshot,
         members: dict[str, str],
         isvcs: list[Obj],
-        refused: list[conditions.Refusal],
+        outcome: volumewriter.Outcome,
     ) -> None:
         key = self.scope.status_key(cache)
         node_status: dict[str, conditions.NodeStatus] = {}
@@ -245,7 +258,8 @@ class CacheReconciler:
             previous=old.conditions,
             generation=cache.metadata.generation,
             now=self._now(),
-            refused=refused,
+            refused=outcome.refused,
+            taken=outcome.taken,
             retrying=retrying,
             failure_messages=failure_messages,
         )
@@ -266,8 +280,11 @@ class CacheReconciler:
             old_conditions=old.conditions or [],
             new_conditions=conds,
             failure_messages=failure_messages,
-            refused=refused,
+            refused=outcome.refused,
+            taken=outcome.taken,
         ):
+            if event.reason == conditions.REASON_VOLUME_NAME_TAKEN:
+                _log.warning("volume_name_taken", message=event.message)
             await self._recorder.record(self.scope, cache, event)
 
     async def _finalize(self, cache: scope.CacheModel) -> None:

@@ -19,7 +19,9 @@ kind's Scope) and `localmodelnodegroup` (group usage). Each cache controller is 
     InferenceService      added, deleted, localmodel labels or     the cache its labels name
                           node-group annotation changed [P12]      (old and new)
     PV, PVC               deleted, turned Released/Failed/Lost,    the owning cache (our
-                          deletion started                         annotation or ownerRef)
+                          deletion started, reclaim policy         annotation or ownerRef)
+                          changed (a stale download PV set to
+                          Retain before its claim goes)
     LocalModelNodeGroup   added, deleted, spec changed             caches listing the group
 
 Status-only changes of a cache do not trigger it (its own status writes would loop).
@@ -142,11 +144,14 @@ def _isvc_changed(old: Obj, new: Obj) -> bool:
 
 
 def _volume_changed(old: Obj, new: Obj) -> bool:
-    """A PV/PVC turned broken (Released, Failed, Lost) or started terminating."""
+    """A PV/PVC turned broken (Released, Failed, Lost), started terminating, or (a PV) had
+    its reclaim policy changed."""
     phase = (new.get("status") or {}).get("phase")
     broke = phase != (old.get("status") or {}).get("phase") and phase in _BROKEN_PHASES
     deleting = bool(_meta(new).get("deletionTimestamp"))
-    return broke or deleting != bool(_meta(old).get("deletionTimestamp"))
+    policy = (new.get("spec") or {}).get("persistentVolumeReclaimPolicy")
+    retained = policy != (old.get("spec") or {}).get("persistentVolumeReclaimPolicy")
+    return broke or retained or deleting != bool(_meta(old).get("deletionTimestamp"))
 
 
 _BROKEN_PHASES = volumes.BROKEN_PV_PHASES | volumes.BROKEN_PVC_PHASES

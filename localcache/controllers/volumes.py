@@ -8,8 +8,20 @@ pre-bound to the PVC (`claimRef` by namespace and name), so no other claim can t
 Every object we create carries `OWNER_ANNOTATION` (the cache id) and `ROLE_ANNOTATION`.
 
 `reconcile_volumes` is level-based, reading the PV/PVC stores:
-- a missing PV, then a missing PVC, is created (an object that already exists under the
-  name, ours or KServe's, is never updated);
+- an object that exists under a wanted name is judged first (`adoption`): one that is not
+  provably the cache's is never touched, and its pair is left alone (no create: a claim
+  pre-bound by name could bind a stranger's volume, or wait for ever); it is returned as a
+  `conditions.NameTaken` for the cache's status and Events, and the cache is looked at again
+  after `TAKEN_RECHECK` seconds (the holder's deletion sends no event we can map);
+- one that is the cache's but not annotated yet (KServe's, after a migration) is adopted: a
+  merge patch, guarded by resourceVersion, adds our annotations and managed-by label and
+  nothing else (spec untouched); returned in `volumewriter.Outcome.adopted` (log `volume_adopted`);
+- a download PV of the cache bound to another claim than the wanted one (KServe's download
+  PVC lived in KServe's job namespace) is replaced: its reclaim policy is set to Retain
+  first (a separate write; the update event brings the cache back), then the old claim
+  (provably the cache's, else the PV is `taken`) and the PV are deleted, and the pair is
+  recreated once both are gone;
+- a missing PV, then a missing PVC, is created (an existing object's spec is never updated);
 - a pair whose PV is `Released`/`Failed` or whose PVC is `Lost` is deleted as a whole and
   recreated once both are gone (their delete events bring the cache back), so a claim is
   never pointed at a PV bound to an earlier claim [P3]; while either is terminating the
@@ -21,7 +33,9 @@ Every object we create carries `OWNER_ANNOTATION` (the cache id) and `ROLE_ANNOT
 - a write the apiserver refuses (422 Invalid, 403 Forbidden by RBAC or quota, ...) does not
   stop the others: it is returned as a `conditions.Refusal` (for the cache's status and
   Events) with the first such error to raise (retry with backoff); a PVC whose PV was
-  refused is not attempted. Transport errors (no answer) are raised at once.
+  refused is not attempted. A guarded patch that meets a newer resourceVersion (409) is no
+  refusal: it is returned as the error to raise, so the cache is looked at again with the
+  newer object. Transport errors (no answer) are raised at once.
 `ownerless_pvs` lists what the finalizer must delete itself (garbage collection handles the
 rest).
 """
@@ -30,7 +44,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 import structlog
@@ -38,7 +52,7 @@ import structlog
 from localcache.api import nodegroup
 from localcache.caching import conditions
 from localcache.caching import keys as cache_keys
-from localcache.controllers import scope, state
+from localcache.controllers import adoption, scope, state, volumewriter
 from localcache.runtime import errors, kube
 from localcache.runtime import keys as runtime_keys
 
@@ -48,6 +62,8 @@ Obj = dict[str, Any]
 Role = Literal["download", "serving"]
 BROKEN_PV_PHASES: Final = frozenset({"Released", "Failed"})
 BROKEN_PVC_PHASES: Final = frozenset({"Lost"})
+TAKEN_RECHECK: Final = 60.0
+"""Seconds until a cache whose wanted names are taken is looked at again."""
 STORAGE_KEY_ANNOTATION: Final = "localmodel.kserve.io/storage-key"
 """The cache's storage key, on every PV and PVC we create: the admission policies in
 `manifests/policies` allow a pod to mount our PVC only with this key's subPath (tenants cannot
@@ -69,6 +85,10 @@ class Pair:
     @property
     def pvc_key(self) -> runtime_keys.ObjectKey:
         return runtime_keys.ObjectKey.of(self.pvc)
+
+    def owner(self, owner_id: str) -> adoption.Owner:
+        """The cache the pair is for (its PVC always carries the cache's ownerReference)."""
+        return adoption.Owner.of_reference(owner_id, self.pvc["metadata"]["ownerReferences"][0])
 
 
 def _metadata(sc: scope.Scope, cache: scope.CacheModel, role: Role, *, owned: bool) -> Obj:
@@ -190,86 +210,6 @@ def _annotated(objs: Iterable[Obj], owner: str) -> list[Obj]:
     ]
 
 
-@dataclass(slots=True)
-class Outcome:
-    """What `reconcile_volumes` did: the writes sent, the writes the apiserver refused, and
-    the first refusal's error (to raise once the status reports them)."""
-
-    writes: int = 0
-    refused: list[conditions.Refusal] = field(default_factory=list)
-    error: errors.ApiError | None = None
-
-
-class _Writer:
-    """Create/delete with idempotent error handling; counts writes and collects refusals."""
-
-    def __init__(self, api: state.Api) -> None:
-        self.api = api
-        self.outcome = Outcome()
-
-    def _refused(
-        self, verb: Literal["create", "delete"], res: kube.Resource, obj: Obj, exc: errors.ApiError
-    ) -> None:
-        meta = _meta(obj)
-        _log.warning(
-            "volume_write_refused",
-            verb=verb,
-            kind=res.kind,
-            name=meta.get("name"),
-            namespace=meta.get("namespace"),
-            code=exc.status,
-            reason=exc.reason,
-            error=exc.message,
-        )
-        self.outcome.refused.append(
-            conditions.Refusal(
-                verb=verb,
-                kind=res.kind,
-                name=str(meta.get("name") or ""),
-                namespace=str(meta.get("namespace") or ""),
-                code=exc.status,
-                reason=exc.reason,
-                message=exc.message,
-            )
-        )
-        if self.outcome.error is None:
-            self.outcome.error = exc
-
-    async def create(self, res: kube.Resource, obj: Obj) -> bool:
-        """Create `obj` (an existing one is fine); False when the apiserver refused it."""
-        meta = _meta(obj)
-        try:
-            await self.api.create(res, obj, namespace=meta.get("namespace") or None)
-            _log.info(
-                "volume_created", kind=res.kind, name=meta["name"], namespace=meta.get("namespace")
-            )
-        except errors.Conflict as exc:
-            if not exc.already_exists:
-                self._refused("create", res, obj, exc)
-                return False
-        except errors.ApiError as exc:
-            self._refused("create", res, obj, exc)
-            return False
-        self.outcome.writes += 1
-        return True
-
-    async def delete(self, res: kube.Resource, obj: Obj) -> None:
-        meta = _meta(obj)
-        if meta.get("deletionTimestamp"):
-            return
-        try:
-            await self.api.delete(res, str(meta["name"]), namespace=meta.get("namespace") or None)
-            _log.info(
-                "volume_deleted", kind=res.kind, name=meta["name"], namespace=meta.get("namespace")
-            )
-        except errors.NotFound:
-            pass
-        except errors.ApiError as exc:
-            self._refused("delete", res, obj, exc)
-            return
-        self.outcome.writes += 1
-
-
 async def reconcile_volumes(
     api: state.Api,
     *,
@@ -277,30 +217,16 @@ async def reconcile_volumes(
     owner: str,
     pairs: Sequence[Pair],
     manage_serving: bool,
-) -> Outcome:
+) -> volumewriter.Outcome:
     """Drive the cache's PVs/PVCs towards `pairs` (module docstring)."""
-    writer = _Writer(api)
+    writer = volumewriter.Writer(api)
     pv_store, pvc_store = stores.persistent_volumes, stores.persistent_volume_claims
     pvcs, pvs = kube.PERSISTENT_VOLUME_CLAIMS, kube.PERSISTENT_VOLUMES
+    held: set[runtime_keys.ObjectKey] = set()  # old claims that the pair step handles
     for pair in pairs:
-        pv = pv_store.get(runtime_keys.ObjectKey("", pair.pv_name))
-        pvc = pvc_store.get(pair.pvc_key)
-        if _terminating(pv) or _terminating(pvc):
-            continue  # recreated once gone: the delete event brings us back
-        if _phase(pv) in BROKEN_PV_PHASES or _phase(pvc) in BROKEN_PVC_PHASES:
-            _log.info(
-                "volume_pair_replaced", pv=pair.pv_name, pv_phase=_phase(pv), pvc_phase=_phase(pvc)
-            )
-            if pvc is not None:
-                await writer.delete(pvcs, pvc)
-            if pv is not None:
-                await writer.delete(pvs, pv)
-            continue
-        if pv is None and not await writer.create(pvs, pair.pv):
-            continue  # a claim pre-bound to a PV that could not be made would wait for ever
-        if pvc is None:
-            await writer.create(pvcs, pair.pvc)
-    wanted_pvcs = {p.pvc_key for p in pairs}
+        if (kept := await _sync_pair(writer, pair, owner=owner, stores=stores)) is not None:
+            held.add(kept)
+    wanted_pvcs = {p.pvc_key for p in pairs} | held
     wanted_pvs = {p.pv_name for p in pairs}
     roles = {"download", "serving"} if manage_serving else {"download"}
     for obj in _annotated(pvc_store.by_index(state.BY_OWNER, owner), owner):
@@ -310,6 +236,143 @@ async def reconcile_volumes(
         if _role(obj) in roles and runtime_keys.ObjectKey.of(obj).name not in wanted_pvs:
             await writer.delete(pvs, obj)
     return writer.outcome
+
+
+@dataclass(frozen=True, slots=True)
+class _Found:
+    """An object of the pair as the store holds it (None: absent) and the verdict on it."""
+
+    res: kube.Resource
+    obj: Obj | None
+    wanted: Obj
+    verdict: adoption.Judgement
+
+    @property
+    def absent(self) -> bool:
+        return self.obj is None
+
+
+_ABSENT: Final = adoption.Judgement("ours")
+
+
+def _judge(pair: Pair, *, owner: str, stores: state.Stores) -> tuple[_Found, _Found]:
+    """The pair's PV and PVC as found, each with its verdict (module docstring)."""
+    cache = pair.owner(owner)
+    claims = stores.persistent_volume_claims
+    pv = stores.persistent_volumes.get(runtime_keys.ObjectKey("", pair.pv_name))
+    pvc = claims.get(pair.pvc_key)
+    pv_verdict = pvc_verdict = _ABSENT
+    if pv is not None:
+        pv_verdict = adoption.judge_volume(
+            pv,
+            owner=cache,
+            role=pair.role,
+            template=pair.pv,
+            wanted_claim=pair.pvc_key,
+            claims=claims,
+        )
+    if pvc is not None:
+        pvc_verdict = adoption.judge_claim(pvc, owner=cache, pv_name=pair.pv_name)
+    return (
+        _Found(kube.PERSISTENT_VOLUMES, pv, pair.pv, pv_verdict),
+        _Found(kube.PERSISTENT_VOLUME_CLAIMS, pvc, pair.pvc, pvc_verdict),
+    )
+
+
+def _name_taken(found: _Found) -> conditions.NameTaken:
+    meta = _meta(found.obj or {})
+    return conditions.NameTaken(
+        kind=found.res.kind,
+        name=str(meta.get("name") or ""),
+        namespace=str(meta.get("namespace") or ""),
+        reason=found.verdict.reason,
+        remedy=found.verdict.remedy,
+    )
+
+
+async def _sync_pair(
+    writer: volumewriter.Writer, pair: Pair, *, owner: str, stores: state.Stores
+) -> runtime_keys.ObjectKey | None:
+    """One pair's step of `reconcile_volumes` (module docstring, in order); returns the old
+    claim of a stale download PV, which only this step may delete (not before the PV is
+    Retain)."""
+    pv, pvc = _judge(pair, owner=owner, stores=stores)
+    taken = [f for f in (pv, pvc) if f.verdict.verdict == "taken"]
+    if taken:
+        writer.outcome.taken.extend(_name_taken(f) for f in taken)
+        return None  # the other object is left alone too
+    if _terminating(pv.obj) or _terminating(pvc.obj):
+        return None  # recreated once gone: the delete event brings us back
+    if _phase(pv.obj) in BROKEN_PV_PHASES or _phase(pvc.obj) in BROKEN_PVC_PHASES:
+        _log.info(
+            "volume_pair_replaced",
+            pv=pair.pv_name,
+            pv_phase=_phase(pv.obj),
+            pvc_phase=_phase(pvc.obj),
+        )
+        for found in (pvc, pv):
+            if found.obj is not None:
+                await writer.delete(found.res, found.obj)
+        return None
+    if pv.obj is not None and pv.verdict.verdict == "stale":
+        return await _replace_stale(writer, pair, pv.obj, pv.verdict.old_claim)
+    for found in (pv, pvc):
+        if not await _adopt(writer, found, owner=owner, role=pair.role):
+            return None  # changed meanwhile or refused: the pair waits
+    if pv.absent and not await writer.create(pv.res, pair.pv):
+        return None  # a claim pre-bound to a PV that could not be made would wait for ever
+    if pvc.absent:
+        await writer.create(pvc.res, pair.pvc)
+    return None
+
+
+async def _adopt(writer: volumewriter.Writer, found: _Found, *, owner: str, role: str) -> bool:
+    """Adopt `found` if its verdict says so; False when that did not happen."""
+    if found.obj is None or found.verdict.verdict != "adopt":
+        return True
+    if not await writer.patch(
+        found.res, found.obj, adoption.adoption_patch(found.obj, found.wanted)
+    ):
+        return False
+    meta = _meta(found.obj)
+    adopted = volumewriter.Adopted(
+        found.res.kind, str(meta["name"]), str(meta.get("namespace") or "")
+    )
+    _log.info(
+        "volume_adopted",
+        kind=adopted.kind,
+        name=adopted.name,
+        namespace=adopted.namespace or None,
+        cache=owner,
+        role=role,
+    )
+    writer.outcome.adopted.append(adopted)
+    return True
+
+
+async def _replace_stale(
+    writer: volumewriter.Writer, pair: Pair, pv: Obj, old_claim: Obj | None
+) -> runtime_keys.ObjectKey | None:
+    """A download PV of the cache bound to another claim: Retain first, then delete the old
+    claim and the PV (the pair is recreated once both are gone). Returns the old claim's key."""
+    retain = adoption.retain_patch(pv)
+    if retain is not None:
+        if await writer.patch(kube.PERSISTENT_VOLUMES, pv, retain):
+            _log.info("volume_retained_before_release", pv=pair.pv_name)
+        # the update event brings us back, with the policy in the store
+        return runtime_keys.ObjectKey.of(old_claim) if old_claim is not None else None
+    bound = (pv.get("spec") or {}).get("claimRef") or {}
+    _log.info(
+        "volume_pair_replaced",
+        pv=pair.pv_name,
+        reason="bound to another claim",
+        claim=f"{bound.get('namespace')}/{bound.get('name')}",
+        wanted=str(pair.pvc_key),
+    )
+    if old_claim is not None:
+        await writer.delete(kube.PERSISTENT_VOLUME_CLAIMS, old_claim)
+    await writer.delete(kube.PERSISTENT_VOLUMES, pv)
+    return runtime_keys.ObjectKey.of(old_claim) if old_claim is not None else None
 
 
 def ownerless_pvs(sc: scope.Scope, cache: scope.CacheModel, *, stores: state.Stores) -> list[str]:

@@ -1,0 +1,277 @@
+"""Whose is a PV or PVC that already exists under a name a cache wants: the pure decision that
+lets the controller take over the volumes KServe's localmodel add-on created (a migration)
+without ever touching an object that is not provably the cache's.
+
+A name alone proves nothing (KServe's names are plain `-` joins, and tenants may create PVCs
+under any name in their namespaces), so the proof is an identity the apiserver vouches for:
+
+- a PVC is the cache's when it carries our `OWNER_ANNOTATION` with the cache's id (ours), or
+  an ownerReference to the cache's kind (`serving.kserve.io`) whose uid is the cache's uid,
+  and its `spec.volumeName` is the wanted PV (KServe sets both: ref §2.2);
+- a PV is the cache's when it carries our annotation (ours), or such an ownerReference
+  (KServe's cluster-cache PVs), or, with no ownerReference at all (KServe's namespace-cache
+  PVs: a cluster-scoped object cannot be owned by a namespaced one), when its `claimRef`
+  names the wanted PVC by namespace, name AND uid, that PVC is the cache's by the rule above,
+  and the PV's path (`local`/`hostPath`) and `nodeAffinity` are what the node group's template
+  gives. The template check is the cheap extra evidence for the weakest proof; for owned PVs
+  the uid is proof enough (our own PVs are not updated when a node group changes either).
+
+Verdicts (`Judgement.verdict`):
+    ours    annotated with this cache's id: ours already;
+    adopt   provably the cache's, not annotated yet: annotate it (`adoption_patch`);
+    stale   a download PV that is the cache's but bound to another claim (after a migration,
+            KServe's download PVC in its own job namespace): replace the pair. `old_claim`
+            is that claim when it still exists (and is then provably the cache's);
+    taken   anything else: never touched; `reason` and `remedy` say why and what to do.
+
+A serving PV of the cache bound to another claim is `taken` when unannotated (it may serve a
+pod; nothing proves the claim is disposable) and `ours` when annotated (as before adoption).
+Not checked: the rest of the spec (capacity, access modes, storage class): the PVC binding
+already shows the two fit, and the spec is never changed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Final, Literal
+
+from localcache.api import groupversion
+from localcache.controllers import state
+from localcache.runtime import keys as runtime_keys
+from localcache.runtime import store
+
+Obj = dict[str, Any]
+Verdict = Literal["ours", "adopt", "stale", "taken"]
+
+LEFTOVER_REMEDY: Final = (
+    "localcache leaves it alone; if it is a leftover (of KServe's localmodel add-on or of an "
+    "earlier cache of that name), delete it and localcache creates its own"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Owner:
+    """The cache a decision is for: its id (`state.owner_id`), kind and uid."""
+
+    id: str
+    kind: str
+    uid: str
+
+    @classmethod
+    def of_reference(cls, owner_id: str, ref: Obj) -> Owner:
+        """From the ownerReference the cache puts on its objects (`Scope.owner_reference`)."""
+        return cls(id=owner_id, kind=str(ref.get("kind") or ""), uid=str(ref.get("uid") or ""))
+
+
+@dataclass(frozen=True, slots=True)
+class Judgement:
+    verdict: Verdict
+    reason: str = ""
+    remedy: str = LEFTOVER_REMEDY
+    old_claim: Obj | None = None
+
+
+OURS: Final = Judgement("ours")
+ADOPT: Final = Judgement("adopt")
+
+
+def _meta(obj: Obj) -> dict[str, Any]:
+    return obj.get("metadata") or {}
+
+
+def _spec(obj: Obj) -> dict[str, Any]:
+    return obj.get("spec") or {}
+
+
+def _annotation(obj: Obj) -> str:
+    return str((_meta(obj).get("annotations") or {}).get(state.OWNER_ANNOTATION) or "")
+
+
+def _refers_to(ref: Any, owner: Owner) -> bool:
+    if not isinstance(ref, dict) or not owner.uid:
+        return False
+    group = str(ref.get("apiVersion") or "").partition("/")[0]
+    return (
+        ref.get("uid") == owner.uid
+        and ref.get("kind") == owner.kind
+        and group == groupversion.GROUP
+    )
+
+
+def _owned_by(obj: Obj, owner: Owner) -> bool:
+    return any(_refers_to(ref, owner) for ref in _meta(obj).get("ownerReferences") or [])
+
+
+def _owners(obj: Obj) -> str:
+    refs = [r for r in _meta(obj).get("ownerReferences") or [] if isinstance(r, dict)]
+    return ", ".join(f"{r.get('kind')} {r.get('name')} (uid {r.get('uid')})" for r in refs)
+
+
+def _where(key: runtime_keys.ObjectKey) -> str:
+    return f"{key.namespace}/{key.name}" if key.namespace else key.name
+
+
+def _taken(reason: str, remedy: str = LEFTOVER_REMEDY) -> Judgement:
+    return Judgement("taken", reason=reason, remedy=remedy)
+
+
+def provably_of(obj: Obj, owner: Owner) -> bool:
+    """Whether `obj` carries the cache's own proof: our annotation or its ownerReference."""
+    return _annotation(obj) == owner.id or _owned_by(obj, owner)
+
+
+def judge_claim(pvc: Obj, *, owner: Owner, pv_name: str) -> Judgement:
+    """The verdict on the PVC found under the wanted name (module docstring)."""
+    annotated = _annotation(pvc)
+    if annotated == owner.id:
+        return OURS
+    if annotated:
+        return _taken(f"it belongs to {annotated}")
+    if not _owned_by(pvc, owner):
+        owners = _owners(pvc)
+        return _taken(
+            f"it is owned by {owners}" if owners else "it has no ownerReference to this cache"
+        )
+    volume = str(_spec(pvc).get("volumeName") or "")
+    if volume != pv_name:
+        return _taken(f"it names PersistentVolume {volume or '(none)'}, not {pv_name}")
+    return ADOPT
+
+
+def _place(spec: Obj) -> tuple[Any, Any]:
+    source = spec.get("local") or spec.get("hostPath") or {}
+    return source.get("path"), spec.get("nodeAffinity")
+
+
+def _claim_key(pv: Obj) -> runtime_keys.ObjectKey | None:
+    ref = _spec(pv).get("claimRef") or {}
+    if not ref.get("name"):
+        return None
+    return runtime_keys.ObjectKey(str(ref.get("namespace") or ""), str(ref["name"]))
+
+
+def _bound_claim(pv: Obj, claims: store.Reader) -> Obj | None:
+    """The PVC the PV's claimRef names, if it exists and is the same object (uid)."""
+    key = _claim_key(pv)
+    claim = claims.get(key) if key is not None else None
+    if claim is None:
+        return None
+    uid = (_spec(pv).get("claimRef") or {}).get("uid")
+    return claim if not uid or _meta(claim).get("uid") == uid else None
+
+
+def judge_volume(
+    pv: Obj,
+    *,
+    owner: Owner,
+    role: str,
+    template: Obj,
+    wanted_claim: runtime_keys.ObjectKey,
+    claims: store.Reader,
+) -> Judgement:
+    """The verdict on the PV found under the wanted name; `template` is the wanted PV (from
+    the node group), `wanted_claim` the PVC it is meant for, `claims` the PVC store."""
+    annotated = _annotation(pv)
+    if annotated and annotated != owner.id:
+        return _taken(f"it belongs to {annotated}")
+    owned = _owned_by(pv, owner)
+    if not annotated and not owned and _meta(pv).get("ownerReferences"):
+        return _taken(f"it is owned by {_owners(pv)}")
+    bound_to = _claim_key(pv)
+    name = str(_meta(pv).get("name") or "")
+    if not annotated and not owned:
+        return _judge_ownerless(
+            pv, owner=owner, template=template, wanted_claim=wanted_claim, claims=claims
+        )
+    if bound_to is None or bound_to == wanted_claim:
+        return OURS if annotated else ADOPT
+    if role != "download":
+        if annotated:
+            return OURS
+        return _taken(
+            f"it is this cache's but bound to claim {_where(bound_to)}, not {_where(wanted_claim)}",
+            "localcache leaves it alone (a pod may use that claim); delete that claim and "
+            "this PersistentVolume once nothing uses them, and localcache creates its own",
+        )
+    claim = _bound_claim(pv, claims)
+    if claim is None or provably_of(claim, owner):
+        return Judgement("stale", old_claim=claim)
+    return _taken(
+        f"it is this cache's but bound to claim {_where(bound_to)}, which is not provably "
+        f"this cache's ({_owners(claim) or 'no ownerReference'})",
+        f"localcache leaves both alone; if that claim is a leftover, set PersistentVolume "
+        f"{name}'s persistentVolumeReclaimPolicy to Retain, delete the claim and the "
+        "PersistentVolume, and localcache creates its own",
+    )
+
+
+def _judge_ownerless(
+    pv: Obj,
+    *,
+    owner: Owner,
+    template: Obj,
+    wanted_claim: runtime_keys.ObjectKey,
+    claims: store.Reader,
+) -> Judgement:
+    """An unannotated PV without ownerReferences: its claim must vouch for it."""
+    bound_to = _claim_key(pv)
+    name = str(_meta(pv).get("name") or "")
+    if bound_to is None:
+        return _taken("it has no ownerReference and is bound to no claim")
+    if bound_to != wanted_claim:
+        return _taken(
+            f"it has no ownerReference and is bound to claim {_where(bound_to)}, not "
+            f"{_where(wanted_claim)}",
+            f"localcache leaves it alone; if it is KServe's volume for this cache, set its "
+            "persistentVolumeReclaimPolicy to Retain (the models on the nodes then stay), "
+            f"delete claim {_where(bound_to)} and PersistentVolume {name}, and localcache "
+            "creates its own",
+        )
+    claim = claims.get(wanted_claim)
+    uid = (_spec(pv).get("claimRef") or {}).get("uid")
+    if claim is None or not uid or _meta(claim).get("uid") != uid:
+        return _taken(
+            f"it has no ownerReference and its claimRef is not the claim {_where(wanted_claim)} "
+            "that exists now"
+        )
+    if judge_claim(claim, owner=owner, pv_name=name).verdict not in ("ours", "adopt"):
+        return _taken(
+            f"it has no ownerReference and its claim {_where(wanted_claim)} is not this cache's"
+        )
+    if _place(_spec(pv)) != _place(_spec(template)):
+        return _taken(
+            "it has no ownerReference and its path or nodeAffinity differ from the node "
+            "group's PersistentVolume template"
+        )
+    return ADOPT
+
+
+def adoption_patch(obj: Obj, wanted: Obj) -> Obj:
+    """The merge patch that adopts `obj`: the wanted object's annotations (owner, role,
+    storage key) and labels (`app.kubernetes.io/managed-by`, which the admission policies of
+    `manifests/policies` select our PVs by), guarded by `obj`'s resourceVersion so that a
+    concurrent change is not overwritten (409 instead). Nothing else changes."""
+    wanted_meta = _meta(wanted)
+    return {
+        "metadata": {
+            "resourceVersion": _meta(obj).get("resourceVersion"),
+            "annotations": dict(wanted_meta.get("annotations") or {}),
+            "labels": dict(wanted_meta.get("labels") or {}),
+        }
+    }
+
+
+RETAIN: Final = "Retain"
+
+
+def retain_patch(pv: Obj) -> Obj | None:
+    """The merge patch that sets a PV's reclaim policy to Retain before its claim is deleted,
+    or None when it already is: releasing a `Recycle` hostPath PV scrubs its directory (the
+    whole models root), and a `Delete` hostPath PV under `/tmp/` is removed by
+    kube-controller-manager; `Retain` leaves the data where it is."""
+    if _spec(pv).get("persistentVolumeReclaimPolicy") == RETAIN:
+        return None
+    return {
+        "metadata": {"resourceVersion": _meta(pv).get("resourceVersion")},
+        "spec": {"persistentVolumeReclaimPolicy": RETAIN},
+    }
