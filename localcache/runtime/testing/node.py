@@ -3,9 +3,11 @@
 A node is a network + private mount namespace held by an anchor process. Inside it:
 - `eth0` (a veth whose other end joins the test bed's bridge in the hub namespace), routes to
   the other nodes' pod subnets, and no default route: no packet can leave the machine;
-- private bind mounts over `/var/lib`, `/run`, `/var/log` and `/mnt`, so kubelet and containerd
-  keep their default paths and every node has its own `/mnt/models`, and nothing is created at
-  those paths on the host;
+- private bind mounts over `/var/lib`, `/run`, `/var/log`, `/mnt` and `/models`, so kubelet
+  and containerd keep their default paths and every node has its own `/mnt/models` and
+  `/models` (KServe's default models root), and nothing is written at those paths on the host
+  (only `/models`, when the host lacks it, is created there as an empty mount point, and kept:
+  other test beds may have their own mounts on it);
 - private copies of the kernel tunables kubelet writes (the host keeps its own values);
 - a DNAT from the `kubernetes` Service address to the apiserver, standing in for kube-proxy
   for that one Service;
@@ -43,8 +45,8 @@ iptables -t nat -A PREROUTING -d "$SERVICE_IP/32" -p tcp --dport 443 -j DNAT \
   --to-destination "$API_ADDR"
 iptables -t nat -A OUTPUT -d "$SERVICE_IP/32" -p tcp --dport 443 -j DNAT \
   --to-destination "$API_ADDR"
-for d in /var/lib /run /var/log /mnt; do
-  mkdir -p "$STATE/bind$d"; mount --bind "$STATE/bind$d" "$d"
+for d in /var/lib /run /var/log /mnt /models; do
+  mkdir -p "$STATE/bind$d" "$d"; mount --bind "$STATE/bind$d" "$d"
 done
 mkdir -p /mnt/models
 chmod 0755 /mnt/models
@@ -106,6 +108,11 @@ class RealNode:
     def models_dir(self) -> Path:
         """The node's `/mnt/models` as seen from the host."""
         return self.state_dir / "bind" / "mnt" / "models"
+
+    @property
+    def kserve_models_dir(self) -> Path:
+        """The node's `/models` (KServe's default models root) as seen from the host."""
+        return self.state_dir / "bind" / "models"
 
     def create_namespace(self) -> netns.Anchor:
         self.state_dir.mkdir(parents=True, exist_ok=True)
