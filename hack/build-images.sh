@@ -22,6 +22,19 @@
 # storage-initializer  debootstrap trixie with $PYTHON_PACKAGES (Python 3.13), kserve-storage in
 #                      /opt/storage, KServe's initializer-entrypoint, user 1000, as KServe's
 #                      kserve/storage-initializer. Key: the rootfs, hack/storage-initializer/*.
+# kserve-localmodel    KServe's own local model cache controller (cmd/localmodel) and node agent
+# kserve-localmodelnode  (cmd/localmodelnode) of github.com/kserve/kserve@$LOCALCACHE_KSERVE_VERSION,
+#                      for the migration tests (tests/e2e/migration). Built from the Go module
+#                      proxy in a module of our own that requires KServe and carries the replace
+#                      directives of KServe's go.mod (read from it; the resulting build list is
+#                      checked to be KServe's own), as KServe's localmodel.Dockerfile and
+#                      localmodel-agent.Dockerfile build them: CGO_ENABLED=0, -mod=readonly,
+#                      /manager on a distroless/static:nonroot-like rootfs (passwd and group with
+#                      nonroot 65532, the host's CA bundle, /tmp, /home/nonroot), USER 65532.
+#                      Unlike theirs, -trimpath and no `-a`, so Go's build cache serves rebuilds
+#                      (cold: ~10 min on 2 cores, warm: ~35 s). Refs
+#                      localhost/localcache/<name>:$VERSION-<key>. Key: the version, the Go
+#                      version.
 # Every key also covers hack/mkimage.py and the text of the shell functions that build the image
 # (`declare -f`), so editing a recipe rebuilds what it makes. The debootstrapped root filesystems
 # are cached as directories too: the images start from a copy of one.
@@ -35,6 +48,8 @@
 #   LOCALCACHE_IMAGE_CACHE    cache directory
 #                             (default ${XDG_CACHE_HOME:-$HOME/.cache}/localcache/images)
 #   LOCALCACHE_K8S_VERSION    k8s.io/kubernetes module version for pause.c (default v1.36.3)
+#   LOCALCACHE_KSERVE_VERSION github.com/kserve/kserve version of the kserve-* images
+#                             (default v0.20.0)
 #   LOCALCACHE_DEBIAN_MIRROR  Debian mirror for both suites (default: the first deb source for
 #                             bookworm in /etc/apt/sources.list or sources.list.d/*.{list,sources})
 #
@@ -51,10 +66,13 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 CACHE=${LOCALCACHE_IMAGE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/localcache/images}
 K8S_VERSION=${LOCALCACHE_K8S_VERSION:-v1.36.3}
+KSERVE_VERSION=${LOCALCACHE_KSERVE_VERSION:-v0.20.0}
+KSERVE_MODULE=github.com/kserve/kserve
 BASE_SUITE=bookworm   # python-base and localcache
 STORAGE_SUITE=trixie  # storage-initializer (see above)
 PYTHON_PACKAGES=python3,python3-venv,ca-certificates
-ALL_IMAGES=(pause python-base localcache storage-initializer)
+ALL_IMAGES=(pause python-base localcache storage-initializer kserve-localmodel
+  kserve-localmodelnode)
 KEEP=3
 CHROOT_PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 STORAGE_REQUIREMENTS=$ROOT/hack/storage-initializer/requirements.txt
@@ -81,7 +99,7 @@ storage_version() {
 }
 
 compute_keys() {
-  local mk sources suite version
+  local mk sources suite version n
   local chroot_recipe=(chroot_prepare chroot_run chroot_finish slim_rootfs add_user)
   version=$(storage_version)
   [[ -n $version ]] || die "$STORAGE_REQUIREMENTS pins no kserve-storage==VERSION"
@@ -98,6 +116,10 @@ compute_keys() {
     "$(declare -f build_python_base)" | sha)
   LOCALCACHE_KEY=$(printf 'localcache\n%s\n%s\n%s\n%s\n' "${ROOTFS_KEY[$BASE_SUITE]}" "$mk" \
     "$sources" "$(declare -f build_localcache localcache_sources "${chroot_recipe[@]}")" | sha)
+  KSERVE_KEY=$(printf 'kserve\n%s\n%s\n%s\n%s\n' "$KSERVE_VERSION" "$mk" \
+    "$(go env GOVERSION 2>/dev/null || echo no-go)" \
+    "$(declare -f build_kserve_localmodel build_kserve_localmodelnode kserve_manager \
+      kserve_module go_module_dir distroless_rootfs)" | sha)
   STORAGE_KEY=$(printf 'storage-initializer\n%s\n%s\n%s\n%s\n%s\n' "${ROOTFS_KEY[$STORAGE_SUITE]}" \
     "$mk" "$(sha <"$STORAGE_REQUIREMENTS")" "$(sha <"$STORAGE_ENTRYPOINT")" \
     "$(declare -f build_storage_initializer "${chroot_recipe[@]}")" | sha)
@@ -110,6 +132,10 @@ compute_keys() {
   TAR[localcache]=$CACHE/localcache-${LOCALCACHE_KEY:0:12}.tar
   REF[storage-initializer]=localhost/localcache/storage-initializer:$version-${STORAGE_KEY:0:8}
   TAR[storage-initializer]=$CACHE/storage-initializer-${STORAGE_KEY:0:12}.tar
+  for n in kserve-localmodel kserve-localmodelnode; do
+    REF[$n]=localhost/localcache/$n:$KSERVE_VERSION-${KSERVE_KEY:0:12}
+    TAR[$n]=$CACHE/$n-${KSERVE_KEY:0:12}.tar
+  done
 }
 
 images_json() { # NAME... -> the JSON document on stdout
@@ -360,6 +386,83 @@ build_storage_initializer() { # OUT.tar : KServe's storage initializer on kserve
   remove_tree "$r"
 }
 
+go_module_dir() { # MODULE@VERSION : its directory in the Go module cache (downloaded if missing)
+  (cd "$WORK" && GOWORK=off GOFLAGS=-mod=mod go mod download -json "$1") |
+    python3 -c 'import json, sys; print(json.load(sys.stdin)["Dir"])'
+}
+
+kserve_module() { # DIR : a Go module requiring KServe, with KServe's go directive and replaces
+  local dir=$1 kserve edits
+  [[ -f $dir/go.sum ]] && return 0 # made by the other kserve image of this run
+  command -v go >/dev/null || die "the kserve images need go"
+  kserve=$(go_module_dir "$KSERVE_MODULE@$KSERVE_VERSION")
+  mkdir -p "$dir"
+  printf 'module localcache.invalid/kserve-addon\n' >"$dir/go.mod"
+  # Go ignores the replace directives of a dependency's go.mod: only the main module's count
+  mapfile -t edits < <(GOWORK=off go mod edit -json "$kserve/go.mod" | python3 -c '
+import json, sys
+mod = json.load(sys.stdin)
+at = lambda m: m["Path"] + ("@" + m["Version"] if m.get("Version") else "")
+print("-go=" + mod["Go"])
+for r in mod.get("Replace") or []:
+    print("-replace=" + at(r["Old"]) + "=" + at(r["New"]))
+')
+  ((${#edits[@]} > 1)) || die "no replace directives read from $kserve/go.mod"
+  (cd "$dir" && GOWORK=off go mod edit "${edits[@]}")
+  install -m 0644 "$kserve/go.sum" "$dir/go.sum"
+  log "resolving $KSERVE_MODULE@$KSERVE_VERSION (the first time downloads its dependencies)"
+  (cd "$dir" && quiet "$WORK/kserve-get.log" env GOWORK=off GOFLAGS=-mod=mod go get \
+    "$KSERVE_MODULE/cmd/localmodel@$KSERVE_VERSION" "$KSERVE_MODULE/cmd/localmodelnode@$KSERVE_VERSION")
+  python3 - "$kserve/go.mod" "$dir/go.mod" "$KSERVE_MODULE" <<'PY' ||
+import json, os, subprocess, sys
+
+def requires(path):
+    out = subprocess.run(["go", "mod", "edit", "-json", path], capture_output=True, text=True,
+                         check=True, env={**os.environ, "GOWORK": "off"}).stdout
+    return {r["Path"]: r["Version"] for r in json.loads(out).get("Require") or []}
+
+theirs, ours = requires(sys.argv[1]), requires(sys.argv[2])
+ours.pop(sys.argv[3])
+bad = sorted((p, v, theirs.get(p)) for p, v in ours.items() if theirs.get(p) != v)
+for path, got, want in bad:
+    print(f"[images] {path} {got}; KServe's go.mod: {want}", file=sys.stderr)
+sys.exit(1 if bad else 0)
+PY
+    die "the build list differs from KServe's go.mod (above)"
+}
+
+distroless_rootfs() { # DIR : like gcr.io/distroless/static:nonroot (users, CA bundle, /tmp)
+  local r=$1
+  [[ -f /etc/ssl/certs/ca-certificates.crt ]] || die "no CA bundle in /etc/ssl/certs"
+  mkdir -p "$r/etc/ssl/certs" "$r/tmp" "$r/home/nonroot" "$r/root"
+  chmod 1777 "$r/tmp"
+  chmod 0700 "$r/root" "$r/home/nonroot"
+  chown 65532:65532 "$r/home/nonroot"
+  printf '%s\n' 'root:x:0:0:root:/root:/sbin/nologin' \
+    'nobody:x:65534:65534:nobody:/nonexistent:/sbin/nologin' \
+    'nonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin' >"$r/etc/passwd"
+  printf '%s\n' 'root:x:0:' 'nobody:x:65534:' 'tty:x:5:' 'staff:x:50:' 'nonroot:x:65532:' \
+    >"$r/etc/group"
+  install -m 0644 /etc/ssl/certs/ca-certificates.crt "$r/etc/ssl/certs/ca-certificates.crt"
+}
+
+kserve_manager() { # NAME CMD OUT.tar : KServe's cmd/CMD as /manager in the image NAME
+  local name=$1 cmd=$2 out=$3 r=$WORK/$1.rootfs
+  need_root "$name (files owned by 65532)"
+  kserve_module "$WORK/kserve-module"
+  distroless_rootfs "$r"
+  (cd "$WORK/kserve-module" && quiet "$WORK/$name-build.log" env GOWORK=off CGO_ENABLED=0 \
+    GOOS=linux GOFLAGS=-mod=readonly go build -trimpath -o "$r/manager" "$KSERVE_MODULE/cmd/$cmd")
+  # as KServe's Dockerfiles: FROM gcr.io/distroless/static:nonroot, /manager, ENTRYPOINT
+  mkimage "$r" "${REF[$name]}" "$out" --entrypoint /manager --user 65532:65532 \
+    --workdir /home/nonroot --env SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt
+  remove_tree "$r"
+}
+
+build_kserve_localmodel() { kserve_manager kserve-localmodel localmodel "$1"; }
+
+build_kserve_localmodelnode() { kserve_manager kserve-localmodelnode localmodelnode "$1"; }
+
 # ---- cache -----------------------------------------------------------------------------------
 
 ensure_rootfs() { # SUITE
@@ -403,7 +506,8 @@ main() {
     case $n in
       --plan) plan=1 ;;
       -h | --help) sed -n '2,/^$/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//' >&2; exit 0 ;;
-      pause | python-base | localcache | storage-initializer) names+=("$n") ;;
+      pause | python-base | localcache | storage-initializer | kserve-localmodel | \
+        kserve-localmodelnode) names+=("$n") ;;
       *) die "unknown image $n (known: ${ALL_IMAGES[*]})" ;;
     esac
   done
@@ -436,7 +540,7 @@ main() {
   out=$CACHE/images-$(printf '%s' "$json" | sha | cut -c1-12).json
   printf '%s\n' "$json" >"$WORK/images.json"
   mv -f "$WORK/images.json" "$out"
-  for n in pause python-base localcache storage-initializer; do prune "$n-*.tar"; done
+  for n in "${ALL_IMAGES[@]}"; do prune "$n-*.tar"; done
   prune "rootfs-$BASE_SUITE-*"
   prune "rootfs-$STORAGE_SUITE-*"
   prune 'images-*.json' 10

@@ -44,6 +44,7 @@ IMAGE_ALIASES = {
     "storage-initializer": (STORAGE_INITIALIZER_IMAGE,),
 }
 OPERATOR_IMAGES = ("pause", "localcache", "storage-initializer")
+KSERVE_ADDON_IMAGES = ("kserve-localmodel", "kserve-localmodelnode")
 DEMO_PORT = 8000
 DEMO_FILE = "model.bin"
 ROLLOUT_TIMEOUT_S = 240

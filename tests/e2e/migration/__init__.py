@@ -1,0 +1,1 @@
+"""Migration from KServe's own local model cache add-on to localcache, on real nodes."""
