@@ -258,6 +258,11 @@ def profile(default: list[Doc], name: str) -> list[Doc]:
             _args(doc, extra)
             if name == "with-kserve":
                 _kserve_models_root(doc)
+        if kind in ("Deployment", "DaemonSet"):
+            # Services localcache-webhook and localcache-metrics would otherwise put
+            # LOCALCACHE_WEBHOOK_PORT=tcp://... and LOCALCACHE_METRICS_PORT=tcp://... into the
+            # pods' environment, which the processes read as their own settings.
+            doc["spec"]["template"]["spec"]["enableServiceLinks"] = False
         docs.append(doc)
     if name == "with-kserve":
         docs.extend(_kserve_config_role())

@@ -7,8 +7,12 @@ tests: everything goes through a kubeconfig and the kubectl / helm binaries.
   either profile may carry one of these identities.
 - `find_helm()`: the helm of hack/build-helm.sh, or None (`helm_or_skip` skips with a reason,
   or fails under LOCALCACHE_REQUIRE_HELM=1).
-- `Installer(kubectl, kubeconfig, helm)`: `install(profile, tool)`, `uninstall(...)`, and
-  `wait_gone(...)` polling (with a deadline) until what an uninstall deletes is gone.
+- `Installer(kubectl, kubeconfig, helm, images=...)`: `install(profile, tool)`, `uninstall(...)`,
+  `installed()` (which profile and tool run now, read from the cluster) and `wait_gone(...)`
+  polling (with a deadline) until what an uninstall deletes is gone. With `Images`, the
+  profiles go in with those image references instead of the registry names (kustomize: a
+  temporary overlay with `images:` and, standalone, a patch of localcache-config's
+  storageInitializer; Helm: `--set`); with-kserve's storage initializer is KServe's setting.
 - `snapshot(...)`: the full objects (resourceVersion, managedFields and all) of a list of
   identities, for byte-for-byte comparisons before and after.
 """
@@ -18,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -34,6 +39,8 @@ Identity = tuple[str, str, str]  # kind, namespace ("" if cluster-scoped), name
 RELEASE = "localcache"
 RELEASE_NAMESPACE = "default"  # the chart creates its own namespace; Helm's record lives here
 CHART = REPO_ROOT / "charts" / "localcache"
+PROFILE_IMAGE = "localcache"  # the image name the profiles use (the tag is the version)
+CONFIG_MAP = "localcache-config"
 
 _LOCALMODEL_CRDS = (
     "localmodelcaches",
@@ -173,12 +180,61 @@ def helm_template(helm: Path, profile: str, *extra: str) -> list[dict[str, Any]]
 
 
 @dataclass(frozen=True)
+class Images:
+    """Image references to install with instead of the profiles' registry names."""
+
+    localcache: str
+    storage_initializer: str  # standalone's localcache-config; with-kserve reads KServe's
+
+
+def _split_ref(ref: str) -> tuple[str, str]:
+    """`name[:tag]` -> (name, tag); a registry port is not a tag."""
+    name, sep, tag = ref.rpartition(":")
+    if not sep or "/" in tag:
+        return ref, "latest"
+    return name, tag
+
+
+def _overlay(kubectl: str, profile: str, images: Images, root: Path) -> Path:
+    """A kustomization in `root` over `profile` that changes only image references."""
+    base = REPO_ROOT / "manifests" / "profiles" / profile
+    name, tag = _split_ref(images.localcache)
+    kustomization: dict[str, Any] = {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        "resources": [os.path.relpath(base, root)],  # kustomize refuses absolute bases
+        "images": [{"name": PROFILE_IMAGE, "newName": name, "newTag": tag}],
+    }
+    (config,) = [
+        d
+        for d in kustomize(kubectl, base)
+        if d["kind"] == "ConfigMap" and d["metadata"]["name"] == CONFIG_MAP
+    ]
+    if "storageInitializer" in config.get("data", {}):
+        initializer = json.loads(config["data"]["storageInitializer"])
+        initializer["image"] = images.storage_initializer
+        patch = [
+            {
+                "op": "replace",
+                "path": "/data/storageInitializer",
+                "value": json.dumps(initializer, indent=2),
+            }
+        ]
+        kustomization["patches"] = [
+            {"target": {"kind": "ConfigMap", "name": CONFIG_MAP}, "patch": json.dumps(patch)}
+        ]
+    (root / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
+    return root
+
+
+@dataclass(frozen=True)
 class Installer:
     """Installs and uninstalls profiles on the cluster of `kubeconfig`."""
 
     kubectl: str
     kubeconfig: Path
     helm: Path | None = None
+    images: Images | None = None
 
     def k(self, *args: str, timeout: float = 120, check: bool = True) -> str:
         """kubectl's stdout; with `check`, a non-zero exit fails with its stderr."""
@@ -198,13 +254,21 @@ class Installer:
         self.k("apply", "--server-side", "-k", str(REPO_ROOT / "manifests" / "crds"))
 
     def install(self, profile: str, tool: Tool) -> None:
-        if tool == "kustomize":
+        if tool == "kustomize" and self.images is None:
             self.k("apply", "-k", str(REPO_ROOT / "manifests" / "profiles" / profile))
+        elif tool == "kustomize":
+            assert self.images is not None
+            with tempfile.TemporaryDirectory(prefix="localcache-overlay-") as root:
+                overlay = _overlay(self.kubectl, profile, self.images, Path(root))
+                self.k("apply", "-k", str(overlay))
         else:
             # with-kserve: KServe's chart owns the CRDs; --skip-crds leaves them alone even
             # where they are missing (crds/ objects are never updated by Helm anyway)
-            skip = ["--skip-crds"] if profile == "with-kserve" else []
-            self._helm("install", RELEASE, str(CHART), "--set", f"profile={profile}", *skip)
+            extra = ["--skip-crds"] if profile == "with-kserve" else []
+            if self.images is not None:
+                extra += ["--set", f"image={self.images.localcache}"]
+                extra += ["--set", f"storageInitializerImage={self.images.storage_initializer}"]
+            self._helm("install", RELEASE, str(CHART), "--set", f"profile={profile}", *extra)
 
     def uninstall(self, profile: str, tool: Tool) -> None:
         if tool == "kustomize":
@@ -217,6 +281,22 @@ class Installer:
         else:
             self._helm("uninstall", RELEASE)
 
+    def installed(self) -> tuple[str, Tool] | None:
+        """The profile and tool of what runs now (read from the controller Deployment), or
+        None when no profile is installed."""
+        text = self.k(
+            "get", "deployment", "localcache-controller", "-n", "localcache",
+            "--ignore-not-found", "-o", "json",
+        ).strip()  # fmt: skip
+        if not text:
+            return None
+        deployment = json.loads(text)
+        annotations = deployment["metadata"].get("annotations") or {}
+        tool: Tool = "helm" if "meta.helm.sh/release-name" in annotations else "kustomize"
+        (container, *_) = deployment["spec"]["template"]["spec"]["containers"]
+        args = " ".join(container.get("args") or [])
+        return ("with-kserve" if "--kserve-config" in args else "standalone"), tool
+
     def exists(self, ident: Identity) -> bool:
         kind, ns, name = ident
         args = ["get", kind, name, "--ignore-not-found", "-o", "name"]
@@ -225,12 +305,14 @@ class Installer:
         return bool(self.k(*args).strip())
 
     def wait_gone(self, idents: list[Identity], *, timeout: float = 120) -> None:
-        """Poll until none of `idents` exists (namespaces finish terminating)."""
+        """Poll until none of `idents` exists (namespaces finish terminating). Each poll
+        stops at the first one still there, namespaces first: they take longest."""
+        ordered = sorted(idents, key=lambda i: i[0] != "Namespace")
 
         def gone() -> bool:
-            present = [i for i in idents if self.exists(i)]
-            if present:
-                raise AssertionError("still present: " + ", ".join("/".join(i) for i in present))
+            present = next((i for i in ordered if self.exists(i)), None)
+            if present is not None:
+                raise AssertionError("still present: " + "/".join(present))
             return True
 
         waiting.wait_until_sync(

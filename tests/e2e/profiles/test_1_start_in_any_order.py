@@ -1,0 +1,98 @@
+"""Start in any order (issue 12 item 2) on real nodes: the with-kserve profile (kustomize) goes
+in on a cluster with KServe's namespace and inferenceservice-config but no serving.kserve.io
+CRD at all; its controller and agents become Ready and stay up, without a restart, for
+`CRD_DELAY_S`; then KServe's real CRDs appear, and without a pod restart a node group and a
+cluster cache of an http:// model are downloaded on both nodes and an InferenceService is
+mutated by localcache's webhook (reference §2.6: the local-model label and the source-URI
+and serving-PVC annotations).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from localcache.api import groupversion
+from localcache.api import inferenceservice as isvc_api
+from localcache.caching import names
+from localcache.webhooks import isvc
+from tests.e2e.profiles.conftest import ProfileBed
+from tests.e2e.realnodes import objects
+
+pytestmark = pytest.mark.timeout(600)
+# The scenario, not a synchronisation: KServe's CRDs are installed about a minute after
+# localcache (issue 12, "the controller first, KServe's CRDs a minute later").
+CRD_DELAY_S = 60.0
+# KServe's CRDs on the cluster when localcache starts: none (the rest come CRD_DELAY_S later).
+# With KServe's four localmodel CRDs here instead (as if its kserve-localmodel-crd chart went
+# first), the scenario passes today; with none, localcache's controller never becomes Ready.
+AT_START: tuple[str, ...] = ()
+WATCH_INTERVAL_S = 5.0
+LMC, ISVC = groupversion.LOCAL_MODEL_CACHE, groupversion.INFERENCE_SERVICE
+
+
+@pytest.fixture(scope="module")
+def bare(bed: ProfileBed) -> Iterator[ProfileBed]:
+    bed.reset_bare()
+    bed.ensure_kserve(crds=False)
+    if AT_START:
+        bed.apply_kserve_crds(AT_START)
+    yield bed
+    bed.clear_objects()
+
+
+def _all_up(bed: ProfileBed, first: dict[str, dict[str, object]]) -> None:
+    """The same pods as at first, every one Ready and never restarted."""
+    now = bed.operator_pods()
+    assert now.keys() == first.keys(), f"pods replaced: {sorted(first)} -> {sorted(now)}"
+    for name, pod in now.items():
+        assert pod["uid"] == first[name]["uid"], f"pod {name} was recreated"
+        assert pod["restarts"] == 0, f"pod {name} restarted {pod['restarts']} times"
+        assert pod["ready"], f"pod {name} is not Ready"
+
+
+def test_with_kserve_starts_without_kserve_crds_and_serves_once_they_appear(
+    bare: ProfileBed,
+) -> None:
+    bed = bare
+    assert bed.crds() == set(AT_START), "unexpected serving.kserve.io CRDs at the start"
+    started = time.monotonic()
+    bed.installer.install("with-kserve", "kustomize")
+    first = bed.wait_up()
+    while (left := started + CRD_DELAY_S - time.monotonic()) > 0:
+        time.sleep(min(WATCH_INTERVAL_S, left))  # the scenario's minute, watched
+        _all_up(bed, first)
+
+    bed.apply_kserve_crds()
+    run = uuid.uuid4().hex[:6]
+    uri = bed.add_model(f"order-{run}", os.urandom(256 * 1024))
+    group, cache = f"order-{run}", f"order-{run}"
+    bed.apply(bed.cluster.node_group(group), objects.cache(cache, uri, group))
+    bed.wait_cached(LMC.plural, cache)
+
+    namespace = bed.namespace("order")
+    bed.cluster.create(
+        {
+            "apiVersion": ISVC.api_version,
+            "kind": ISVC.kind,
+            "metadata": {"name": "classifier", "namespace": namespace},
+            "spec": {"predictor": {"model": {"modelFormat": {"name": "onnx"}, "storageUri": uri}}},
+        }
+    )
+    meta = (bed.cluster.get(ISVC.plural, "classifier", namespace=namespace) or {})["metadata"]
+    labels = {k: v for k, v in (meta.get("labels") or {}).items() if k in isvc.LABEL_KEYS}
+    annotations = {
+        k: v for k, v in (meta.get("annotations") or {}).items() if k in isvc.ANNOTATION_KEYS
+    }
+    assert (labels, annotations) == (
+        {isvc_api.LOCAL_MODEL_LABEL: cache},
+        {
+            isvc_api.LOCAL_MODEL_SOURCE_URI_ANNOTATION: uri,
+            isvc_api.LOCAL_MODEL_PVC_NAME_ANNOTATION: names.serving_pvc(cache, group),
+        },
+    ), meta
+    _all_up(bed, first)
