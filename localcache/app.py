@@ -28,13 +28,14 @@ import structlog
 
 from localcache import settings as settings_mod
 from localcache.agent import setup as agent_setup
-from localcache.api import crdgen
+from localcache.api import crdgen, groupversion
 from localcache.caching import config as config_mod
 from localcache.caching import liveconfig
 from localcache.controllers import setup as controllers_setup
 from localcache.runtime import (
     admission,
     crdcheck,
+    crdwait,
     factory,
     httpserver,
     kube,
@@ -52,6 +53,11 @@ _log = structlog.get_logger(__name__)
 
 #: How to get the CRDs whose schemas hold every field localcache writes (README "KServe's
 #: CRD schema"); the controller's CRD schema check says it when a served CRD lacks some.
+OWN_CRDS = tuple((kind.crd_name, kind.version) for kind in groupversion.OWN_KINDS)
+CRD_WAIT_HINT = (
+    "install the CRDs: KServe's (its kserve-crd or kserve-localmodel-crd chart) or "
+    "localcache's (kubectl apply --server-side -k manifests/crds); this process goes on then"
+)
 CRD_INSTALL_HINT = (
     "install localcache's CRDs: kubectl apply --server-side --force-conflicts -f "
     "manifests/crds (or the localcache Helm chart's CRDs), and again after every upgrade of "
@@ -229,6 +235,12 @@ async def run_components(
             elector=elector,
             shutdown_timeout=settings.shutdown_timeout,
             handle_signals=handle_signals,
+        )
+        # Started before the localmodel CRDs (KServe's chart may install them later): wait for
+        # them with the probes answering, rather than crash-loop on a cache sync.
+        mgr.add_prerequisite(
+            "localmodel CRDs served",
+            lambda: crdwait.wait_served(api, OWN_CRDS, hint=CRD_WAIT_HINT),
         )
         # One factory per Manager: every component of this process shares its informers.
         informers = factory.InformerFactory(api, mgr)

@@ -6,6 +6,9 @@ Start-up phases (controller-runtime's runnable groups), each waiting for the pre
    says "not ready" until phase 3 is done); metrics are served even on non-leaders;
 2. the webhook server, if any: the apiserver may call it as soon as objects are written,
    and informers do not depend on it;
+   then the prerequisites (`add_prerequisite`), one after the other, with no time limit: e.g.
+   the CRDs the informers watch being served (a process may start before them; it waits with
+   its probes answering instead of crash-looping);
 3. informers, until every one has synced (`cache_sync_timeout`): controllers must not
    reconcile against an empty cache;
 4. components that do not need the lease; then leader election, if configured;
@@ -109,6 +112,7 @@ class Manager:
         self._informers: list[tuple[str, informer.Informer]] = []
         self._controllers: list[_Component] = []
         self._runnables: list[_Component] = []
+        self._prerequisites: list[tuple[str, Callable[[], Awaitable[None]]]] = []
         self._informer_tasks: list[asyncio.Task[None]] = []
         self._elector_task: asyncio.Task[None] | None = None
         self._leadership_task: asyncio.Task[None] | None = None
@@ -147,6 +151,11 @@ class Manager:
                 f"controller {ctl.name}", ctl.stuck_check(self._stuck_limit)
             )
         return ctl
+
+    def add_prerequisite(self, what: str, wait: Callable[[], Awaitable[None]]) -> None:
+        """Await `wait()` after the servers start and before the informers do, for as long as
+        it takes (a stop cancels it); `what` names it in the phase and logs."""
+        self._prerequisites.append((what, wait))
 
     def add_runnable(self, name: str, runnable: Runnable, *, needs_leader: bool) -> None:
         """Run any other long-lived coroutine alongside the controllers. One that needs the
@@ -230,6 +239,10 @@ class Manager:
             await servers.enter_async_context(self._http)
         if self._webhook is not None:
             await servers.enter_async_context(self._webhook)
+        for what, wait in self._prerequisites:
+            self.phase = f"prerequisite: {what}"
+            if not await self._until_stopped(wait(), what, None):
+                return False
         self.phase = "informers"
         for name, inf in self._informers:
             self._informer_tasks.append(tg.create_task(inf.run(), name=f"informer {name}"))
