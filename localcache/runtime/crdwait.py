@@ -8,7 +8,9 @@ is Established and serves the version it reads (`optional.crd_serves`).
 Contract of `wait_served(api, wanted)`:
 - polls `GET customresourcedefinitions/<name>` for the ones still missing, each call with
   `REQUEST_TIMEOUT_S`, sleeping `POLL_S` doubling to `POLL_MAX_S` between rounds (reset to
-  `POLL_S` once something changed);
+  `POLL_S` once something changed); a CRD the process may not `get` (403: RBAC without that
+  CRD's name) is not waited for: `crd_check_forbidden` is logged and the informers go on as
+  they would without this wait;
 - logs `waiting_for_crds` (warning) with the missing names and `hint` on the first round that
   finds one missing and then every `LOG_EVERY_S`; `crds_served` (info) once all serve; an
   apiserver or transport error is logged (`crd_check_failed`) and retried the same way;
@@ -42,6 +44,12 @@ async def _missing(api: kube_mod.Kube, wanted: Sequence[tuple[str, str]]) -> lis
             )
         except errors.NotFound:
             crd = None
+        except errors.ApiError as exc:
+            if exc.status != 403:
+                raise
+            # RBAC without `get` on this CRD: it cannot be checked; the informers will tell
+            _log.warning("crd_check_forbidden", crd=name, error=str(exc))
+            continue
         if not optional.crd_serves(crd, version):
             missing.append(name)
     return missing
