@@ -7,14 +7,24 @@
 One source: `kubectl kustomize manifests/default` (KServe's names, for a cluster without
 KServe's add-on) is rendered, its CRDs dropped (they are `manifests/crds`, never in a
 profile's delete path), and every name KServe also uses is renamed to localcache's own
-(`RENAMES`): namespace `localcache`, job namespace `localcache-jobs`, Deployment
-`localcache-controller`, DaemonSet `localcache-agent`, and so on. The profiles then differ
-only in the settings ConfigMap and in reading KServe's `inferenceservice-config`:
+(`RENAMES`): namespace `localcache`, Deployment `localcache-controller`, DaemonSet
+`localcache-agent`, and so on. The profiles then differ in the settings ConfigMap, in
+reading KServe's `inferenceservice-config` and in the job namespace (`JOB_NAMESPACES`):
 
-  standalone   localcache-config holds every section (localcache's defaults)
+  standalone   localcache-config holds every section (localcache's defaults); download Jobs
+               run in `localcache-jobs`, which the profile creates
   with-kserve  localcache-config holds localcache's own keys only; the processes also read
                kserve/inferenceservice-config read-only (--kserve-config), through a Role
-               in namespace kserve that only localcache creates
+               in namespace kserve that only localcache creates. Download Jobs run in
+               KServe's job namespace `kserve-localmodel-jobs` (localModel.jobNamespace is
+               set to it in localcache-config, so config and policies agree), which the
+               profile neither creates nor deletes: KServe's docs have users create it, and
+               its sample puts its download ServiceAccount there. Nothing namespaced is
+               created in it, so an install never fails for want of it. The two policies
+               requiring job-namespace ServiceAccounts to be labelled
+               localmodel.kserve.io/download=true are left out (`KSERVE_DROPPED_POLICIES`):
+               KServe's add-on lets any ServiceAccount there be used, and its sample's is
+               unlabelled
 
 with-kserve's agent also mounts KServe's models root (`/models`, at /mnt/kserve-models) and
 serves both (`--models-roots`), so node groups with either PV path work.
@@ -41,7 +51,17 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 PROFILES = ("standalone", "with-kserve")
-NAMESPACE, JOB_NAMESPACE = "localcache", "localcache-jobs"
+NAMESPACE = "localcache"
+# The job namespace manifests/default names, and each profile's (standalone creates its own;
+# with-kserve uses KServe's, which KServe's users create).
+DEFAULT_JOB_NAMESPACE = "kserve-localmodel-jobs"
+JOB_NAMESPACES = {"standalone": "localcache-jobs", "with-kserve": DEFAULT_JOB_NAMESPACE}
+# Policies (and their bindings, of the same name) with-kserve leaves out: in KServe's job
+# namespace any ServiceAccount may be named, as with KServe's own add-on.
+KSERVE_DROPPED_POLICIES = (
+    "localcache-job-namespace-serviceaccounts",
+    "localcache-cluster-cache-serviceaccounts",
+)
 IMAGE = "localcache:0.1.0"
 STORAGE_INITIALIZER = "kserve/storage-initializer:latest"
 MODELS_ROOT = "/mnt/models"
@@ -64,19 +84,17 @@ RENAMES = {
     "kserve-localmodelnode-agent-role": "localcache-agent",
     "kserve-localmodelnode-agent-rolebinding": "localcache-agent",
     "kserve-localmodelnode-agent-events": "localcache-agent-events",
-    "kserve-localmodel-jobs": JOB_NAMESPACE,
     "localmodel-webhook-server-service": "localcache-webhook",
     "localmodel-webhook-server-cert": "localcache-webhook-cert",
     "localmodel.inferenceservice.serving.kserve.io": MUTATING,
     "localmodelcache.serving.kserve.io": VALIDATING,
     "inferenceservice-config": CONFIG_MAP,
 }
-# Substring renames inside CEL expressions and messages.
+# Substring renames inside CEL expressions and messages (the job namespace: `_walk`).
 SUBSTRINGS = {
     "system:serviceaccount:kserve:kserve-localmodelnode-agent": (
         f"system:serviceaccount:{NAMESPACE}:localcache-agent"
     ),
-    "kserve-localmodel-jobs": JOB_NAMESPACE,
 }
 # localcache's own keys of the localModel section (KServe has no such keys, or localcache
 # must decide them): with-kserve keeps only these in localcache-config, so KServe's
@@ -131,11 +149,12 @@ def render_default() -> list[Doc]:
     return [d for d in yaml.safe_load_all(out) if d]
 
 
-def _walk(node: Any, key: str | None = None) -> Any:
+def _walk(node: Any, jobs: str, key: str | None = None) -> Any:
+    """`node` with KServe's names renamed to localcache's, and the job namespace to `jobs`."""
     if isinstance(node, dict):
-        return {k: _walk(v, k) for k, v in node.items()}
+        return {k: _walk(v, jobs, k) for k, v in node.items()}
     if isinstance(node, list):
-        return [_walk(v, key) for v in node]
+        return [_walk(v, jobs, key) for v in node]
     if isinstance(node, str):
         if key == "namespace" and node == "kserve":
             return NAMESPACE
@@ -143,6 +162,7 @@ def _walk(node: Any, key: str | None = None) -> Any:
             return RENAMES[node]
         for old, new in SUBSTRINGS.items():
             node = node.replace(old, new)
+        node = node.replace(DEFAULT_JOB_NAMESPACE, jobs)
     return node
 
 
@@ -179,7 +199,7 @@ def _kserve_models_root(doc: Doc) -> None:
 def _config(doc: Doc, profile: str) -> None:
     data = doc["data"]
     local_model = json.loads(data["localModel"])
-    local_model["jobNamespace"] = JOB_NAMESPACE
+    local_model["jobNamespace"] = JOB_NAMESPACES[profile]
     if profile == "with-kserve":
         local_model = {k: local_model[k] for k in OWN_LOCAL_MODEL_KEYS}
         doc["data"] = {"localModel": json.dumps(local_model, indent=2)}
@@ -227,14 +247,26 @@ def _kserve_config_role() -> list[Doc]:
     return [role, binding]
 
 
+def _kserve_s(doc: Doc, profile: str) -> bool:
+    """with-kserve: KServe's job namespace, and the policies it does without."""
+    if profile != "with-kserve":
+        return False
+    kind, name = doc["kind"], doc["metadata"]["name"]
+    if kind == "Namespace":
+        return bool(name == DEFAULT_JOB_NAMESPACE)
+    policy = kind in ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
+    return policy and name in KSERVE_DROPPED_POLICIES
+
+
 def profile(default: list[Doc], name: str) -> list[Doc]:
     """The objects of profile `name`, derived from the manifests/default build."""
     docs: list[Doc] = []
+    jobs = JOB_NAMESPACES[name]
     for doc in default:
         kind = doc["kind"]
-        if kind == "CustomResourceDefinition":
+        if kind == "CustomResourceDefinition" or _kserve_s(doc, name):
             continue
-        doc = _walk(copy.deepcopy(doc))
+        doc = _walk(copy.deepcopy(doc), jobs)
         if kind == "Namespace":
             doc["metadata"]["name"] = (
                 NAMESPACE if doc["metadata"]["name"] == "kserve" else doc["metadata"]["name"]
@@ -272,14 +304,15 @@ def profile(default: list[Doc], name: str) -> list[Doc]:
 # --- the Helm chart --------------------------------------------------------------------
 
 
-def _tokenize(node: Any, key: str | None = None) -> Any:
-    """Mark the configurable values with @@TOKENS@@ that `_helmify` turns into expressions."""
+def _tokenize(node: Any, jobs: str, key: str | None = None) -> Any:
+    """Mark the configurable values with @@TOKENS@@ that `_helmify` turns into expressions
+    (`jobs`: the profile's job namespace)."""
     if isinstance(node, dict):
         if key == "nodeSelector" and node == NODE_SELECTOR:
             return "@@NODESELECTOR@@"
-        return {k: _tokenize(v, k) for k, v in node.items()}
+        return {k: _tokenize(v, jobs, k) for k, v in node.items()}
     if isinstance(node, list):
-        return [_tokenize(v, key) for v in node]
+        return [_tokenize(v, jobs, key) for v in node]
     if isinstance(node, str):
         if key in ("namespace", "name") and node == NAMESPACE:
             return "@@NAMESPACE@@"
@@ -290,7 +323,7 @@ def _tokenize(node: Any, key: str | None = None) -> Any:
         node = node.replace(
             f"system:serviceaccount:{NAMESPACE}:", "system:serviceaccount:@@NAMESPACE@@:"
         )
-        node = node.replace(JOB_NAMESPACE, "@@JOBNAMESPACE@@")
+        node = node.replace(jobs, "@@JOBNAMESPACE@@")
         node = node.replace(STORAGE_INITIALIZER, "@@STORAGEINITIALIZER@@")
         node = node.replace("/".join(KSERVE_CONFIG), "@@KSERVECONFIG@@")
         node = node.replace(KSERVE_CONFIG[1], "@@KSERVECONFIGNAME@@")
@@ -306,7 +339,8 @@ def _tokenize(node: Any, key: str | None = None) -> Any:
 
 EXPRESSIONS = {
     "@@NAMESPACE@@": "{{ .Values.namespace }}",
-    "@@JOBNAMESPACE@@": "{{ .Values.jobNamespace }}",
+    # charts/localcache/templates/_helpers.tpl (hand-written): the value, or the profile's
+    "@@JOBNAMESPACE@@": '{{ include "localcache.jobNamespace" . }}',
     "@@IMAGE@@": "{{ .Values.image }}",
     "@@STORAGEINITIALIZER@@": "{{ .Values.storageInitializerImage }}",
     "@@KSERVENAMESPACE@@": "{{ .Values.kserveConfig.namespace }}",
@@ -318,7 +352,8 @@ EXPRESSIONS = {
 
 
 def _helmify(docs: list[Doc]) -> str:
-    text = _dump([_tokenize(d) for d in docs])
+    """Tokenized documents (`_tokenize`) as template text."""
+    text = _dump(docs)
     lines = []
     for line in text.splitlines():
         match = re.fullmatch(r"( *)nodeSelector: '@@NODESELECTOR@@'", line)
@@ -341,11 +376,13 @@ def _key(doc: Doc) -> tuple[str, str, str]:
 
 
 def chart_templates(profiles: dict[str, list[Doc]]) -> dict[str, str]:
-    """templates/<file> -> text: objects equal in every profile, then each profile's own."""
-    a, b = (profiles[p] for p in PROFILES)
+    """templates/<file> -> text: objects equal in every profile (once their values are
+    expressions: the job namespaces differ), then each profile's own."""
+    tokenized = {p: [_tokenize(d, JOB_NAMESPACES[p]) for d in docs] for p, docs in profiles.items()}
+    a, b = (tokenized[p] for p in PROFILES)
     common = [d for d in a if d in b]
     files = {"common.yaml": HEADER + _helmify(common)}
-    for name, docs in profiles.items():
+    for name, docs in tokenized.items():
         own = [d for d in docs if d not in common]
         body = _helmify(own)
         files[f"{name}.yaml"] = (

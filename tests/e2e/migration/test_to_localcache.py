@@ -41,7 +41,7 @@ Obj = dict[str, Any]
 HANDOVER_TIMEOUT_S = 300
 ADOPTED_EVENT = "ModelFolderAdopted"
 OWNER_ANNOTATION = "localmodel.kserve.io/cache"
-LOCALCACHE_JOBS_NS = "localcache-jobs"
+JOBS_NS = "kserve-localmodel-jobs"  # the with-kserve profile runs its Jobs in KServe's
 
 
 @dataclass
@@ -203,7 +203,7 @@ def test_handover_to_localcache_downloads_nothing_again_and_keeps_serving(
     )
     checks = shell.run(readme.block("Step 4"), what="step 4 (check)")
     assert ADOPTED_EVENT in checks, checks
-    assert "No resources found" in checks, checks  # no Job in localcache's job namespace
+    assert "No resources found" in checks, checks  # no Job in the job namespace
 
     assert addon.request_counts() == before.requests, "a model was downloaded again"
     assert _job_uids(addon) <= before.jobs, "a download Job was created"
@@ -235,7 +235,7 @@ def test_handover_to_localcache_downloads_nothing_again_and_keeps_serving(
         what=f"the new cache {fresh.name} NodeDownloaded on both nodes, its files on disk",
     )
     assert addon.request_counts().get(fresh.path) == len(addon.node_names)
-    jobs = addon.cluster.items("jobs", namespace=LOCALCACHE_JOBS_NS)
+    jobs = addon.cluster.items("jobs", namespace=JOBS_NS)
     assert len(jobs) == len(addon.node_names), [j["metadata"]["name"] for j in jobs]
     addon.caches.append(fresh)  # the rollback keeps it too
 

@@ -40,7 +40,9 @@ from tests.e2e.realnodes import cluster as cluster_mod
 from tests.e2e.realnodes.cluster import Cluster
 
 Obj = dict[str, Any]
-NAMESPACE, JOBS_NAMESPACE = "localcache", "localcache-jobs"
+NAMESPACE, JOBS_NAMESPACE = "localcache", "localcache-jobs"  # standalone's job namespace
+# with-kserve runs download Jobs in KServe's job namespace, which KServe's docs have users create
+KSERVE_JOBS_NAMESPACE = "kserve-localmodel-jobs"
 CONTROLLER, AGENT = "localcache-controller", "localcache-agent"
 HTTP_PORT = 8000
 ROLLOUT_TIMEOUT_S = 180
@@ -102,13 +104,15 @@ class ProfileBed:
         return {c["metadata"]["name"] for c in listed if c["spec"]["group"] == GROUP}
 
     def ensure_kserve(self, *, crds: bool) -> None:
-        """Namespace `kserve` and KServe's inferenceservice-config (storage initializer: the
-        bed's image), created as KServe's kustomize config ships them; KServe's CRDs too
+        """Namespaces `kserve` and `kserve-localmodel-jobs` (as KServe's docs have users make
+        it), KServe's inferenceservice-config (storage initializer: the bed's image), created
+        as KServe's kustomize config ships them; KServe's CRDs too
         with `crds` (where localcache's own CRDs are installed, the bed is reset first)."""
         if crds and self._localcache_crds():
             self.reset_bare()
-        if self.cluster.get("namespace", kserve.NAMESPACE) is None:
-            self.cluster.kubectl("create", "namespace", kserve.NAMESPACE)
+        for namespace in (kserve.NAMESPACE, KSERVE_JOBS_NAMESPACE):
+            if self.cluster.get("namespace", namespace) is None:
+                self.cluster.kubectl("create", "namespace", namespace)
         if self.cluster.get("configmap", kserve.CONFIG_MAP, namespace=kserve.NAMESPACE) is None:
             config = kserve.inferenceservice_config(cluster_mod.STORAGE_INITIALIZER_IMAGE)
             self.cluster.create(config)
@@ -337,7 +341,7 @@ class ProfileBed:
         crds = sorted(self.crds())
         if crds:
             self.cluster.kubectl("delete", "crd", *crds, "--wait=false")
-        spaces = [kserve.NAMESPACE, *kserve.sample_namespaces()]
+        spaces = sorted({kserve.NAMESPACE, KSERVE_JOBS_NAMESPACE, *kserve.sample_namespaces()})
         self.cluster.kubectl("delete", "namespace", *spaces, "--ignore-not-found", "--wait=false")
         gone = [("CustomResourceDefinition", "", name) for name in crds]
         gone += [("Namespace", "", name) for name in spaces]

@@ -27,9 +27,8 @@ pytestmark = pytest.mark.timeout(600)
 # The scenario, not a synchronisation: KServe's CRDs are installed about a minute after
 # localcache (issue 12, "the controller first, KServe's CRDs a minute later").
 CRD_DELAY_S = 60.0
-# KServe's CRDs on the cluster when localcache starts: none (the rest come CRD_DELAY_S later).
-# With KServe's four localmodel CRDs here instead (as if its kserve-localmodel-crd chart went
-# first), the scenario passes today; with none, localcache's controller never becomes Ready.
+# KServe's CRDs on the cluster when localcache starts: none, not even the localmodel ones (the
+# processes wait for those, runtime.crdwait); all of them come CRD_DELAY_S later.
 AT_START: tuple[str, ...] = ()
 WATCH_INTERVAL_S = 5.0
 LMC, ISVC = groupversion.LOCAL_MODEL_CACHE, groupversion.INFERENCE_SERVICE

@@ -13,6 +13,12 @@ available offline).
   its own webhook configurations, leaving KServe's objects untouched.
 - Uninstalling either profile removes everything the profile created and nothing else: the
   CRDs and a LocalModelNodeGroup they hold survive; a reinstall then works.
+- KServe's localmodelcache sample (issue 12): an unlabelled ServiceAccount `hf-downloader` in
+  the job namespace, named by a LocalModelCache, its download Job run as it by the agent.
+  with-kserve's job namespace is KServe's `kserve-localmodel-jobs` (created beforehand, as
+  KServe's docs say, and kept by the uninstall): its config names it and its policies accept
+  the cache and the agent's Job; standalone's policies still require the label
+  localmodel.kserve.io/download=true in its own `localcache-jobs`.
 The logic lives in localcache.runtime.testing.installs, for the real-node e2e tests to reuse.
 """
 
@@ -35,6 +41,7 @@ from localcache.runtime.testing import crds as crd_install
 from localcache.runtime.testing import installs
 from localcache.runtime.testing.controlplane import ControlPlane, free_port
 from localcache.runtime.testing.waiting import wait_until_sync
+from tests.integration.security import harness
 
 S3_ENDPOINT = "minio.users-own-endpoint.example:9000"
 KSERVE_CRDS = [
@@ -263,3 +270,118 @@ def test_with_kserve_controller_runs_on_the_profile_rbac_and_names(
         installer.uninstall("with-kserve", "kustomize")
         installer.wait_gone(_rendered(cluster, "with-kserve"))
     assert _changes(before, installer.snapshot(WATCHED)) == []
+
+
+JOB_NAMESPACES = {"standalone": "localcache-jobs", "with-kserve": "kserve-localmodel-jobs"}
+SAMPLE_SA = "hf-downloader"  # KServe v0.20 docs/samples/localmodelcache
+NODE = "sample-node"
+LMC = "/apis/serving.kserve.io/v1alpha1/localmodelcaches"
+
+
+def _sample_cache(uri: str) -> dict[str, Any]:
+    spec = {"sourceModelUri": uri, "modelSize": "1Gi", "nodeGroups": ["workers"],
+            "serviceAccountName": SAMPLE_SA}  # fmt: skip
+    return {"apiVersion": "serving.kserve.io/v1alpha1", "kind": "LocalModelCache",
+            "metadata": {"name": "meta-llama3-8b-instruct"}, "spec": spec}  # fmt: skip
+
+
+def _dry_run(cluster: ControlPlane, body: dict[str, Any]) -> tuple[int, str]:
+    status, answer = cluster.rest("POST", f"{LMC}?dryRun=All", body)
+    return status, answer.get("message", "") if isinstance(answer, dict) else str(answer)
+
+
+def _check_agent_job(cluster: ControlPlane, profile: str, jobs: str) -> None:
+    """The agent (a token bound to its pod on NODE) creates the sample cache's download Job
+    in the job namespace, as the sample's ServiceAccount (dry run)."""
+    lmn = harness.ok(
+        cluster.rest(
+            "POST",
+            "/apis/serving.kserve.io/v1alpha1/localmodelnodes",
+            {
+                "apiVersion": "serving.kserve.io/v1alpha1",
+                "kind": "LocalModelNode",
+                "metadata": {"name": NODE},
+                "spec": {"localModels": []},
+            },
+        ),
+        "LocalModelNode",
+    )
+    token = harness.agent_token(
+        cluster, NODE, namespace="localcache", service_account="localcache-agent"
+    )
+    spec = {
+        "restartPolicy": "Never",
+        "serviceAccountName": SAMPLE_SA,
+        "containers": [{"name": "storage-initializer", "image": "kserve/storage-initializer"}],
+    }
+    job = harness.job(
+        jobs, "lmd-sample", spec, node=NODE, node_uid=lmn["metadata"]["uid"],
+        labels={"model": "meta-llama3-8b-instruct"},
+    )  # fmt: skip
+    path = f"/apis/batch/v1/namespaces/{jobs}/jobs?dryRun=All"
+    if profile == "with-kserve":
+        harness.ok(harness.rest_as_token(cluster, token, "POST", path, job), "the agent's Job")
+        return
+    message = wait_until_sync(
+        lambda: harness.denied(
+            harness.rest_as_token(cluster, token, "POST", path, job), "the agent's Job"
+        ),
+        timeout=30,
+        interval=0.5,
+        what="standalone refuses the agent's Job as an unlabelled ServiceAccount",
+    )
+    assert f"ServiceAccount {SAMPLE_SA} is not labelled" in message, message
+
+
+@pytest.mark.parametrize("profile", installs.PROFILES)
+def test_kserve_sample_service_account_in_the_job_namespace(
+    cluster: ControlPlane, installer: installs.Installer, profile: str
+) -> None:
+    jobs = JOB_NAMESPACES[profile]
+    if profile == "with-kserve":
+        installer.k("create", "namespace", jobs)  # KServe's docs: the user creates it
+    installer.install(profile, "kustomize")
+    try:
+        config = json.loads(
+            installer.k("get", "configmap", "localcache-config", "-n", "localcache", "-o", "json")
+        )
+        assert json.loads(config["data"]["localModel"])["jobNamespace"] == jobs
+        installer.k("create", "serviceaccount", SAMPLE_SA, "-n", jobs)  # unlabelled
+        # only the policies are under test: the webhook has no server here (re-applied below)
+        installer.k("delete", "validatingwebhookconfiguration", "localcache-caches")
+        # the policies are in force once a file:// cache is refused (localcache-cache-uri)
+        wait_until_sync(
+            lambda: "reads the download pod" in _dry_run(cluster, _sample_cache("file:///x"))[1],
+            timeout=30,
+            interval=0.5,
+            what=f"{profile}'s policies refuse a file:// cache",
+        )
+        sample = _sample_cache("hf://meta-llama/meta-llama-3-8b-instruct")
+        if profile == "with-kserve":
+            status, message = _dry_run(cluster, sample)
+            assert status == 201, message
+        else:
+            wait_until_sync(
+                lambda: f"{jobs}/{SAMPLE_SA} is not labelled" in _dry_run(cluster, sample)[1],
+                timeout=30,
+                interval=0.5,
+                what="standalone refuses a cache naming an unlabelled ServiceAccount",
+            )
+        _check_agent_job(cluster, profile, jobs)
+    finally:
+        # the token's pod: bound to a node without a kubelet, it would never finish deleting
+        installer.k(
+            "delete", "pods", "-n", "localcache", f"--field-selector=spec.nodeName={NODE}",
+            "--force", "--grace-period=0", "--ignore-not-found",
+        )  # fmt: skip
+        installer.k("delete", "localmodelnode", NODE, "--ignore-not-found")
+        installer.install(profile, "kustomize")  # the webhook configuration back, to delete
+        installer.uninstall(profile, "kustomize")
+        installer.wait_gone(_rendered(cluster, profile))
+    if profile == "with-kserve":
+        assert installer.exists(("Namespace", "", jobs)), "KServe's job namespace was deleted"
+        assert installer.exists(("ServiceAccount", jobs, SAMPLE_SA))
+        installer.k("delete", "namespace", jobs, "--wait=false")
+        installer.wait_gone([("Namespace", "", jobs)])
+    else:
+        assert not installer.exists(("Namespace", "", jobs))

@@ -74,7 +74,8 @@ def test_helm_values_reach_every_place() -> None:
         'nodeSelector={"kserve/localmodel":null,"pool":"gpu"}',
     )
     text = json.dumps(docs)
-    for default in ("localcache:0.1.0", "/mnt/models", "kserve/localmodel", '"localcache-jobs"'):
+    defaults = ("localcache:0.1.0", "/mnt/models", "kserve/localmodel", "localmodel-jobs")
+    for default in (*defaults, '"localcache-jobs"'):
         assert default not in text, default
     assert not [d for d in docs if d["metadata"].get("namespace") == "localcache"]
     (agent,) = [d for d in docs if d["kind"] == "DaemonSet"]
@@ -88,6 +89,22 @@ def test_helm_values_reach_every_place() -> None:
     assert json.loads(config["data"]["localModel"])["jobNamespace"] == "models-jobs"
     assert "system:serviceaccount:models-system:localcache-agent" in text
     assert installs.kserve_clashes(docs) == []
+
+
+@pytest.mark.parametrize(
+    ("profile", "jobs"),
+    [("standalone", "localcache-jobs"), ("with-kserve", "kserve-localmodel-jobs")],
+)
+def test_helm_job_namespace_defaults_to_the_profile_s(profile: str, jobs: str) -> None:
+    """with-kserve runs Jobs in KServe's job namespace and, as it is KServe's, never creates
+    it (nor deletes it on uninstall); standalone creates its own."""
+    helm = installs.helm_or_skip()
+    docs = installs.helm_template(helm, profile)
+    (config,) = [d for d in docs if d["kind"] == "ConfigMap"]
+    assert json.loads(config["data"]["localModel"])["jobNamespace"] == jobs
+    namespaces = {d["metadata"]["name"] for d in docs if d["kind"] == "Namespace"}
+    assert (jobs in namespaces) == (profile == "standalone")
+    assert [d for d in docs if d["metadata"].get("namespace") == jobs] == []
 
 
 def test_an_unknown_profile_is_refused() -> None:

@@ -39,20 +39,23 @@ def denied(result: tuple[int, Any], what: str) -> str:
     return str(message)
 
 
-def agent_token(plane: ControlPlane, node: str) -> str:
+def agent_token(
+    plane: ControlPlane, node: str, *, namespace: str = AGENT_NS, service_account: str = AGENT_SA
+) -> str:
     """A token of the agent's ServiceAccount bound to an agent pod on `node`: the apiserver
-    puts the node's name into the token (authentication.kubernetes.io/node-name)."""
+    puts the node's name into the token (authentication.kubernetes.io/node-name). The pod
+    (named `agent-<node>-...`) stays: the token is valid while it exists."""
     pod = ok(
         plane.rest(
             "POST",
-            f"/api/v1/namespaces/{AGENT_NS}/pods",
+            f"/api/v1/namespaces/{namespace}/pods",
             {
                 "apiVersion": "v1",
                 "kind": "Pod",
                 "metadata": {"generateName": f"agent-{node}-"},
                 "spec": {
                     "nodeName": node,
-                    "serviceAccountName": AGENT_SA,
+                    "serviceAccountName": service_account,
                     "automountServiceAccountToken": False,
                     "containers": [{"name": "agent", "image": "localcache"}],
                 },
@@ -63,7 +66,7 @@ def agent_token(plane: ControlPlane, node: str) -> str:
     review = ok(
         plane.rest(
             "POST",
-            f"/api/v1/namespaces/{AGENT_NS}/serviceaccounts/{AGENT_SA}/token",
+            f"/api/v1/namespaces/{namespace}/serviceaccounts/{service_account}/token",
             {
                 "apiVersion": "authentication.k8s.io/v1",
                 "kind": "TokenRequest",

@@ -4,9 +4,11 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from localcache.caching import config, liveconfig
 from localcache.runtime import keys, store
@@ -14,6 +16,7 @@ from localcache.runtime import keys, store
 KSERVE = keys.ObjectKey("kserve", "inferenceservice-config")
 OWN = keys.ObjectKey("localcache", "localcache-config")
 NAMES = (str(KSERVE), str(OWN))
+PROFILES = Path(__file__).resolve().parents[3] / "manifests" / "profiles"
 
 
 def cm(key: keys.ObjectKey, version: str, **sections: dict[str, Any]) -> dict[str, Any]:
@@ -26,14 +29,15 @@ def cm(key: keys.ObjectKey, version: str, **sections: dict[str, Any]) -> dict[st
 KSERVE_DATA = cm(
     KSERVE,
     "1",
-    localModel={"enabled": False, "jobNamespace": "kserve-localmodel-jobs", "fsGroup": 2000},
+    # a KServe user's own job namespace: localcache-config's wins, so it and the policies agree
+    localModel={"enabled": False, "jobNamespace": "team-model-jobs", "fsGroup": 2000},
     storageInitializer={"image": "registry.example/storage-initializer:v0.20.0"},
     credentials={"s3": {"s3Endpoint": "minio.example:9000", "s3UseHttps": "0"}},
 )
 OWN_DATA = cm(
     OWN,
     "7",
-    localModel={"enabled": True, "jobNamespace": "localcache-jobs"},
+    localModel={"enabled": True, "jobNamespace": "kserve-localmodel-jobs"},
     credentials={"s3": {"s3UseHttps": "1"}},
 )
 
@@ -42,7 +46,7 @@ def test_own_keys_win_and_kserve_fills_in_the_rest() -> None:
     data = config.layer_data(KSERVE_DATA["data"], OWN_DATA["data"], names=NAMES)
     parsed = config.parse_config(data)
     assert parsed.local_model.enabled is True
-    assert parsed.local_model.job_namespace == "localcache-jobs"
+    assert parsed.local_model.job_namespace == "kserve-localmodel-jobs"
     assert parsed.local_model.fs_group == 2000  # KServe's, not set by localcache
     assert parsed.storage_initializer.image == "registry.example/storage-initializer:v0.20.0"
     assert parsed.credentials.s3.s3_endpoint == "minio.example:9000"  # nested: merged key by key
@@ -93,5 +97,27 @@ def test_without_kserve_configmap_own_configmap_and_defaults_apply() -> None:
     )
     loaded = live()
     assert loaded is not None
-    assert loaded.local_model.job_namespace == "localcache-jobs"
+    assert loaded.local_model.job_namespace == "kserve-localmodel-jobs"
     assert loaded.storage_initializer.image == config.parse_config({}).storage_initializer.image
+
+
+def test_shipped_with_kserve_config_runs_jobs_where_its_policies_look() -> None:
+    """manifests/profiles/with-kserve: its localcache-config, laid over KServe's ConfigMap
+    (whatever jobNamespace KServe's says), gives the job namespace its policies name."""
+    docs = [
+        d
+        for d in yaml.safe_load_all((PROFILES / "with-kserve" / "localcache.yaml").read_text())
+        if d
+    ]
+    (own,) = [d for d in docs if d["kind"] == "ConfigMap"]
+    (binding,) = [
+        d
+        for d in docs
+        if d["kind"] == "ValidatingAdmissionPolicyBinding"
+        and d["metadata"]["name"] == "localcache-agent-job-namespaces"
+    ]
+    (excluded,) = binding["spec"]["matchResources"]["namespaceSelector"]["matchExpressions"]
+    parsed = config.parse_config(config.layer_data(KSERVE_DATA["data"], own["data"], names=NAMES))
+    assert parsed.local_model.job_namespace == "kserve-localmodel-jobs"
+    assert excluded["values"] == [parsed.local_model.job_namespace]
+    assert parsed.storage_initializer.image == "registry.example/storage-initializer:v0.20.0"
