@@ -2,8 +2,9 @@
 
 A process started before its CRDs (KServe's chart installs the four localmodel CRDs, and may
 come after localcache) must not crash-loop on a cache sync that cannot happen: it waits,
-probes answering (/healthz passes, /readyz says not ready), and goes on the moment every CRD
-is Established and serves the version it reads (`optional.crd_serves`).
+probes answering (/healthz and /readyz pass: see `manager.Manager.add_prerequisite`), and goes
+on the moment every CRD is Established and serves the version it reads
+(`optional.crd_serves`).
 
 Contract of `wait_served(api, wanted)`:
 - polls `GET customresourcedefinitions/<name>` for the ones still missing, each call with

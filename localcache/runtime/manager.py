@@ -7,8 +7,8 @@ Start-up phases (controller-runtime's runnable groups), each waiting for the pre
 2. the webhook server, if any: the apiserver may call it as soon as objects are written,
    and informers do not depend on it;
    then the prerequisites (`add_prerequisite`), one after the other, with no time limit: e.g.
-   the CRDs the informers watch being served (a process may start before them; it waits with
-   its probes answering instead of crash-looping);
+   the CRDs the informers watch being served (a process may start before them; it waits,
+   live and ready, its servers answering, instead of crash-looping);
 3. informers, until every one has synced (`cache_sync_timeout`): controllers must not
    reconcile against an empty cache;
 4. components that do not need the lease; then leader election, if configured;
@@ -31,7 +31,8 @@ run now. /readyz does not depend on leadership: a follower serves webhooks and m
 
 Health is wired automatically: /healthz fails when an informer's list/watch loop makes no
 progress past its deadline or a controller's worker is stuck in a reconcile past
-`stuck_worker_limit`; /readyz passes only once every informer has synced.
+`stuck_worker_limit`; /readyz passes only once every informer has synced (or while a
+prerequisite is awaited: the informers have not started then).
 
 Stopping: `stop()` (SIGTERM and SIGINT call it) cancels controllers first, then the lease
 (which is released), then informers, then the servers, all within `shutdown_timeout`; tasks
@@ -56,6 +57,8 @@ import structlog
 from localcache.runtime import controller, httpserver, informer, leaderelection
 
 _log = structlog.get_logger(__name__)
+
+PREREQUISITE_PHASE = "prerequisite"
 
 DEFAULT_SHUTDOWN_TIMEOUT = 5.0
 DEFAULT_CACHE_SYNC_TIMEOUT = 120.0
@@ -138,8 +141,17 @@ class Manager:
         self._informers.append((name, inf))
         if self._http is not None:
             self._http.add_liveness_check(f"informer {name}", inf.liveness_check())
-            self._http.add_readiness_check(f"informer {name} synced", inf.synced_check())
+            self._http.add_readiness_check(
+                f"informer {name} synced", self._unless_waiting(inf.synced_check())
+            )
         return inf
+
+    def _unless_waiting(self, check: httpserver.HealthCheck) -> httpserver.HealthCheck:
+        """`check`, passing while a prerequisite is awaited: the process serves then (its
+        webhooks answer; with no CRD there are no objects to read), so an install that waits
+        for readiness (`helm --wait`, `kubectl rollout status`) does not hang on CRDs that
+        come later; the wait is logged by the prerequisite itself."""
+        return lambda: None if self.phase.startswith(PREREQUISITE_PHASE) else check()
 
     def add_controller(
         self, ctl: controller.Controller, *, needs_leader: bool = True
@@ -240,7 +252,7 @@ class Manager:
         if self._webhook is not None:
             await servers.enter_async_context(self._webhook)
         for what, wait in self._prerequisites:
-            self.phase = f"prerequisite: {what}"
+            self.phase = f"{PREREQUISITE_PHASE}: {what}"
             if not await self._until_stopped(wait(), what, None):
                 return False
         self.phase = "informers"

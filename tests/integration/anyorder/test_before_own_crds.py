@@ -1,14 +1,16 @@
 """Start in any order, the localmodel CRDs too: a `localcache controller` started on a cluster
 with no serving.kserve.io CRD at all (KServe's chart, which installs them, comes later) waits
-for them with its probes answering: /healthz passes, /readyz says not ready, and the log
-says which CRDs it waits for. It does not exit. Once the CRDs are installed it goes on, with
-no restart: /readyz passes and a cache created then gets the controller's finalizer.
+for them with its probes answering: /healthz and /readyz pass (an install that waits for
+readiness goes on), the log says which CRDs it waits for, and no informer starts. It does not
+exit. Once the CRDs are installed it goes on, with no restart: its informers sync and a cache
+created then gets the controller's finalizer.
 
 The module runs on a control plane of its own: the session's holds the CRDs already.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 import urllib.error
@@ -48,6 +50,10 @@ def _status(port: int, path: str) -> int:
         return 0
 
 
+def _answers_ok(port: int, path: str) -> bool:
+    return _status(port, path) == 200
+
+
 def _events(log: Path, name: str) -> list[dict[str, object]]:
     found = []
     for line in log.read_text(errors="replace").splitlines():
@@ -84,20 +90,22 @@ def test_a_controller_started_before_the_crds_waits_for_them_and_goes_on(
         )
         (waiting, *_) = _events(log, WAITING_EVENT)
         assert "localmodelcaches.serving.kserve.io" in str(waiting["missing"]), waiting
-        wait_until_sync(
-            lambda: _status(metrics_port, "/healthz") == 200,
-            timeout=30,
-            what="/healthz 200 while waiting for the CRDs",
-        )
-        assert _status(metrics_port, "/readyz") != 200, "ready without its CRDs"
+        for path in ("/healthz", "/readyz"):  # ready: an install waiting for it goes on
+            wait_until_sync(
+                functools.partial(_answers_ok, metrics_port, path),
+                timeout=30,
+                what=f"{path} 200 while waiting for the CRDs",
+            )
         assert proc.running(), "the controller exited without its CRDs"
+        assert _events(log, "manager_caches_synced") == [], "informers synced without CRDs"
 
         crd_install.install_crds(bare_plane, [OWN_CRDS, KSERVE_CRDS])
         wait_until_sync(
-            lambda: _status(metrics_port, "/readyz") == 200,
+            lambda: bool(_events(log, "manager_caches_synced")),
             timeout=60,
-            what="/readyz 200 once the CRDs serve",
+            what="the informers synced once the CRDs serve",
         )
+        assert _status(metrics_port, "/readyz") == 200
         cache = {
             "apiVersion": "serving.kserve.io/v1alpha1",
             "kind": "LocalModelCache",
