@@ -43,6 +43,7 @@ Obj = dict[str, Any]
 NAMESPACE, JOBS_NAMESPACE = "localcache", "localcache-jobs"  # standalone's job namespace
 # with-kserve runs download Jobs in KServe's job namespace, which KServe's docs have users create
 KSERVE_JOBS_NAMESPACE = "kserve-localmodel-jobs"
+POLICY_NOT_CONFIGURED = "failed to configure policy"
 CONTROLLER, AGENT = "localcache-controller", "localcache-agent"
 HTTP_PORT = 8000
 ROLLOUT_TIMEOUT_S = 180
@@ -238,7 +239,8 @@ class ProfileBed:
         def cached() -> bool:
             got = self.node_status(kind, name, namespace)
             failed = sorted(node for node, state in got.items() if state == DOWNLOAD_ERROR)
-            if failed:  # not an AssertionError: the wait stops here, saying why
+            if failed and not self._policy_not_yet_configured():
+                # not an AssertionError: the wait stops here, saying why
                 raise DownloadFailed(f"{kind} {name}: {DOWNLOAD_ERROR} on {failed}: "
                                      + self._node_messages(failed)
                                      + "; the agents said: " + self._agent_errors())  # fmt: skip
@@ -247,6 +249,14 @@ class ProfileBed:
 
         where = f" in {namespace}" if namespace else ""
         self.cluster.wait(cached, timeout=timeout, what=f"{kind} {name}{where} on every node")
+
+    def _policy_not_yet_configured(self) -> bool:
+        """Whether the agents' last refusal is the apiserver's `failed to configure policy`:
+        a ValidatingAdmissionPolicy whose paramKind is a CRD created after the policy (KServe's
+        CRDs after localcache) refuses requests until the apiserver's admission RESTMapper
+        learns the kind; the agent retries its Job, so that refusal is waited out."""
+        errors = self._agent_errors().splitlines()
+        return bool(errors) and POLICY_NOT_CONFIGURED in errors[-1]
 
     def _node_messages(self, nodes: list[str]) -> str:
         """What the LocalModelNodes of `nodes` say about their models (reasons, messages)."""
