@@ -10,6 +10,7 @@ idempotent. `preexec` runs in the child before exec (the test bed joins its cgro
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -17,6 +18,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 START_TIMEOUT_S = 90.0
 STOP_TIMEOUT_S = 10.0
@@ -93,3 +95,14 @@ class ManagedProcess:
         except OSError:
             return "(no log)"
         return "\n".join(text.splitlines()[-lines:])
+
+
+def log_events(log_path: Path, name: str) -> list[dict[str, Any]]:
+    """The JSON log lines (`--log-format=json`) of event `name` in `log_path`, in order."""
+    found = []
+    for line in log_path.read_text(errors="replace").splitlines():
+        if line.startswith("{"):
+            entry = json.loads(line)
+            if entry.get("event") == name:
+                found.append(entry)
+    return found

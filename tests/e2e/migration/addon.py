@@ -176,32 +176,46 @@ class ModelFiles:
         return f"{self.http_base}/{path}"
 
 
+PLURALS = {
+    "LocalModelCache": "localmodelcaches",
+    "LocalModelNamespaceCache": "localmodelnamespacecaches",
+}
+
+
+def cache_spec(
+    files: ModelFiles,
+    name: str,
+    path: str,
+    *,
+    size: int,
+    kind: str = "LocalModelCache",
+    namespace: str | None = None,
+) -> CacheSpec:
+    """A cache of a new random model of `size` bytes served at `path` by the model server."""
+    data = os.urandom(size)
+    uri = files.add(path, data)
+    return CacheSpec(
+        kind=kind,
+        plural=PLURALS[kind],
+        name=name,
+        namespace=namespace,
+        uri=uri,
+        path=f"/{path}",
+        storage_key=keys.storage_key(uri),
+        files={path.rsplit("/", 1)[1]: hashlib.sha256(data).hexdigest()},
+    )  # fmt: skip
+
+
 def cache_specs(files: ModelFiles) -> list[CacheSpec]:
     """Three small models on the model server and the caches of them: two cluster caches and
     a namespace cache of `TENANT_NS`."""
-    wanted = [
-        ("LocalModelCache", "localmodelcaches", "iris", None, "kserve/iris/model.joblib"),
-        ("LocalModelCache", "localmodelcaches", "bert", None, "kserve/bert/model.bin"),
-        ("LocalModelNamespaceCache", "localmodelnamespacecaches", "llm", TENANT_NS,
-         "kserve/llm/weights.bin"),
+    size = 64 * 1024
+    return [
+        cache_spec(files, "iris", "kserve/iris/model.joblib", size=size),
+        cache_spec(files, "bert", "kserve/bert/model.bin", size=size),
+        cache_spec(files, "llm", "kserve/llm/weights.bin", size=size,
+                   kind="LocalModelNamespaceCache", namespace=TENANT_NS),
     ]  # fmt: skip
-    specs = []
-    for kind, plural, name, namespace, path in wanted:
-        data = os.urandom(64 * 1024)
-        uri = files.add(path, data)
-        specs.append(
-            CacheSpec(
-                kind=kind,
-                plural=plural,
-                name=name,
-                namespace=namespace,
-                uri=uri,
-                path=f"/{path}",
-                storage_key=keys.storage_key(uri),
-                files={path.rsplit("/", 1)[1]: hashlib.sha256(data).hexdigest()},
-            )
-        )
-    return specs
 
 
 def node_group() -> Obj:
@@ -392,8 +406,4 @@ def diagnostics(cluster: Cluster) -> str:
         ("logs", "-n", NAMESPACE, "-l", "control-plane=" + kserve_addon.AGENT, "--tail=40",
          "--prefix"),
     ]  # fmt: skip
-    parts = []
-    for args in commands:
-        done = cluster.kubectl(*args, check=False)
-        parts.append(f"$ kubectl {' '.join(args)}\n{done.stdout}{done.stderr}")
-    return "\n".join(parts)
+    return cluster.report(commands)

@@ -58,11 +58,12 @@ class Shell:
                 "HOME": tmp,
                 "KUBECONFIG": str(self.kubeconfig),
                 "LANG": "C.UTF-8",
+                "XDG_CACHE_HOME": os.path.join(tmp, "cache"),
             }
             done = subprocess.run(
                 ["bash", "-euo", "pipefail", "-c", script],
                 cwd=installs.REPO_ROOT,
-                env={**env, "XDG_CACHE_HOME": os.path.join(tmp, "cache")},
+                env=env,
                 capture_output=True,
                 text=True,
                 timeout=BLOCK_TIMEOUT_S,

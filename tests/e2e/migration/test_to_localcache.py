@@ -20,19 +20,16 @@ of the README's blocks runs as it is written.
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from localcache.caching import keys
 from localcache.runtime.testing import installs
 from tests.e2e.migration import readme
-from tests.e2e.migration.addon import CacheSpec, KServeAddon
+from tests.e2e.migration.addon import CacheSpec, KServeAddon, cache_spec
 from tests.e2e.migration.conftest import MigrationBed
 
 pytestmark = pytest.mark.timeout(1500)
@@ -160,20 +157,7 @@ def _downloaded(addon: KServeAddon, cache: CacheSpec) -> bool:
 
 def _new_cache(migration_bed: MigrationBed, name: str) -> CacheSpec:
     """One more cluster cache of a model nobody downloaded yet."""
-    files = migration_bed.files
-    data = os.urandom(32 * 1024)
-    path = f"kserve/{name}/model.bin"
-    uri = files.add(path, data)
-    return CacheSpec(
-        kind="LocalModelCache",
-        plural="localmodelcaches",
-        name=name,
-        namespace=None,
-        uri=uri,
-        path=f"/{path}",
-        storage_key=keys.storage_key(uri),
-        files={"model.bin": hashlib.sha256(data).hexdigest()},
-    )
+    return cache_spec(migration_bed.files, name, f"kserve/{name}/model.bin", size=32 * 1024)
 
 
 def _reads_never_failed(addon: KServeAddon) -> None:

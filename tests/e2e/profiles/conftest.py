@@ -423,8 +423,4 @@ def diagnostics(cluster: Cluster) -> str:
         ("logs", "-n", NAMESPACE, "-l", "app.kubernetes.io/component=controller", "--tail=60",
          "--prefix"),
     ]  # fmt: skip
-    parts = []
-    for args in commands:
-        done = cluster.kubectl(*args, check=False)
-        parts.append(f"$ kubectl {' '.join(args)}\n{done.stdout[-6000:]}{done.stderr}")
-    return "\n".join(parts)
+    return cluster.report(commands, tail=6000)

@@ -111,6 +111,16 @@ class Cluster:
             check=False,
         )
 
+    def report(self, commands: list[tuple[str, ...]], *, tail: int | None = None) -> str:
+        """Each kubectl command with what it printed (the last `tail` characters of stdout),
+        for a failure report; a command that fails says so in its own part."""
+        parts = []
+        for args in commands:
+            done = self.kubectl(*args, check=False)
+            out = done.stdout if tail is None else done.stdout[-tail:]
+            parts.append(f"$ kubectl {' '.join(args)}\n{out}{done.stderr}")
+        return "\n".join(parts)
+
     def apply(self, *objs: Obj) -> None:
         self.kubectl("apply", "-f", "-", input_text=yaml.safe_dump_all(objs))
 

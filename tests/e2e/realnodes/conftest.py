@@ -152,8 +152,4 @@ def diagnostics(found: Cluster) -> str:
             "--prefix",
         ),
     ]
-    parts = []
-    for args in commands:
-        done = found.kubectl(*args, check=False)
-        parts.append(f"$ kubectl {' '.join(args)}\n{done.stdout}{done.stderr}")
-    return "\n".join(parts)
+    return found.report(commands)

@@ -27,6 +27,7 @@ from localcache.runtime.testing.waiting import wait_until_sync
 from tests.integration.anyorder.conftest import KSERVE_CRDS, OWN_CRDS
 
 WAITING_EVENT = "waiting_for_crds"
+SYNCED_EVENT = "manager_caches_synced"
 FINALIZER = "localmodel.kserve.io/finalizer"
 
 
@@ -54,16 +55,6 @@ def _answers_ok(port: int, path: str) -> bool:
     return _status(port, path) == 200
 
 
-def _events(log: Path, name: str) -> list[dict[str, object]]:
-    found = []
-    for line in log.read_text(errors="replace").splitlines():
-        if line.startswith("{"):
-            entry = json.loads(line)
-            if entry.get("event") == name:
-                found.append(entry)
-    return found
-
-
 def test_a_controller_started_before_the_crds_waits_for_them_and_goes_on(
     bare_plane: ControlPlane, tmp_path: Path
 ) -> None:
@@ -84,11 +75,11 @@ def test_a_controller_started_before_the_crds_waits_for_them_and_goes_on(
     proc.start()
     try:
         wait_until_sync(
-            lambda: bool(_events(log, WAITING_EVENT)),
+            lambda: bool(processes.log_events(log, WAITING_EVENT)),
             timeout=60,
             what=f"a {WAITING_EVENT} log line",
         )
-        (waiting, *_) = _events(log, WAITING_EVENT)
+        (waiting, *_) = processes.log_events(log, WAITING_EVENT)
         assert "localmodelcaches.serving.kserve.io" in str(waiting["missing"]), waiting
         for path in ("/healthz", "/readyz"):  # ready: an install waiting for it goes on
             wait_until_sync(
@@ -97,11 +88,12 @@ def test_a_controller_started_before_the_crds_waits_for_them_and_goes_on(
                 what=f"{path} 200 while waiting for the CRDs",
             )
         assert proc.running(), "the controller exited without its CRDs"
-        assert _events(log, "manager_caches_synced") == [], "informers synced without CRDs"
+        synced = processes.log_events(log, SYNCED_EVENT)
+        assert synced == [], "informers synced without their CRDs"
 
         crd_install.install_crds(bare_plane, [OWN_CRDS, KSERVE_CRDS])
         wait_until_sync(
-            lambda: bool(_events(log, "manager_caches_synced")),
+            lambda: bool(processes.log_events(log, SYNCED_EVENT)),
             timeout=60,
             what="the informers synced once the CRDs serve",
         )

@@ -55,13 +55,7 @@ class Replica:
 
     def events(self, name: str) -> list[dict[str, Any]]:
         """The JSON log lines of event `name`, in order."""
-        found = []
-        for line in self.proc.log_path.read_text(errors="replace").splitlines():
-            if line.startswith("{"):
-                entry = json.loads(line)
-                if entry.get("event") == name:
-                    found.append(entry)
-        return found
+        return processes.log_events(self.proc.log_path, name)
 
     def lines(self) -> list[str]:
         """Leadership-related log lines, for a failure report."""
