@@ -177,12 +177,12 @@ def judge_volume(
     owned = _owned_by(pv, owner)
     if not annotated and not owned and _meta(pv).get("ownerReferences"):
         return _taken(f"it is owned by {_owners(pv)}")
-    bound_to = _claim_key(pv)
-    name = str(_meta(pv).get("name") or "")
     if not annotated and not owned:
         return _judge_ownerless(
             pv, owner=owner, template=template, wanted_claim=wanted_claim, claims=claims
         )
+    bound_to = _claim_key(pv)
+    name = str(_meta(pv).get("name") or "")
     if bound_to is None or bound_to == wanted_claim:
         return OURS if annotated else ADOPT
     if role != "download":
