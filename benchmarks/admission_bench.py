@@ -28,10 +28,10 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from localcache.devenv import certs
 from localcache.runtime import admission, metrics, store
 from localcache.runtime import logging as logging_mod
 from localcache.runtime import tls as tls_mod
-from localcache.runtime.testing import certs
 from localcache.webhooks import isvc
 
 PATH = isvc.MUTATE_PATH

@@ -30,10 +30,10 @@ from typing import Any
 from localcache.caching import config as config_mod
 from localcache.controllers import setup as controllers_setup
 from localcache.controllers import state
+from localcache.devenv import crds
+from localcache.devenv.controlplane import ControlPlane
 from localcache.runtime import kube, manager, metrics
 from localcache.runtime import logging as logging_mod
-from localcache.runtime.testing import crds
-from localcache.runtime.testing.controlplane import ControlPlane
 
 ROOT = Path(__file__).resolve().parents[1]
 JOB_NAMESPACE = "kserve-localmodel-jobs"

@@ -56,6 +56,7 @@ from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio import config as k8s_config
 from kubernetes_asyncio import watch as k8s_watch
 
+from localcache.devenv.controlplane import ControlPlane
 from localcache.runtime import (
     clock,
     controller,
@@ -69,7 +70,6 @@ from localcache.runtime import (
     workqueue,
 )
 from localcache.runtime import logging as logging_mod
-from localcache.runtime.testing.controlplane import ControlPlane
 
 NAMESPACE = "bench"
 CREATE_CONCURRENCY = 48

@@ -15,6 +15,7 @@ import argparse
 import asyncio
 import importlib.metadata
 import sys
+import types
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -136,8 +137,7 @@ async def _run(args: argparse.Namespace, settings: settings_mod.Settings) -> int
     from localcache import app
 
     if args.command == "run":
-        from localcache import local
-
+        local = _devenv_local()
         return await local.run(
             settings, force_local=args.local, exit_when_ready=args.exit_when_ready
         )
@@ -145,6 +145,21 @@ async def _run(args: argparse.Namespace, settings: settings_mod.Settings) -> int
     if args.command == "controller":
         return await app.run_controller(settings)
     return await app.run_agent(settings)
+
+
+def _devenv_local() -> types.ModuleType:
+    """`localcache.devenv.local`, which only a clone has: the image and the wheel leave the
+    development environment out, so `run` there ends with one line saying so."""
+    try:
+        from localcache.devenv import local
+    except ModuleNotFoundError as exc:
+        if exc.name is None or not exc.name.startswith("localcache.devenv"):
+            raise
+        raise errors.ConfigError(
+            "`localcache run` needs a clone of the repository (localcache.devenv is not "
+            "installed here); in a cluster run `localcache controller` and `localcache agent`"
+        ) from None
+    return local
 
 
 async def _check_apiserver(settings: settings_mod.Settings) -> None:

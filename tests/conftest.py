@@ -1,3 +1,3 @@
-"""Shared pytest configuration: the control-plane fixtures live in localcache.runtime.testing."""
+"""Shared pytest configuration: the control-plane fixtures live in tests.support.plugin."""
 
-pytest_plugins = ["localcache.runtime.testing.plugin"]
+pytest_plugins = ["tests.support.plugin"]

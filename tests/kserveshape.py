@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any, Final
 
 from localcache.api import crdgen
-from localcache.runtime.testing import schemastrip
+from tests.support import schemastrip
 
 Obj = dict[str, Any]
 

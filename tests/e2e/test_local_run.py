@@ -30,16 +30,15 @@ from typing import Any
 import pytest
 import yaml
 
-from localcache import local, localmode
 from localcache import settings as settings_mod
 from localcache.agent import layout
 from localcache.api import groupversion
 from localcache.api import inferenceservice as isvc_api
 from localcache.caching import keys
+from localcache.devenv import controlplane, jobpods, jobrunner, local, localmode, testbed
+from localcache.devenv.controlplane import ControlPlane
+from localcache.devenv.waiting import wait_until
 from localcache.runtime import kube
-from localcache.runtime.testing import controlplane, jobpods, jobrunner, testbed
-from localcache.runtime.testing.controlplane import ControlPlane
-from localcache.runtime.testing.waiting import wait_until
 from tests.e2e.realnodes import cluster as realnodes_cluster
 
 pytestmark = pytest.mark.kcm

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from localcache.runtime.testing import crds as crd_install
-from localcache.runtime.testing.controlplane import ControlPlane
+from localcache.devenv import crds as crd_install
+from localcache.devenv.controlplane import ControlPlane
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CRD_DIRS = (REPO_ROOT / "manifests" / "crds", REPO_ROOT / "manifests" / "test")

@@ -1,5 +1,5 @@
 """Pure parts of `localcache run` (localcache/local.py, localcache/localmode.py) and of the local
-Job runner (localcache/runtime/testing/jobpods.py): no network, no processes."""
+Job runner (localcache/devenv/jobpods.py): no network, no processes."""
 
 from __future__ import annotations
 
@@ -15,9 +15,8 @@ from typing import Any
 import pytest
 import yaml
 
-from localcache import local, localmode
 from localcache import settings as settings_mod
-from localcache.runtime.testing import jobpods
+from localcache.devenv import jobpods, local, localmode
 
 MANIFESTS = Path(__file__).resolve().parents[2] / "manifests"
 Obj = dict[str, Any]

@@ -1,7 +1,7 @@
 """KServe's own local model cache add-on on real nodes, in use: the state a migration starts from.
 
 `install(bed)` installs KServe v0.20.0's add-on the way KServe's kustomize install does
-(`runtime.testing.kserve_addon`: its CRDs, its `inferenceservice-config` with the local model
+(`tests.support.kserve_addon`: its CRDs, its `inferenceservice-config` with the local model
 cache enabled, its controller and node agent built locally), then uses it as KServe's
 docs/samples/localmodelcache README does: a LocalModelNodeGroup over the test bed's workers on
 KServe's default `/models`, two LocalModelCaches and one LocalModelNamespaceCache of three
@@ -27,10 +27,10 @@ from typing import Any
 
 import yaml
 
-from localcache import realnodes
 from localcache.caching import keys
-from localcache.runtime.testing import kserve_addon, modelserver, testbed
+from localcache.devenv import modelserver, realnodes, testbed
 from tests.e2e.realnodes.cluster import Cluster
+from tests.support import kserve_addon
 
 Obj = dict[str, Any]
 

@@ -20,8 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from localcache import realnodes
-from localcache.runtime.testing import modelserver, testbed
+from localcache.devenv import modelserver, realnodes, testbed
 from tests.e2e.migration import addon
 from tests.e2e.realnodes import cluster as cluster_mod
 from tests.e2e.realnodes.cluster import Cluster

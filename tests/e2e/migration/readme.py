@@ -16,7 +16,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from localcache.runtime.testing import installs
+from tests.support import installs
 
 README = installs.REPO_ROOT / "README.md"
 SECTION = "## Migrating from KServe's localmodel"

@@ -27,10 +27,10 @@ from typing import Any
 
 import pytest
 
-from localcache.runtime.testing import installs
 from tests.e2e.migration import readme
 from tests.e2e.migration.addon import CacheSpec, KServeAddon, cache_spec
 from tests.e2e.migration.conftest import MigrationBed
+from tests.support import installs
 
 pytestmark = pytest.mark.timeout(1500)
 

@@ -1,7 +1,7 @@
 """One real-node test bed for the package, with nothing deployed, and the helpers that bring it
 to the state a module needs and back.
 
-The bed (`runtime.testing.testbed`: two nodes with kubelet, containerd and runc) runs the
+The bed (`devenv.testbed`: two nodes with kubelet, containerd and runc) runs the
 operator's images (`realnodes.prepare_images()`) and an HTTP model server in its hub
 namespace. Profiles are installed with the bed's local image references
 (`installs.Images`), KServe's objects are KServe v0.20.0's own (`kserve.py`).
@@ -32,12 +32,12 @@ from typing import Any
 import pytest
 import yaml
 
-from localcache import realnodes
 from localcache.api import groupversion
-from localcache.runtime.testing import installs, modelserver, testbed
+from localcache.devenv import modelserver, realnodes, testbed
 from tests.e2e.profiles import kserve
 from tests.e2e.realnodes import cluster as cluster_mod
 from tests.e2e.realnodes.cluster import Cluster
+from tests.support import installs
 
 Obj = dict[str, Any]
 NAMESPACE, JOBS_NAMESPACE = "localcache", "localcache-jobs"  # standalone's job namespace

@@ -1,7 +1,7 @@
 """KServe v0.20.0's own objects, read from its Go module (no stand-ins): the CRDs as its charts
 ship them, its `inferenceservice-config` and the YAML of its docs/samples/localmodelcache.
 
-The module and the ConfigMap come from `runtime.testing.kserve_addon` (the migration tests'
+The module and the ConfigMap come from `tests.support.kserve_addon` (the migration tests'
 too); the CRDs here are the files of `config/crd/full` as KServe's CRD charts ship them.
 
 `module_dir()` runs `go mod download` (the Go module proxy, or the module cache offline) and
@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
-from localcache.runtime.testing import kserve_addon
+from tests.support import kserve_addon
 
 VERSION = "v0.20.0"
 MODULE = "github.com/kserve/kserve"

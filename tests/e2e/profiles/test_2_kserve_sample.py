@@ -30,7 +30,7 @@ import yaml
 from localcache.api import groupversion
 from localcache.api import inferenceservice as isvc_api
 from localcache.caching import keys, names
-from localcache.runtime.testing.waiting import wait_until_sync
+from localcache.devenv.waiting import wait_until_sync
 from tests.e2e.profiles import kserve
 from tests.e2e.profiles.conftest import TEST_LABEL, ProfileBed
 from tests.e2e.realnodes.cluster import tree_digests

@@ -15,10 +15,10 @@ from collections.abc import Iterator
 import pytest
 
 from localcache.api import groupversion
-from localcache.runtime.testing import installs
 from tests.e2e.profiles import kserve
 from tests.e2e.profiles.conftest import ProfileBed
 from tests.e2e.realnodes import objects
+from tests.support import installs
 
 pytestmark = pytest.mark.timeout(480)
 LMC = groupversion.LOCAL_MODEL_CACHE

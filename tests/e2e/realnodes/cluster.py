@@ -20,9 +20,9 @@ from typing import Any, TypeVar
 import pytest
 import yaml
 
-from localcache import realnodes
 from localcache.api import groupversion
-from localcache.runtime.testing.waiting import wait_until_sync
+from localcache.devenv import realnodes
+from localcache.devenv.waiting import wait_until_sync
 
 T = TypeVar("T")
 Obj = dict[str, Any]
@@ -56,7 +56,7 @@ class Sources:
     slow_base: str  # the throttled server, as pods see it
     add_file: Callable[[str, bytes], None]  # (path below both servers' root, content)
     s3_endpoint_for_pods: str | None = None  # host:port; None where no S3 store runs
-    s3: Any = None  # runtime.testing.objectstore.ObjectStore (host-side endpoint)
+    s3: Any = None  # tests.support.objectstore.ObjectStore (host-side endpoint)
 
     def require_s3(self) -> tuple[Any, str]:
         """The store (host-side handle) and its endpoint as pods see it; skips without one."""

@@ -1,6 +1,6 @@
 """The deployed operator on real nodes, once per session.
 
-By default: the real-node test bed (`runtime.testing.testbed`: a control plane bound for pods,
+By default: the real-node test bed (`devenv.testbed`: a control plane bound for pods,
 kube-scheduler, two nodes with kubelet + containerd + runc), the images built locally
 (`hack/build-images.sh`), test servers in the test bed's hub namespace (an HTTP model server, a
 throttled one, and an S3 store that enforces credentials), KServe's CRDs (stand-ins from
@@ -22,11 +22,11 @@ from pathlib import Path
 
 import pytest
 
-from localcache import realnodes
-from localcache.runtime.testing import modelserver, objectstore, testbed
+from localcache.devenv import modelserver, realnodes, testbed
 from tests.e2e.realnodes import cluster as cluster_mod
 from tests.e2e.realnodes import incluster
 from tests.e2e.realnodes.cluster import Cluster, Sources
+from tests.support import objectstore
 
 HTTP_PORT, SLOW_PORT, S3_PORT = 8000, 8001, 9000
 SLOW_RATE = 2 * 1024 * 1024  # bytes per second of the throttled server

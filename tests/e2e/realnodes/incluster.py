@@ -2,7 +2,7 @@
 
 On a cluster that is not the test bed (kind, say), the tests cannot run servers in a hub
 namespace or read node disks from the host. Instead:
-- `InClusterHttp` runs the project's model server (`runtime.testing.modelserver`, in the
+- `InClusterHttp` runs the project's model server (`devenv.modelserver`, in the
   operator's own image) as one pod with two containers over one emptyDir: a plain server and
   a throttled one; files are written into it with `kubectl exec`; pods reach it by pod IP.
 - `PodDisk` reads a node's models root with a short-lived pod that mounts it read-only
@@ -61,7 +61,7 @@ class InClusterHttp:
                 "name": name,
                 "image": self.image,
                 "imagePullPolicy": "IfNotPresent",
-                "command": ["python3", "-m", "localcache.runtime.testing.modelserver",
+                "command": ["python3", "-m", "localcache.devenv.modelserver",
                             "--dir", "/data", "--host", "0.0.0.0", "--port", str(port), *extra],
                 "ports": [{"containerPort": port}],
                 "volumeMounts": [{"name": "data", "mountPath": "/data"}],

@@ -16,8 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from localcache import realnodes
-from localcache.runtime.testing import cgroups, testbed
+from localcache.devenv import cgroups, realnodes, testbed
 from tests.e2e.realnodes.cluster import Cluster
 
 pytestmark = pytest.mark.timeout(240)
@@ -34,7 +33,7 @@ DEFAULT_PATHS = (
 _CRASHING_RUN = """
 import json, sys, time
 from pathlib import Path
-from localcache.runtime.testing import testbed
+from localcache.devenv import testbed
 pause = testbed.Image(ref=sys.argv[1], tarball=Path(sys.argv[2]))
 bed = testbed.TestBed(nodes=1, images=[pause]).start()
 print(json.dumps({"run_dir": str(bed.run_dir), "cgroup": bed.cgroups.root}), flush=True)

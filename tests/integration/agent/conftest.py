@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from localcache.runtime.testing.controlplane import ControlPlane
+from localcache.devenv.controlplane import ControlPlane
 from tests.integration.agent.harness import Agent
 
 

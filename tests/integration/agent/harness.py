@@ -20,9 +20,9 @@ from localcache.agent import disk, jobs
 from localcache.agent import setup as agent_setup
 from localcache.api import groupversion
 from localcache.caching import keys
+from localcache.devenv.controlplane import ControlPlane
+from localcache.devenv.waiting import wait_until
 from localcache.runtime import kube, manager, metrics
-from localcache.runtime.testing.controlplane import ControlPlane
-from localcache.runtime.testing.waiting import wait_until
 
 Obj = dict[str, Any]
 LMN = groupversion.LOCAL_MODEL_NODE

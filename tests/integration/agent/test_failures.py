@@ -11,7 +11,7 @@ import pytest
 
 from localcache.agent import plan
 from localcache.caching import keys
-from localcache.runtime.testing.waiting import wait_until
+from localcache.devenv.waiting import wait_until
 from tests.integration.agent.harness import URI, Agent, Obj, entry, eventually
 
 pytestmark = pytest.mark.kcm

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 
-from localcache.runtime.testing.waiting import wait_until
+from localcache.devenv.waiting import wait_until
 from tests.integration.agent.harness import Agent, Obj, entry
 
 KSERVE_IMAGE = "registry.example/kserve/storage-initializer:v0.20.0"

@@ -10,7 +10,7 @@ import pytest
 
 from localcache.agent import disk, roots
 from localcache.caching import keys
-from localcache.runtime.testing.waiting import wait_until
+from localcache.devenv.waiting import wait_until
 from tests.integration.agent.harness import LMNG, URI, Agent, Obj, entry
 
 pytestmark = pytest.mark.kcm

@@ -15,7 +15,7 @@ import pytest
 
 from localcache.agent import jobs, layout, plan
 from localcache.caching import keys, names
-from localcache.runtime.testing.waiting import wait_until
+from localcache.devenv.waiting import wait_until
 from tests.integration.agent.harness import IMAGE, URI, Agent, Obj, entry
 
 pytestmark = pytest.mark.kcm

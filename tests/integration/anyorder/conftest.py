@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from localcache.runtime.testing import crds as crd_install
-from localcache.runtime.testing.controlplane import ControlPlane
+from localcache.devenv import crds as crd_install
+from localcache.devenv.controlplane import ControlPlane
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 OWN_CRDS = REPO_ROOT / "manifests" / "crds"

@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from localcache.runtime.testing import crds as crd_install
-from localcache.runtime.testing import processes
-from localcache.runtime.testing.controlplane import ControlPlane, free_port
-from localcache.runtime.testing.waiting import wait_until_sync
+from localcache.devenv import crds as crd_install
+from localcache.devenv import processes
+from localcache.devenv.controlplane import ControlPlane, free_port
+from localcache.devenv.waiting import wait_until_sync
 from tests.integration.anyorder.conftest import KSERVE_CRDS, OWN_CRDS
 
 WAITING_EVENT = "waiting_for_crds"

@@ -22,16 +22,16 @@ from localcache.api import groupversion, storage
 from localcache.api import inferenceservice as isvc_api
 from localcache.caching import config as config_mod
 from localcache.controllers import setup as controllers_setup
+from localcache.devenv import crds as crd_install
+from localcache.devenv.controlplane import ControlPlane
+from localcache.devenv.waiting import wait_until
 from localcache.runtime import admission, factory, kube, manager, metrics, optional
 from localcache.runtime.keys import ObjectKey
-from localcache.runtime.testing import crds as crd_install
-from localcache.runtime.testing import webhooks as wh
-from localcache.runtime.testing.controlplane import ControlPlane
-from localcache.runtime.testing.waiting import wait_until
 from localcache.webhooks import setup as webhooks_setup
 from tests.integration.agent.harness import IMAGE, Agent, entry
 from tests.integration.anyorder.conftest import CSC_CRD, ISVC_CRD
 from tests.integration.webhooks.harness import Harness, isvc_obj
+from tests.support import webhooks as wh
 
 Obj = dict[str, Any]
 ISVC = groupversion.INFERENCE_SERVICE

@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 from localcache.api import groupversion, modelcache, modelnode, nodegroup
-from localcache.runtime.testing.controlplane import ControlPlane
-from localcache.runtime.testing.waiting import wait_until_sync
+from localcache.devenv.controlplane import ControlPlane
+from localcache.devenv.waiting import wait_until_sync
 
 LMC = groupversion.LOCAL_MODEL_CACHE
 LMNC = groupversion.LOCAL_MODEL_NAMESPACE_CACHE

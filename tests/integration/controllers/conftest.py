@@ -24,9 +24,9 @@ from localcache.api import groupversion, inferenceservice
 from localcache.caching import config as config_mod
 from localcache.controllers import setup as controllers_setup
 from localcache.controllers import state
+from localcache.devenv.controlplane import ControlPlane
+from localcache.devenv.waiting import wait_until
 from localcache.runtime import errors, kube, manager, metrics
-from localcache.runtime.testing.controlplane import ControlPlane
-from localcache.runtime.testing.waiting import wait_until
 
 Obj = dict[str, Any]
 URI = "s3://mybucket/mymodel"

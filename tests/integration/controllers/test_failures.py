@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from localcache.controllers import state as controller_state
+from localcache.devenv.waiting import wait_until
 from localcache.runtime import kube
-from localcache.runtime.testing.waiting import wait_until
 from tests.integration.controllers.conftest import Env
 
 pytestmark = pytest.mark.kcm

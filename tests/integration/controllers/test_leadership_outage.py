@@ -29,9 +29,9 @@ import aiohttp
 import pytest
 
 from localcache.api import groupversion
+from localcache.devenv import controlplane, processes
+from localcache.devenv.waiting import wait_until
 from localcache.runtime import errors, kube
-from localcache.runtime.testing import controlplane, processes
-from localcache.runtime.testing.waiting import wait_until
 from localcache.webhooks import validation
 from tests.integration.controllers.conftest import URI, Env
 

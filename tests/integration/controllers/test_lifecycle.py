@@ -12,8 +12,8 @@ import pytest
 from localcache.api import groupversion
 from localcache.caching import names
 from localcache.controllers import state
+from localcache.devenv.waiting import wait_until
 from localcache.runtime import kube
-from localcache.runtime.testing.waiting import wait_until
 from tests.integration.controllers.conftest import (
     Controllers,
     Env,

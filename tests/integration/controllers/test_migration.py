@@ -17,9 +17,9 @@ import pytest
 
 from localcache.caching import names
 from localcache.controllers import state, volumes
+from localcache.devenv.controlplane import ControlPlane
+from localcache.devenv.waiting import wait_until
 from localcache.runtime import errors, kube
-from localcache.runtime.testing.controlplane import ControlPlane
-from localcache.runtime.testing.waiting import wait_until
 from tests.integration.controllers.conftest import Env, exists, gone, phase_is
 
 pytestmark = pytest.mark.kcm

@@ -10,8 +10,8 @@ import pytest
 from localcache.api import modelcache
 from localcache.caching import names
 from localcache.controllers import state
+from localcache.devenv.waiting import wait_until
 from localcache.runtime import kube
-from localcache.runtime.testing.waiting import wait_until
 from tests.integration.controllers.conftest import URI, Env, gone, phase_is, wait_bound_pair
 
 pytestmark = pytest.mark.kcm

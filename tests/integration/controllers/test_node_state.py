@@ -6,7 +6,7 @@ used to stay for ever, so a cluster with node churn (autoscaling) grew without b
 
 from __future__ import annotations
 
-from localcache.runtime.testing.waiting import wait_until
+from localcache.devenv.waiting import wait_until
 from tests.integration.controllers.conftest import Env, lists_exactly
 
 

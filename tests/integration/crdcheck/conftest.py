@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from localcache.runtime.testing.controlplane import ControlPlane
+from localcache.devenv.controlplane import ControlPlane
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 BASE = REPO_ROOT / "manifests" / "base"

@@ -24,10 +24,10 @@ import yaml
 
 from localcache import app
 from localcache import settings as settings_mod
+from localcache.devenv import crds as crd_install
+from localcache.devenv.controlplane import ControlPlane, free_port
+from localcache.devenv.waiting import wait_until
 from localcache.runtime import crdcheck, manager
-from localcache.runtime.testing import crds as crd_install
-from localcache.runtime.testing.controlplane import ControlPlane, free_port
-from localcache.runtime.testing.waiting import wait_until
 from tests import kserveshape
 from tests.integration.crdcheck.conftest import OWN_CRDS
 

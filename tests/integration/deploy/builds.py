@@ -7,7 +7,7 @@ from typing import Any
 
 import yaml
 
-from localcache.runtime.testing.controlplane import ControlPlane
+from localcache.devenv.controlplane import ControlPlane
 
 MANIFESTS = Path(__file__).resolve().parents[3] / "manifests"
 NS, JOBS_NS = "kserve", "kserve-localmodel-jobs"

@@ -16,9 +16,9 @@ import pytest
 
 from localcache import app
 from localcache import settings as settings_mod
+from localcache.devenv.controlplane import ControlPlane, free_port
+from localcache.devenv.waiting import wait_until
 from localcache.runtime import errors, kube, manager, metrics
-from localcache.runtime.testing.controlplane import ControlPlane, free_port
-from localcache.runtime.testing.waiting import wait_until
 
 
 def _host(client: kube.Kube) -> str:

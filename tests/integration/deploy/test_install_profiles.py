@@ -19,7 +19,7 @@ available offline).
   KServe's docs say, and kept by the uninstall): its config names it and its policies accept
   the cache and the agent's Job; standalone's policies still require the label
   localmodel.kserve.io/download=true in its own `localcache-jobs`.
-The logic lives in localcache.runtime.testing.installs, for the real-node e2e tests to reuse.
+The logic lives in tests.support.installs, for the real-node e2e tests to reuse.
 """
 
 from __future__ import annotations
@@ -37,11 +37,11 @@ from typing import Any
 
 import pytest
 
-from localcache.runtime.testing import crds as crd_install
-from localcache.runtime.testing import installs
-from localcache.runtime.testing.controlplane import ControlPlane, free_port
-from localcache.runtime.testing.waiting import wait_until_sync
+from localcache.devenv import crds as crd_install
+from localcache.devenv.controlplane import ControlPlane, free_port
+from localcache.devenv.waiting import wait_until_sync
 from tests.integration.security import harness
+from tests.support import installs
 
 S3_ENDPOINT = "minio.users-own-endpoint.example:9000"
 KSERVE_CRDS = [

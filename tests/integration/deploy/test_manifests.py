@@ -24,8 +24,8 @@ from typing import Any
 import pytest
 import yaml
 
-from localcache.runtime.testing import waiting
-from localcache.runtime.testing.controlplane import ControlPlane
+from localcache.devenv import waiting
+from localcache.devenv.controlplane import ControlPlane
 from tests.integration.deploy.builds import (
     AGENT,
     CONFIGMAP,

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from localcache.runtime.testing import installs
-from localcache.runtime.testing.controlplane import ControlPlane
+from localcache.devenv.controlplane import ControlPlane
+from tests.support import installs
 
 
 def _kubectl(control_plane: ControlPlane) -> str:

@@ -23,9 +23,9 @@ from localcache import app
 from localcache import settings as settings_mod
 from localcache.api import groupversion
 from localcache.caching import keys
+from localcache.devenv.controlplane import ControlPlane
+from localcache.devenv.waiting import wait_until
 from localcache.runtime import errors, kube, manager
-from localcache.runtime.testing.controlplane import ControlPlane
-from localcache.runtime.testing.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[3]
 BASE = REPO / "manifests" / "base"

@@ -12,8 +12,8 @@ import threading
 import urllib.request
 from pathlib import Path
 
-from localcache.runtime.testing.controlplane import ControlPlane, free_port
-from localcache.runtime.testing.waiting import wait_until_sync
+from localcache.devenv.controlplane import ControlPlane, free_port
+from localcache.devenv.waiting import wait_until_sync
 
 
 def test_run_against_a_reachable_cluster_prints_a_banner_naming_it(

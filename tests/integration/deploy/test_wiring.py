@@ -18,7 +18,7 @@ import pytest
 
 from localcache import settings
 from localcache.caching import config
-from localcache.runtime.testing.controlplane import ControlPlane
+from localcache.devenv.controlplane import ControlPlane
 from tests.integration.deploy.builds import AGENT, CONFIGMAP, CONTROLLER, NS, Doc, build, one
 
 

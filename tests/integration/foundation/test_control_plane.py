@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client, config, watch
 
-from localcache.runtime.testing.controlplane import ControlPlane
-from localcache.runtime.testing.waiting import wait_until, wait_until_sync
+from localcache.devenv.controlplane import ControlPlane
+from localcache.devenv.waiting import wait_until, wait_until_sync
 
 GROUP = "foundation.localcache.test"
 PLURAL = "widgets"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from localcache.runtime.testing.controlplane import ControlPlane
+from localcache.devenv.controlplane import ControlPlane
 
 
 def test_restarted_apiserver_keeps_port_and_data(

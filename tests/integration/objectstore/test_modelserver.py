@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from localcache.runtime.testing import modelserver
+from localcache.devenv import modelserver
 
 RATE = 100 * 1024
 BIG = 200 * 1024

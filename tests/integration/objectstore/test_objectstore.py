@@ -8,7 +8,8 @@ from pathlib import Path
 import botocore.exceptions
 import pytest
 
-from localcache.runtime.testing import modelserver, objectstore
+from localcache.devenv import modelserver
+from tests.support import objectstore
 
 BUCKET = "models"
 

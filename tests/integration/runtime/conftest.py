@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
+from localcache.devenv.controlplane import ControlPlane
 from localcache.runtime import clock, controller, informer, keys, kube, reconcile, reflector, store
 from localcache.runtime import workqueue as wq
-from localcache.runtime.testing.controlplane import ControlPlane
 
 Obj = dict[str, Any]
 Spawn = Callable[[Coroutine[Any, Any, Any], str], asyncio.Task[Any]]

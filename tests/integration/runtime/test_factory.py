@@ -22,10 +22,10 @@ from localcache.api import groupversion
 from localcache.caching import config as config_mod
 from localcache.controllers import setup as controllers_setup
 from localcache.controllers import state
+from localcache.devenv.controlplane import ControlPlane
+from localcache.devenv.waiting import wait_until
 from localcache.runtime import admission, errors, factory, kube, manager, metrics
 from localcache.runtime.keys import ObjectKey
-from localcache.runtime.testing.controlplane import ControlPlane
-from localcache.runtime.testing.waiting import wait_until
 from localcache.webhooks import setup as webhooks_setup
 from localcache.webhooks import validation
 

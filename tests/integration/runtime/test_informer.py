@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
+from localcache.devenv.controlplane import ControlPlane
+from localcache.devenv.waiting import wait_until
 from localcache.runtime import clock, handlers, informer, kube, reflector
-from localcache.runtime.testing.controlplane import ControlPlane
-from localcache.runtime.testing.waiting import wait_until
 from tests.integration.runtime.conftest import (
     RecordingReconciler,
     Spawn,

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 import yaml
 
+from localcache.devenv import crds as crd_install
+from localcache.devenv.controlplane import ControlPlane, free_port
 from localcache.runtime import errors, kube
-from localcache.runtime.testing import crds as crd_install
-from localcache.runtime.testing.controlplane import ControlPlane, free_port
 from tests.integration.runtime.conftest import configmap, kubeconfig_for_server
 from tests.integration.runtime.proxy import FreezableProxy
 

@@ -16,6 +16,8 @@ from typing import Any
 import aiohttp
 import pytest
 
+from localcache.devenv.controlplane import ControlPlane
+from localcache.devenv.waiting import wait_until
 from localcache.runtime import (
     controller,
     errors,
@@ -28,8 +30,6 @@ from localcache.runtime import (
     metrics,
     reconcile,
 )
-from localcache.runtime.testing.controlplane import ControlPlane
-from localcache.runtime.testing.waiting import wait_until
 from tests.integration.runtime.conftest import (
     RecordingReconciler,
     Spawn,

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from localcache.runtime.testing.controlplane import ControlPlane, Credentials
+from localcache.devenv.controlplane import ControlPlane, Credentials
 from tests.integration.security import harness
 
 REPO = Path(__file__).resolve().parents[3]

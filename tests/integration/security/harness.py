@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from localcache.runtime.testing.controlplane import ControlPlane
+from localcache.devenv.controlplane import ControlPlane
 
 Obj = dict[str, Any]
 AGENT_NS, AGENT_SA = "kserve", "kserve-localmodelnode-agent"

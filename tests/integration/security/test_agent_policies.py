@@ -14,8 +14,8 @@ import pytest
 from localcache.agent import jobs
 from localcache.api import groupversion, modelnode, nodegroup
 from localcache.caching import config, credentials, keys
-from localcache.runtime.testing.controlplane import ControlPlane
-from localcache.runtime.testing.waiting import wait_until
+from localcache.devenv.controlplane import ControlPlane
+from localcache.devenv.waiting import wait_until
 from tests.integration.security import harness
 
 pytestmark = pytest.mark.usefixtures("policies")

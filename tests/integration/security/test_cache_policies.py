@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from localcache.api import groupversion
-from localcache.runtime.testing.controlplane import ControlPlane
-from localcache.runtime.testing.waiting import wait_until
+from localcache.devenv.controlplane import ControlPlane
+from localcache.devenv.waiting import wait_until
 from tests.integration.security import harness
 
 pytestmark = pytest.mark.usefixtures("policies")

@@ -9,12 +9,12 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from localcache.devenv.controlplane import ControlPlane
+from localcache.devenv.waiting import wait_until
 from localcache.runtime import admission, kube, manager, metrics
-from localcache.runtime.testing import webhooks as wh
-from localcache.runtime.testing.controlplane import ControlPlane
-from localcache.runtime.testing.waiting import wait_until
 from localcache.webhooks import setup as webhook_setup
 from tests.integration.webhooks.harness import Harness
+from tests.support import webhooks as wh
 
 
 async def _stop(mgr: manager.Manager, task: asyncio.Task[int]) -> None:

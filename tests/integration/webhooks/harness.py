@@ -24,13 +24,13 @@ from typing import Any, Literal
 import yaml
 
 from localcache.api import groupversion
+from localcache.devenv.controlplane import ControlPlane
+from localcache.devenv.waiting import wait_until
 from localcache.runtime import errors, informer, kube, optional
 from localcache.runtime.keys import ObjectKey
-from localcache.runtime.testing import webhooks as wh
-from localcache.runtime.testing.controlplane import ControlPlane
-from localcache.runtime.testing.waiting import wait_until
 from localcache.webhooks import isvc, validation
 from localcache.webhooks import setup as webhook_setup
+from tests.support import webhooks as wh
 
 MANIFESTS = Path(__file__).resolve().parents[3] / "manifests" / "webhook"
 SCOPE_LABEL = "localcache.test/webhook-scope"

@@ -13,9 +13,9 @@ from typing import Any
 import aiohttp
 import pytest
 
+from localcache.devenv.controlplane import ControlPlane
 from localcache.runtime import admission, metrics
-from localcache.runtime.testing import webhooks as wh
-from localcache.runtime.testing.controlplane import ControlPlane
+from tests.support import webhooks as wh
 
 VALIDATE = "/validate-configmap"
 MUTATE = "/mutate-configmap"

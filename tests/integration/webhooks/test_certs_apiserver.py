@@ -16,12 +16,12 @@ from typing import Any
 import pytest
 from cryptography import x509
 
+from localcache.devenv import controlplane
+from localcache.devenv.controlplane import ControlPlane
 from localcache.runtime import admission, errors, metrics
 from localcache.runtime import tls as tls_mod
-from localcache.runtime.testing import controlplane
-from localcache.runtime.testing import webhooks as wh
-from localcache.runtime.testing.controlplane import ControlPlane
 from localcache.webhooks import certgen, certs
+from tests.support import webhooks as wh
 
 PATH = "/validate-configmap"
 _REG = "/apis/admissionregistration.k8s.io/v1"

@@ -6,8 +6,8 @@ names are shortened, so nothing about a name is refused)."""
 from __future__ import annotations
 
 from localcache.api import groupversion, storage
+from localcache.devenv.waiting import wait_until
 from localcache.runtime.keys import ObjectKey
-from localcache.runtime.testing.waiting import wait_until
 from tests.integration.webhooks.harness import Harness
 
 DENIED = "denied the request: "

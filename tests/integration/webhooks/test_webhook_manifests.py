@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from localcache.runtime.testing import webhooks as wh
-from localcache.runtime.testing.controlplane import ControlPlane
+from localcache.devenv.controlplane import ControlPlane
+from tests.support import webhooks as wh
 
 ROOT = Path(__file__).resolve().parents[3] / "manifests" / "webhook"
 _REG = "/apis/admissionregistration.k8s.io/v1"

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from localcache.runtime.testing import installs
+from tests.support import installs
 from tests.unit.deploy.test_profile_names import profile_docs
 
 JOB_NAMESPACES = {"standalone": "localcache-jobs", "with-kserve": "kserve-localmodel-jobs"}

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from localcache import settings
-from localcache.runtime.testing import installs
+from tests.support import installs
 
 ROOT = Path(__file__).resolve().parents[3]
 

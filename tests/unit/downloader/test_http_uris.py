@@ -20,7 +20,7 @@ import pytest
 from aiohttp import test_utils, web
 
 from localcache import downloader
-from localcache.runtime.testing.waiting import wait_until
+from localcache.devenv.waiting import wait_until
 
 BODY = os.urandom(3 * 1024 * 1024 + 17)
 

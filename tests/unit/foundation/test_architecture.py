@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ast
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -12,61 +14,150 @@ DOMAIN = ("api", "caching", "controllers", "agent", "webhooks")
 ISOLATED = ("controllers", "agent", "webhooks")
 
 
+@dataclass(frozen=True)
+class Import:
+    module: str  # the importing module, relative to the repository: localcache/app.py
+    name: str  # what it imports, dotted: localcache.runtime.kube
+    top_level: bool  # at module level (not inside a function or method)
+
+    @property
+    def parts(self) -> list[str]:
+        return self.name.split(".")
+
+    def of(self, package: str) -> bool:
+        return self.name == package or self.name.startswith(package + ".")
+
+
 def _modules() -> list[Path]:
     return sorted(PACKAGE.rglob("*.py"))
-
-
-def _imports(path: Path) -> set[str]:
-    tree = ast.parse(path.read_text(), filename=str(path))
-    found: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            found.add(node.module)
-            found.update(f"{node.module}.{alias.name}" for alias in node.names)
-    return found
 
 
 def _rel(path: Path) -> str:
     return path.relative_to(PACKAGE.parent).as_posix()
 
 
+def _names(node: ast.AST) -> Iterator[str]:
+    if isinstance(node, ast.Import):
+        yield from (alias.name for alias in node.names)
+    elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+        yield node.module
+        yield from (f"{node.module}.{alias.name}" for alias in node.names)
+
+
+def _imports_in(source: str, module: str) -> Iterator[Import]:
+    def visit(node: ast.AST, top_level: bool) -> Iterator[Import]:
+        for name in _names(node):
+            yield Import(module, name, top_level)
+        inside = isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda)
+        for child in ast.iter_child_nodes(node):
+            yield from visit(child, top_level and not inside)
+
+    yield from visit(ast.parse(source, filename=module), True)
+
+
+def _imports(path: Path) -> Iterator[Import]:
+    return _imports_in(path.read_text(), _rel(path))
+
+
+def _kubernetes_asyncio(i: Import) -> bool:
+    return i.parts[0] == "kubernetes_asyncio" and i.module != "localcache/runtime/kube.py"
+
+
+def _prometheus_client(i: Import) -> bool:
+    return i.parts[0] == "prometheus_client" and i.module != "localcache/runtime/metrics.py"
+
+
+def _runtime(i: Import) -> bool:
+    """The framework knows no domain package and no development environment."""
+    return i.module.startswith("localcache/runtime/") and (
+        (i.parts[0] == "localcache" and len(i.parts) > 1 and i.parts[1] in DOMAIN)
+        or i.of("localcache.devenv")
+    )
+
+
+def _isolated(i: Import) -> bool:
+    own = i.module.split("/")[1]
+    return (
+        own in ISOLATED
+        and i.parts[0] == "localcache"
+        and len(i.parts) > 1
+        and i.parts[1] in ISOLATED
+        and i.parts[1] != own
+    )
+
+
+def _tests(i: Import) -> bool:
+    """Nothing under localcache/ imports the test suite."""
+    return i.parts[0] == "tests"
+
+
+def _devenv(i: Import) -> bool:
+    """Only cli.py imports the development environment, and only inside a function (the
+    image and the wheel leave it out)."""
+    if not i.of("localcache.devenv") or i.module.startswith("localcache/devenv/"):
+        return False
+    return i.module != "localcache/cli.py" or i.top_level
+
+
+def _devenv_needs_no_pytest(i: Import) -> bool:
+    """`localcache run` reaches devenv: it must not need the test tools."""
+    return i.module.startswith("localcache/devenv/") and i.parts[0] in ("pytest", "boto3", "moto")
+
+
+def _settings(i: Import) -> bool:
+    """The flag table imports no domain package."""
+    return (
+        i.module == "localcache/settings.py"
+        and i.parts[0] == "localcache"
+        and len(i.parts) > 1
+        and i.parts[1] in DOMAIN
+    )
+
+
+RULES: dict[str, Callable[[Import], bool]] = {
+    "kubernetes_asyncio": _kubernetes_asyncio,
+    "prometheus_client": _prometheus_client,
+    "runtime": _runtime,
+    "isolated": _isolated,
+    "tests": _tests,
+    "devenv": _devenv,
+    "devenv_needs_no_pytest": _devenv_needs_no_pytest,
+    "settings": _settings,
+}
+
+
 def _violations(rule: str) -> list[str]:
-    bad: list[str] = []
-    for path in _modules():
-        rel = _rel(path)
-        for name in _imports(path):
-            if rule == "kubernetes_asyncio" and name.split(".")[0] == "kubernetes_asyncio":
-                if rel != "localcache/runtime/kube.py":
-                    bad.append(f"{rel} imports {name}")
-            elif rule == "prometheus_client" and name.split(".")[0] == "prometheus_client":
-                if rel != "localcache/runtime/metrics.py":
-                    bad.append(f"{rel} imports {name}")
-            elif rule == "runtime" and rel.startswith("localcache/runtime/"):
-                if "/testing/" in rel:
-                    continue
-                parts = name.split(".")
-                if parts[0] == "localcache" and len(parts) > 1 and parts[1] in DOMAIN:
-                    bad.append(f"{rel} imports domain module {name}")
-            elif rule == "isolated":
-                own = rel.split("/")[1]
-                parts = name.split(".")
-                if (
-                    own in ISOLATED
-                    and parts[0] == "localcache"
-                    and len(parts) > 1
-                    and parts[1] in ISOLATED
-                    and parts[1] != own
-                ):
-                    bad.append(f"{rel} imports {name}")
-    return sorted(set(bad))
+    broken = RULES[rule]
+    bad = (i for path in _modules() for i in _imports(path) if broken(i))
+    return sorted({f"{i.module} imports {i.name}" for i in bad})
 
 
-@pytest.mark.parametrize("rule", ["kubernetes_asyncio", "prometheus_client", "runtime", "isolated"])
+@pytest.mark.parametrize("rule", sorted(RULES))
 def test_layer_boundary_holds(rule: str) -> None:
     assert _violations(rule) == []
 
 
 def test_the_boundary_check_sees_the_package() -> None:
     assert any(_rel(p) == "localcache/runtime/keys.py" for p in _modules())
+
+
+@pytest.mark.parametrize(
+    ("module", "source", "rule"),
+    [
+        ("localcache/app.py", "from localcache.devenv import local", "devenv"),
+        ("localcache/cli.py", "from localcache.devenv import local", "devenv"),
+        ("localcache/agent/x.py", "import tests.support.plugin", "tests"),
+        ("localcache/runtime/x.py", "from localcache.devenv import waiting", "runtime"),
+        ("localcache/settings.py", "from localcache.agent import roots", "settings"),
+        ("localcache/devenv/x.py", "import pytest", "devenv_needs_no_pytest"),
+    ],
+)
+def test_each_rule_catches_what_it_forbids(module: str, source: str, rule: str) -> None:
+    assert any(RULES[rule](i) for i in _imports_in(source, module))
+
+
+def test_a_lazy_devenv_import_in_cli_is_allowed() -> None:
+    source = "def run() -> None:\n    from localcache.devenv import local\n"
+    imports = list(_imports_in(source, "localcache/cli.py"))
+    assert imports
+    assert not any(_devenv(i) for i in imports)

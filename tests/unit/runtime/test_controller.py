@@ -26,9 +26,9 @@ import pytest
 import structlog
 import structlog.testing
 
+from localcache.devenv.waiting import wait_until
 from localcache.runtime import clock, controller, errors, keys, metrics, ratelimit, reconcile
 from localcache.runtime import workqueue as wq
-from localcache.runtime.testing.waiting import wait_until
 from tests.unit.runtime.fake_source import settle
 
 A = keys.ObjectKey("ns", "a")

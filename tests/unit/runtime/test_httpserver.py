@@ -15,8 +15,8 @@ import aiohttp
 import pytest
 from aiohttp import test_utils, web
 
+from localcache.devenv.waiting import wait_until
 from localcache.runtime import httpserver, metrics
-from localcache.runtime.testing.waiting import wait_until
 
 Client = test_utils.TestClient[web.Request, web.Application]
 

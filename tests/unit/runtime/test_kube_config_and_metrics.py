@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from localcache.devenv.controlplane import free_port
 from localcache.runtime import errors, kube, metrics
-from localcache.runtime.testing.controlplane import free_port
 
 
 def _kubeconfig(path: Path, server: str) -> Path:

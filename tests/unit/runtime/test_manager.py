@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from localcache.devenv.waiting import wait_until
 from localcache.runtime import (
     clock,
     controller,
@@ -21,7 +22,6 @@ from localcache.runtime import (
     reconcile,
     workqueue,
 )
-from localcache.runtime.testing.waiting import wait_until
 from tests.unit.runtime.fake_source import HANG, FakeSource, page
 
 

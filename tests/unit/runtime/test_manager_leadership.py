@@ -9,6 +9,7 @@ import asyncio
 import random
 from dataclasses import dataclass, field
 
+from localcache.devenv.waiting import wait_until
 from localcache.runtime import (
     clock,
     controller,
@@ -20,7 +21,6 @@ from localcache.runtime import (
     reconcile,
     workqueue,
 )
-from localcache.runtime.testing.waiting import wait_until
 from tests.unit.runtime.fake_leases import LeaseClient, LeaseStore
 from tests.unit.runtime.fake_source import HANG, FakeSource, cm, page
 from tests.unit.runtime.test_leaderelection import step_until

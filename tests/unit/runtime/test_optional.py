@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
+from localcache.devenv.waiting import wait_until
 from localcache.runtime import clock, factory, informer, keys, kube, manager, optional, reflector
-from localcache.runtime.testing.waiting import wait_until
 from tests.unit.runtime.test_factory import FakeClient
 
 Obj = dict[str, Any]

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from localcache.runtime import schemadiff
-from localcache.runtime.testing import schemastrip
 from tests import kserveshape
+from tests.support import schemastrip
 
 Obj = dict[str, Any]
 CRDS = {crd["metadata"]["name"]: crd for crd in kserveshape.our_crds()}

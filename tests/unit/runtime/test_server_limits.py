@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from localcache.devenv import certs
 from localcache.runtime import admission, httpserver, metrics, tls
-from localcache.runtime.testing import certs
 
 LIMITS = httpserver.ServerLimits(handshake_timeout_s=0.5, idle_timeout_s=0.5, body_timeout_s=0.5)
 DEADLINE_S = 5.0

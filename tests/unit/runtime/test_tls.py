@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from cryptography import x509
 
+from localcache.devenv import certs
 from localcache.runtime import clock
 from localcache.runtime import tls as tls_mod
-from localcache.runtime.testing import certs
 
 
 def _handshake_serial(server_ctx: ssl.SSLContext, ca_pem: bytes) -> int:

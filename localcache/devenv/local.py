@@ -12,7 +12,7 @@
   https://127.0.0.1:<port>, the sample node group), two demo Nodes labelled
   `kserve/localmodel=worker`, and in one Manager: controller, webhooks, one agent per demo
   node (each with its own models root standing for the node group's PV path) and the local
-  Job runner (`runtime.testing.jobrunner`, a demo harness that plays the nodes for download
+  Job runner (`devenv.jobrunner`, a demo harness that plays the nodes for download
   Jobs). Then the sample namespace cache is applied, the kubectl commands to watch it are
   printed, and so is its Ready state; `--exit-when-ready` stops there (exit 0, or 1 when it is
   not Ready within `READY_TIMEOUT_S`). The control plane is always stopped on the way out.
@@ -47,16 +47,16 @@ from typing import Any, TextIO
 import structlog
 import yaml
 
-from localcache import app, localmode, realnodes
+from localcache import app
 from localcache import settings as settings_mod
 from localcache.api import groupversion
+from localcache.devenv import controlplane, crds, jobrunner, localmode, realnodes
 from localcache.runtime import errors, informer, kube, manager, reflector
-from localcache.runtime.testing import controlplane, crds, jobrunner
 
 _log = structlog.get_logger(__name__)
 
 Obj = dict[str, Any]
-MANIFESTS = Path(__file__).resolve().parent.parent / "manifests"
+MANIFESTS = Path(__file__).resolve().parents[2] / "manifests"
 DEMO_FILE = "model.txt"
 PROBE_TIMEOUT_S = 3.0
 READY_TIMEOUT_S = 300.0

@@ -17,8 +17,8 @@ from typing import Any
 
 import yaml
 
-from localcache.runtime.testing import waiting
-from localcache.runtime.testing.controlplane import ControlPlane, ControlPlaneError
+from localcache.devenv import waiting
+from localcache.devenv.controlplane import ControlPlane, ControlPlaneError
 
 CRD_PATH = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
 WRITE_ATTEMPTS = 5

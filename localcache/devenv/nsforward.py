@@ -1,6 +1,6 @@
 """A TCP forwarder from this machine's loopback into a network namespace of the test bed.
 
-    python -m localcache.runtime.testing.nsforward --netns /proc/PID/ns/net \
+    python -m localcache.devenv.nsforward --netns /proc/PID/ns/net \
         --map 127.0.0.1:41000=127.0.0.1:6443 [--map ...]
 
 Each `--map LISTEN=TARGET` listens on LISTEN in the forwarder's own (the host's) network
@@ -21,7 +21,7 @@ import socket
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
-from localcache.runtime.testing import netns
+from localcache.devenv import netns
 
 CONNECT_TIMEOUT_S = 10.0
 CHUNK = 256 * 1024

@@ -30,9 +30,9 @@ from typing import Any, Literal
 import pytest
 import yaml
 
-from localcache.runtime.testing import waiting
+from localcache.devenv import waiting
 
-REPO_ROOT = Path(__file__).resolve().parents[3]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 PROFILES: tuple[str, ...] = ("standalone", "with-kserve")
 Tool = Literal["kustomize", "helm"]
 Identity = tuple[str, str, str]  # kind, namespace ("" if cluster-scoped), name

@@ -39,8 +39,8 @@ from typing import Any
 
 import yaml
 
-from localcache.runtime.testing import cgroups, netns, node
-from localcache.runtime.testing.controlplane import (
+from localcache.devenv import cgroups, netns, node
+from localcache.devenv.controlplane import (
     ControlPlane,
     ControlPlaneError,
     find_binaries,
@@ -352,7 +352,7 @@ class TestBed:
         args = [
             sys.executable,
             "-m",
-            "localcache.runtime.testing.nsforward",
+            "localcache.devenv.nsforward",
             "--netns",
             self.hub.netns_path,
         ]

@@ -50,10 +50,10 @@ from pathlib import Path
 
 import structlog
 
+from localcache.devenv import jobpods
 from localcache.runtime import clock as clock_mod
 from localcache.runtime import errors, informer, kube, reflector
 from localcache.runtime.keys import ObjectKey
-from localcache.runtime.testing import jobpods
 
 log = structlog.get_logger(__name__)
 

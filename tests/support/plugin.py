@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from localcache.runtime.testing import leakguard
-from localcache.runtime.testing.controlplane import ControlPlane
+from localcache.devenv.controlplane import ControlPlane
+from tests.support import leakguard
 
 task_leak_guard = leakguard.task_leak_guard
 

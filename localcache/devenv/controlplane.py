@@ -37,7 +37,7 @@ from typing import Any
 
 import yaml
 
-from localcache.runtime.testing import certs, processes
+from localcache.devenv import certs, processes
 
 PREFERRED_VERSIONS = ("v1.36.3", "v1.35.4", "v1.34.4")
 START_TIMEOUT_S = 90.0

@@ -3,7 +3,7 @@
 The end-to-end test bed serves model files from it as an `http://` model source, possibly from
 inside a network namespace of its own, so it is a subprocess that Python starts (no Docker):
 
-    python -m localcache.runtime.testing.modelserver --dir D --host H --port P [--rate B]
+    python -m localcache.devenv.modelserver --dir D --host H --port P [--rate B]
 
 Server contract (standard library only: `http.server.ThreadingHTTPServer`, one thread per
 connection):
@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, Self
 
-from localcache.runtime.testing import controlplane, processes
+from localcache.devenv import controlplane, processes
 
 STATS_PATH = "/_stats"
 HTTP_TIMEOUT_S = 5.0
@@ -151,7 +151,7 @@ def serve(root: Path, host: str, port: int, rate: int | None) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m localcache.runtime.testing.modelserver")
+    parser = argparse.ArgumentParser(prog="python -m localcache.devenv.modelserver")
     parser.add_argument("--dir", required=True, type=Path, help="folder to serve")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", required=True, type=int)

@@ -3,7 +3,7 @@
 The end-to-end test bed stores models in it as an `s3://` source, possibly from inside a
 network namespace of its own, so it is a subprocess that Python starts (no Docker):
 
-    python -m localcache.runtime.testing.objectstore --host H --port P
+    python -m tests.support.objectstore --host H --port P
 
 How credentials are enforced: moto checks signatures and IAM policies once
 `INITIAL_NO_AUTH_ACTION_COUNT` (read from the environment when moto is imported) actions have
@@ -53,7 +53,7 @@ import boto3
 import botocore.config
 import botocore.exceptions
 
-from localcache.runtime.testing import modelserver, processes
+from localcache.devenv import modelserver, processes
 
 if TYPE_CHECKING:
     from wsgiref.types import StartResponse, WSGIApplication, WSGIEnvironment
@@ -139,7 +139,7 @@ def serve(host: str, port: int) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m localcache.runtime.testing.objectstore")
+    parser = argparse.ArgumentParser(prog="python -m tests.support.objectstore")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", required=True, type=int)
     args = parser.parse_args(argv)

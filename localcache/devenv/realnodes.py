@@ -1,6 +1,6 @@
 """`localcache run --local` on real nodes, and the deployment the real-node e2e tests share.
 
-When this machine can host the real-node test bed (`runtime.testing.testbed`: root, network
+When this machine can host the real-node test bed (`devenv.testbed`: root, network
 and mount namespaces, cgroups) and the repository's build recipes are at hand (`hack/`),
 `localcache run --local` builds or reuses the node binaries and images, starts a control plane
 and two real nodes (kubelet, containerd, runc), deploys the shipped manifests through
@@ -28,10 +28,9 @@ from typing import Any, TextIO
 
 import yaml
 
-from localcache import localmode
-from localcache.runtime.testing import modelserver, testbed
+from localcache.devenv import localmode, modelserver, testbed
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 MANIFESTS = REPO / "manifests"
 HACK = REPO / "hack"
 SYSTEM_NS = "kserve"

@@ -28,9 +28,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, cast
 
+from localcache.devenv import certs, controlplane, waiting
 from localcache.runtime import admission
 from localcache.runtime import tls as tls_mod
-from localcache.runtime.testing import certs, controlplane, waiting
 
 ConfigurationKind = Literal["Mutating", "Validating"]
 _API = "/apis/admissionregistration.k8s.io/v1"

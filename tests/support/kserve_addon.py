@@ -37,7 +37,7 @@ from typing import Any
 
 import yaml
 
-from localcache.runtime.testing import certs
+from localcache.devenv import certs
 
 VERSION = "v0.20.0"
 MODULE = "github.com/kserve/kserve"

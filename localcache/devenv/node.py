@@ -28,7 +28,7 @@ from pathlib import Path
 
 import yaml
 
-from localcache.runtime.testing import netns, processes
+from localcache.devenv import netns, processes
 
 NODE_LABELS = {"kserve/localmodel": "worker"}
 KUBERNETES_SERVICE_IP = "10.0.0.1"

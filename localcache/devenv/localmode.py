@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from localcache import settings as settings_mod
-from localcache.runtime.testing import controlplane, jobpods
+from localcache.devenv import controlplane, jobpods
 
 Obj = dict[str, Any]
 DEMO_NODES = ("demo-node-1", "demo-node-2")
