@@ -29,9 +29,10 @@ import aiohttp
 from aiohttp import web
 
 from localcache.devenv import certs
-from localcache.runtime import admission, metrics, store
 from localcache.runtime import logging as logging_mod
-from localcache.runtime import tls as tls_mod
+from localcache.runtime import metrics, store
+from localcache.runtime.serving import admission
+from localcache.runtime.serving import tls as tls_mod
 from localcache.webhooks import isvc
 
 PATH = isvc.MUTATE_PATH

@@ -64,9 +64,9 @@ from localcache.runtime import (
     informer,
     keys,
     kube,
+    listwatch,
     metrics,
     reconcile,
-    reflector,
     workqueue,
 )
 from localcache.runtime import logging as logging_mod
@@ -238,7 +238,7 @@ class ReplayFrom:
 
     def __init__(
         self,
-        inner: reflector.ListWatch,
+        inner: listwatch.ListWatch,
         client: kube.Kube,
         rv: str,
         on_listed: Callable[[], None] = lambda: None,
@@ -293,7 +293,7 @@ async def informer_path(
     controller with a no-op reconciler drains it, else the run ends when n keys were queued.
     With `registry`, the queue and the controller report to it, as in the operator."""
     sys_clock = clock.SystemClock()
-    listing = reflector.ListWatch(client, kube.CONFIG_MAPS, namespace=NAMESPACE)
+    listing = listwatch.ListWatch(client, kube.CONFIG_MAPS, namespace=NAMESPACE)
     inf = informer.Informer(ReplayFrom(listing, client, rv, watch.start), clock=sys_clock)
     done: set[keys.ObjectKey] = set()
     all_done = asyncio.Event()
@@ -339,7 +339,7 @@ class Memory:
     json_cached: float
 
 
-async def measure_memory(source: reflector.ListerWatcher, how: str) -> Memory:
+async def measure_memory(source: listwatch.ListerWatcher, how: str) -> Memory:
     """Sync an informer from `source` and measure what its cache retains per object."""
     gc.collect()
     rss0 = rss_bytes()
@@ -482,7 +482,7 @@ async def main() -> int:
             load_before = os.getloadavg()[0]
             pairs = await measure_rates(plane, client, rv, n)
             load_after = os.getloadavg()[0]
-            listing = reflector.ListWatch(client, kube.CONFIG_MAPS, namespace=NAMESPACE)
+            listing = listwatch.ListWatch(client, kube.CONFIG_MAPS, namespace=NAMESPACE)
             memory = [
                 await measure_memory(listing, "LIST"),
                 await measure_memory(ReplayFrom(listing, client, rv), "watch events"),

@@ -9,7 +9,10 @@ entry points, one per process shape:
   that feed both, /metrics and the probes serve on every replica, and a replica that loses
   the lease stops its reconcilers and campaigns again instead of exiting;
 - `run_agent`: the node agent for `--node-name`;
-- `run_components`: any of them in one process, on one Manager (what `localcache run` uses).
+- `run_components`: any of them in one process, on one Manager (what `localcache run` uses;
+  `run_attached` is its shape against an existing cluster).
+
+`check_apiserver` is the one apiserver probe (`/version`), of `controller`, `agent` and `run`.
 
 Each returns the Manager's exit code: 0 after a requested stop (SIGTERM/SIGINT), non-zero when
 a cache did not sync, the reconcilers did not stop in time after the lease was lost, or a
@@ -19,37 +22,32 @@ component failed.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import structlog
 
 from localcache import settings as settings_mod
 from localcache.agent import setup as agent_setup
+from localcache.agent.disk import roots
 from localcache.api import crdgen, groupversion
 from localcache.caching import config as config_mod
 from localcache.caching import liveconfig
 from localcache.controllers import setup as controllers_setup
-from localcache.runtime import (
-    admission,
-    crdcheck,
-    crdwait,
-    factory,
-    httpserver,
-    kube,
-    leaderelection,
-    manager,
-    metrics,
-    tls,
-)
+from localcache.runtime import errors, factory, informer, kube, leaderelection, manager, metrics
 from localcache.runtime import logging as logging_mod
+from localcache.runtime.crds import crdcheck, crdwait
 from localcache.runtime.keys import ObjectKey
-from localcache.webhooks import certgen, certs
+from localcache.runtime.serving import admission, certgen, certs, httpserver, tls
 from localcache.webhooks import setup as webhooks_setup
 
 _log = structlog.get_logger(__name__)
+
+PROBE_TIMEOUT_S = 10.0
+"""How long `controller` and `agent` wait for the apiserver's `/version` before giving up."""
 
 #: How to get the CRDs whose schemas hold every field localcache writes (README "KServe's
 #: CRD schema"); the controller's CRD schema check says it when a served CRD lacks some.
@@ -108,43 +106,67 @@ def _webhook_resource(kind: str) -> kube.Resource:
     return kube.VALIDATING_WEBHOOK_CONFIGURATIONS
 
 
-async def connect(settings: settings_mod.Settings) -> kube.Kube:
+async def connect(connection: settings_mod.Connection) -> kube.Kube:
     """The API client: the kubeconfig named in settings, else in-cluster or the current one."""
-    if settings.kubeconfig:
-        return await kube.Kube.from_kubeconfig(settings.kubeconfig)
+    if connection.kubeconfig:
+        return await kube.Kube.from_kubeconfig(connection.kubeconfig)
     return await kube.Kube.auto()
 
 
+async def check_apiserver(
+    connection: settings_mod.Connection, *, wait_s: float = PROBE_TIMEOUT_S
+) -> None:
+    """The one apiserver probe (`/version` within `wait_s`), before `controller` and `agent`
+    start and when `localcache run` looks for a cluster. Raises `errors.ConfigError` for a
+    kubeconfig that cannot be used or an apiserver that refuses us, `errors.TransportError`
+    for one that does not answer; each message names the kubeconfig and the server."""
+    kubeconfig = connection.kubeconfig
+    where = f"kubeconfig {kubeconfig}" if kubeconfig else "default config"
+    client = await connect(connection)
+    try:
+        await client.raw("/version", request_timeout=wait_s)
+    except errors.TransportError as exc:
+        raise errors.TransportError(
+            f"the apiserver {client.server} ({where}) does not answer: {_cause(exc)}"
+        ) from exc
+    except errors.ApiError as exc:
+        raise errors.ConfigError(
+            f"the apiserver {client.server} ({where}) refused us: {exc}"
+        ) from exc
+    finally:
+        await client.close()
+
+
+def _cause(exc: BaseException) -> str:
+    """The underlying reason of a transport error (aiohttp's message is the readable one)."""
+    cause = exc.__cause__
+    return str(cause) if cause is not None and str(cause) else str(exc)
+
+
+def _config_map(informers: factory.InformerFactory, key: ObjectKey) -> informer.Informer:
+    """The shared informer of the one ConfigMap `key` (every component of the process reads
+    its configuration through the same watch)."""
+    return informers.informer(
+        kube.CONFIG_MAPS, namespace=key.namespace, field_selector=f"metadata.name={key.name}"
+    )
+
+
 def _config_source(
-    informers: factory.InformerFactory, settings: settings_mod.Settings
-) -> liveconfig.LiveConfig[config_mod.InferenceServiceConfig]:
-    """The live configuration, read from the shared ConfigMap informer (the node agents of
-    the same process watch the same ConfigMap through it)."""
-    inf = informers.informer(
-        kube.CONFIG_MAPS,
-        namespace=settings.config_namespace,
-        field_selector=f"metadata.name={settings.config_map}",
+    informers: factory.InformerFactory, config: settings_mod.ConfigMaps
+) -> tuple[liveconfig.LiveConfig[config_mod.InferenceServiceConfig], list[informer.Informer]]:
+    """The live configuration of the controllers and webhooks (KServe's defaults until a good
+    version is read), over KServe's ConfigMap when `--kserve-config` names one; and the
+    informers it reads."""
+    key = ObjectKey(config.namespace, config.name)
+    watched = [_config_map(informers, key)]
+    under = None
+    if config.kserve is not None:  # read only, under localcache's own
+        watched.append(_config_map(informers, config.kserve))
+        under = liveconfig.Under(watched[-1].reader(), config.kserve)
+    live = liveconfig.LiveConfig(
+        watched[0].reader(), key, initial=config_mod.parse_config({}), under=under
     )
-    key = ObjectKey(settings.config_namespace, settings.config_map)
-    return liveconfig.LiveConfig(
-        inf.reader(),
-        key,
-        initial=config_mod.parse_config({}),
-        under=_kserve_config(informers, settings.kserve_config),
-    )
-
-
-def _kserve_config(
-    informers: factory.InformerFactory, namespaced_name: str
-) -> liveconfig.Under | None:
-    """KServe's ConfigMap (`--kserve-config namespace/name`), read only, or None."""
-    if not namespaced_name:
-        return None
-    namespace, name = namespaced_name.split("/")
-    inf = informers.informer(
-        kube.CONFIG_MAPS, namespace=namespace, field_selector=f"metadata.name={name}"
-    )
-    return liveconfig.Under(inf.reader(), ObjectKey(namespace, name))
+    return live, watched
 
 
 @contextlib.asynccontextmanager
@@ -157,7 +179,7 @@ async def _webhook_server(
     the Manager enters this context, so every handler registered during set-up is routed.
     With self-managed certificates the certificate is ensured first; otherwise cert-manager's
     files in the cert dir are used."""
-    cert_dir = settings.webhook_cert_dir
+    cert_dir = settings.webhook.cert_dir
     if cert_manager is not None:
         await cert_manager.ensure()
     reloadable = tls.ReloadableTLS(cert_dir / "tls.crt", cert_dir / "tls.key")
@@ -169,8 +191,8 @@ async def _webhook_server(
         cert_manager.on_change = reload
     async with tls.serve(
         server.app(),
-        host=settings.bind_address,
-        port=settings.webhook_port,
+        host=settings.serving.bind_address,
+        port=settings.webhook.port,
         ssl_context=reloadable.context,
     ) as port:
         yield port
@@ -189,42 +211,43 @@ async def run_components(
     to add its own runnables, and by tests to stop it); `handle_signals=False` leaves
     SIGTERM/SIGINT alone (several managers in one process)."""
     own_client = client is None
-    api = client or await connect(settings)
+    api = client or await connect(settings.connection)
+    lead, hook, cfg = settings.leadership, settings.webhook, settings.config
     try:
         registry = metrics.Metrics()
         api.instrument(registry.rest_client())
         http = httpserver.HttpServer(
-            host=settings.bind_address, port=settings.metrics_port, metrics=registry
+            host=settings.serving.bind_address, port=settings.serving.metrics_port, metrics=registry
         )
         elector = None
-        if components.controller and settings.leader_elect:
+        if components.controller and lead.elect:
             elector = leaderelection.LeaderElector(
                 api,
                 leaderelection.LeaderElectionConfig(
-                    namespace=settings.config_namespace,
-                    name=settings.lease_name,
-                    identity=settings.identity,
-                    lease_duration=settings.lease_duration,
-                    renew_deadline=settings.renew_deadline,
-                    retry_period=settings.retry_period,
+                    namespace=cfg.namespace,
+                    name=lead.lease_name,
+                    identity=lead.identity,
+                    lease_duration=lead.lease_duration,
+                    renew_deadline=lead.renew_deadline,
+                    retry_period=lead.retry_period,
                 ),
-                metrics=registry.leader_election(settings.lease_name),
+                metrics=registry.leader_election(lead.lease_name),
             )
         server = None
         webhook_cm = None
         cert_manager: certs.CertManager | None = None
-        if components.webhooks and settings.webhook_port:
+        if components.webhooks and hook.port:
             server = admission.AdmissionServer(metrics=registry)
-            if settings.self_managed_certs:
+            if hook.self_managed_certs:
                 cert_manager = certs.CertManager(
                     KubeCertStore(api),
                     certs.CertSettings(
-                        cert_dir=settings.webhook_cert_dir,
-                        namespace=settings.config_namespace,
-                        service_name=settings.webhook_service,
-                        secret_name=settings.webhook_secret,
-                        mutating_configurations=(settings.mutating_webhook_configuration,),
-                        validating_configurations=(settings.validating_webhook_configuration,),
+                        cert_dir=hook.cert_dir,
+                        namespace=cfg.namespace,
+                        service_name=hook.service,
+                        secret_name=hook.secret,
+                        mutating_configurations=(hook.mutating_configuration,),
+                        validating_configurations=(hook.validating_configuration,),
                         extra_names=components.extra_cert_names,
                     ),
                 )
@@ -245,17 +268,20 @@ async def run_components(
         # One factory per Manager: every component of this process shares its informers.
         informers = factory.InformerFactory(api, mgr)
         live_config: liveconfig.LiveConfig[config_mod.InferenceServiceConfig] | None = None
+        config_maps: list[informer.Informer] = []
         if components.controller or components.webhooks:
-            live_config = _config_source(informers, settings)
+            live_config, config_maps = _config_source(informers, cfg)
         if components.controller and live_config is not None:
-            controllers_setup.setup(
+            caches = controllers_setup.setup(
                 mgr,
                 kube=api,
                 config=live_config,
                 metrics=registry,
-                workers=settings.workers,
+                workers=settings.controller.workers,
                 factory=informers,
             )
+            for inf in config_maps:  # a flip of disableVolumeManagement reconciles every cache
+                inf.add_handler(lambda _event: caches.config_changed())
         if components.controller:
             # every replica checks that the served CRDs keep the fields we write
             crdcheck.setup(
@@ -265,7 +291,7 @@ async def run_components(
                 registry=registry,
                 wanted=[crdgen.crd(source) for source in crdgen.SOURCES],
                 fix=CRD_INSTALL_HINT,
-                instance=settings.identity,
+                instance=lead.identity,
             )
         if server is not None and live_config is not None:
             source = live_config
@@ -275,12 +301,13 @@ async def run_components(
                 client=api,
                 local_model_enabled=lambda: source().local_model.enabled,
                 factory=informers,
-                # KServe's kinds are watched while their CRDs serve (runtime.optional)
+                # KServe's kinds are watched while their CRDs serve (runtime.crds.optional)
                 storage_containers=True,
-                allow_file_uris=settings.allow_file_uris,
+                allow_file_uris=hook.allow_file_uris,
             )
             if cert_manager is not None:
                 mgr.add_runnable("webhook-cert-rotation", cert_manager, needs_leader=False)
+        agent = settings.agent
         for node_name, root in components.agent_nodes:
             agent_setup.setup(
                 mgr,
@@ -288,14 +315,14 @@ async def run_components(
                 settings=agent_setup.AgentSettings(
                     node_name=node_name,
                     models_root=root,
-                    host_path=str(settings.host_models_root)
-                    if settings.host_models_root != settings.models_root
+                    host_path=str(agent.host_models_root)
+                    if agent.host_models_root != agent.models_root
                     else None,
                     # one agent per process: the roots it serves (local mode: one root per node)
-                    models_roots=settings.models_roots if len(components.agent_nodes) == 1 else (),
-                    config_namespace=settings.config_namespace,
-                    config_map=settings.config_map,
-                    kserve_config=settings.kserve_config,
+                    models_roots=_roots(agent) if len(components.agent_nodes) == 1 else (),
+                    config_namespace=cfg.namespace,
+                    config_map=cfg.name,
+                    kserve_config=cfg.kserve,
                     watch_storage_containers=True,
                     controller_name=(
                         f"{agent_setup.CONTROLLER_NAME}-{node_name}"
@@ -318,14 +345,28 @@ async def run_controller(settings: settings_mod.Settings) -> int:
     return await run_components(settings, Components(controller=True, webhooks=True))
 
 
+async def run_attached(settings: settings_mod.Settings, kubeconfig: Path) -> int:
+    """`localcache run` attached to the cluster of `kubeconfig`: controller and webhooks, and
+    the agent of `--node-name` when one is given."""
+    node = settings.agent.node_name
+    agents = ((node, settings.agent.models_root),) if node else ()
+    attached = dataclasses.replace(settings, connection=settings_mod.Connection(str(kubeconfig)))
+    components = Components(controller=True, webhooks=True, agent_nodes=agents)
+    return await run_components(attached, components)
+
+
 async def run_agent(settings: settings_mod.Settings) -> int:
-    nodes = ((settings.node_name, settings.models_root),)
+    nodes = ((settings.agent.node_name, settings.agent.models_root),)
     return await run_components(settings, Components(agent_nodes=nodes))
 
 
-def configure_logging(settings: settings_mod.Settings) -> None:
-    renderer: Literal["json", "console"] = "console" if settings.log_format == "console" else "json"
-    logging_mod.configure(level=settings.log_level, renderer=renderer)
+def _roots(agent: settings_mod.Agent) -> tuple[roots.Root, ...]:
+    """`--models-roots` as the agent's own type."""
+    return tuple(roots.Root(m.host_path, m.container_path) for m in agent.models_roots)
+
+
+def configure_logging(settings: settings_mod.Logging) -> None:
+    logging_mod.configure(level=settings.level, renderer=settings.format)
 
 
 __all__: Sequence[str] = (

@@ -19,12 +19,9 @@ import types
 from collections.abc import Sequence
 from pathlib import Path
 
-from localcache import downloader
 from localcache import settings as settings_mod
+from localcache.download import program as download_program
 from localcache.runtime import errors
-
-PROBE_TIMEOUT_S = 10.0
-"""How long `controller` and `agent` wait for the apiserver's `/version` before giving up."""
 
 _DESCRIPTIONS = {
     "controller": "Run the LocalModelCache and LocalModelNamespaceCache reconcilers and the "
@@ -73,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="download a file:// or http(s):// model URI atomically",
         description="Download a model URI into a directory; writes are atomic.",
     )
-    downloader.add_arguments(download)
+    download_program.add_arguments(download)
     prepare = sub.add_parser(
         "prepare-models-root",
         help="make a node's models root usable by the agent and download pods",
@@ -95,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _prepare_models_root(args: argparse.Namespace) -> int:
-    from localcache.agent import rootdir
+    from localcache.agent.disk import rootdir
 
     for root in args.models_root or ["/mnt/models"]:
         try:
@@ -113,7 +110,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "download":
-        return downloader.run(args)
+        return download_program.run(args)
     if args.command == "prepare-models-root":
         return _prepare_models_root(args)
     try:
@@ -123,7 +120,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Imported here so `--help` and `download` stay fast and light.
     from localcache import app
 
-    app.configure_logging(settings)
+    app.configure_logging(settings.logging)
     try:
         return asyncio.run(_run(args, settings))
     except KeyboardInterrupt:
@@ -138,10 +135,11 @@ async def _run(args: argparse.Namespace, settings: settings_mod.Settings) -> int
 
     if args.command == "run":
         local = _devenv_local()
-        return await local.run(
+        code: int = await local.run(
             settings, force_local=args.local, exit_when_ready=args.exit_when_ready
         )
-    await _check_apiserver(settings)
+        return code
+    await app.check_apiserver(settings.connection)
     if args.command == "controller":
         return await app.run_controller(settings)
     return await app.run_agent(settings)
@@ -160,34 +158,6 @@ def _devenv_local() -> types.ModuleType:
             "installed here); in a cluster run `localcache controller` and `localcache agent`"
         ) from None
     return local
-
-
-async def _check_apiserver(settings: settings_mod.Settings) -> None:
-    """Raise `errors.ConfigError` for a kubeconfig that cannot be used, `errors.TransportError`
-    for an apiserver that does not answer `/version`, `errors.ApiError` for one that refuses
-    us; each with a message naming the kubeconfig and server."""
-    from localcache import app
-
-    where = f"kubeconfig {settings.kubeconfig}" if settings.kubeconfig else "default config"
-    client = await app.connect(settings)
-    try:
-        await client.raw("/version", request_timeout=PROBE_TIMEOUT_S)
-    except errors.TransportError as exc:
-        raise errors.TransportError(
-            f"the apiserver {client.server} ({where}) does not answer: {_cause(exc)}"
-        ) from exc
-    except errors.ApiError as exc:
-        raise errors.ConfigError(
-            f"the apiserver {client.server} ({where}) refused us: {exc}"
-        ) from exc
-    finally:
-        await client.close()
-
-
-def _cause(exc: BaseException) -> str:
-    """The underlying reason of a transport error (aiohttp's message is the readable one)."""
-    cause = exc.__cause__
-    return str(cause) if cause is not None and str(cause) else str(exc)
 
 
 def _one_line(exc: BaseException) -> str:

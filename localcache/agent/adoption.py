@@ -11,14 +11,15 @@ Contract:
   (`Adoptions.observe`): each status key whose `modelStatus` says `ModelDownloaded`, with the
   storage key of its spec entry then. Only the node's agent writes that status (tenants cannot:
   README "Security model"); a status read later is no evidence (it may be this agent's own).
-- A unit whose folder has no complete manifest is adopted (`Adoptions.consider`) when ALL
-  hold: evidence names one of its status keys with its storage key; no Job of this agent for
-  that storage key is live in the pass; and `ModelDisk.adopt` accepts the folder on the root
+- A unit whose folder has no complete manifest is adopted (`plan.decide` answers `Adopt`
+  from `Adoptions.claims`, the reconciler calls `Adoptions.adopt`) when ALL hold: evidence
+  names one of its status keys with its storage key; no Job of this agent for that storage
+  key is live in the pass; and `ModelDisk.adopt` accepts the folder on the root
   serving the unit (a real, non-empty directory, no manifest, no promotion record, its tree
   fully checked and cleaned as a promotion's is; modes of another uid's files are tolerated).
-- Evidence for a status key is used at most once: dropped when its unit is considered on a
-  root (adopted or not) and when the key leaves the spec or changes storage key. A unit that
-  cannot be placed on a root keeps it, in this process only.
+- Evidence for a status key is used at most once: dropped (`Adoptions.settle`) when its
+  unit is considered on a root (adopted or not) and when the key leaves the spec or changes
+  storage key. A unit that cannot be placed on a root keeps it, in this process only.
 - Adopted: the manifest is marked `adopted` and records the unit's tag (`layout.Manifest`),
   one log line `model_folder_adopted` and one Normal Event `ModelFolderAdopted` are emitted,
   and the caller reports the unit `ModelDownloaded` with no Job. Otherwise nothing changes
@@ -37,7 +38,8 @@ from typing import Any
 
 import structlog
 
-from localcache.agent import disk, layout, plan, report, status
+from localcache.agent import downloads, plan, report, status
+from localcache.agent.disk import folders, layout
 from localcache.api import modelnode
 from localcache.caching import keys
 
@@ -56,13 +58,15 @@ def evidence(
     return {
         key: keys.storage_key(entry.source_model_uri)
         for entry in node.spec.local_models
-        if states.get(key := plan.status_key(entry)) == downloaded
+        if states.get(key := downloads.status_key(entry)) == downloaded
     }
 
 
 def job_live(storage_key: str, live_jobs: Collection[str]) -> bool:
     """Whether one of the named Jobs (this agent's live download Jobs) downloads `storage_key`."""
-    return any((p := plan.parse_job_name(n)) is not None and p[0] == storage_key for n in live_jobs)
+    return any(
+        (p := downloads.parse_job_name(n)) is not None and p[0] == storage_key for n in live_jobs
+    )
 
 
 class Adoptions:
@@ -85,47 +89,34 @@ class Adoptions:
                 )
             return
         spec = {
-            plan.status_key(e): keys.storage_key(e.source_model_uri) for e in node.spec.local_models
+            downloads.status_key(e): keys.storage_key(e.source_model_uri)
+            for e in node.spec.local_models
         }
         self._evidence = {k: v for k, v in self._evidence.items() if spec.get(k) == v}
 
-    def claims(self, unit: plan.Unit) -> list[str]:
+    def claims(self, unit: downloads.Unit) -> list[str]:
         """The unit's status keys that the evidence reports downloaded into its folder."""
         held = self._evidence or {}
         return [k for k in unit.status_keys if held.get(k) == unit.storage_key]
 
-    async def consider(
-        self,
-        unit: plan.Unit,
-        *,
-        complete: bool,
-        at: disk.ModelDisk,
-        live_jobs: Collection[str],
-        node: modelnode.LocalModelNode,
-        now: datetime.datetime,
-    ) -> layout.Manifest | None:
-        """Adopt the unit's folder on `at` when the contract allows; the manifest written, or
-        None (nothing changed). The unit's evidence is dropped unless this raises."""
-        claimed = self.claims(unit)
-        adopted = None
-        if claimed and not complete:
-            adopted = await self._adopt(
-                unit, claimed, at=at, live_jobs=live_jobs, node=node, now=now
-            )
+    def settle(self, unit: downloads.Unit) -> None:
+        """Drop the unit's evidence: it was considered on a root (adopted or not)."""
         for key in unit.status_keys:
             (self._evidence or {}).pop(key, None)
-        return adopted
 
-    async def _adopt(
+    async def adopt(
         self,
-        unit: plan.Unit,
+        unit: downloads.Unit,
         claimed: list[str],
         *,
-        at: disk.ModelDisk,
+        at: folders.ModelDisk,
         live_jobs: Collection[str],
         node: modelnode.LocalModelNode,
         now: datetime.datetime,
     ) -> layout.Manifest | None:
+        """Adopt the unit's folder on `at` for the `claimed` status keys when the contract
+        allows; the manifest written, or None (nothing changed). The caller then `settle`s
+        the unit, unless this raised."""
         key = unit.storage_key
         if job_live(key, live_jobs):
             done = layout.Adoption(refused="a download Job of this agent is live for it")

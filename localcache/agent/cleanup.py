@@ -19,7 +19,8 @@ from typing import Any
 import pydantic
 import structlog
 
-from localcache.agent import plan, report, roots
+from localcache.agent import plan, report
+from localcache.agent.disk import roots
 from localcache.api import modelnode, nodegroup
 from localcache.runtime import onchange, store
 

@@ -1,186 +1,50 @@
-"""Pure decisions of the node agent: download units, Job phases, retry timing, failure
-messages, progress and the node-group fallback. No I/O; `reconciler.py` feeds it objects.
+"""The per-unit state machine of the node agent, as a pure function, and the facts it reads.
 
-Vocabulary:
-- A *download unit* is the set of LocalModelNode entries that share one download: the same
-  storage key (URI) and the same credential scope (`credentials.credential_scope`). Entries
-  of one unit share one Job, one staging folder and one status (spec §5 "sharing").
-- Units are grouped by the full scope (`scope_id`: SHA-256 of it), and a Job belongs to a
-  unit by what the agent recorded when it created the Job (`agent.trust`), never by its name.
-- A unit's *tag* is its Job names without attempt and suffix: `lmd-<storage key>-<digest>`,
-  where the 64-bit digest covers the node and the scope (`jobs.job_tag`). A manifest's `job`,
-  or a status entry's `modelProgress.jobName` (both written by the agent for Jobs it
-  trusted), therefore records which scope proved access to a folder; the manifest of an
-  adopted folder (`agent.adoption`) records the bare tag of the unit it was adopted for.
-- A download needed no credentials iff its tag is the unit tag of the `None` scope.
+`decide(unit, observed)` says what one download unit needs next, from what the reconciler
+observed of it in this pass (`Observed`: its folder's manifest, the adoption evidence, its
+latest trusted Job and that Job's staging folder, the status as last written, the clock and
+the config). It does no I/O; the reconciler gathers the inputs and executes the `Action`:
 
-Job phases follow the Job's conditions only: `Failed` (for good, [P17]) and `Complete`; a Job
-whose pods failed but that still retries is `ACTIVE`.
+- `Downloaded`: a complete folder may be reused (downloaded without credentials or in the
+  unit's scope, or the unit's own Job proved access earlier, as its status recorded it);
+- `Adopt`: the folder has no manifest but the status as this process first read it says
+  KServe's add-on downloaded it (`agent.adoption`); when the adoption is refused the
+  reconciler decides again with no evidence (`Observed.without_claims`);
+- `Launch`: create attempt `attempt` of the unit's Job (none yet, the folder of a completed
+  Job was lost, or the backoff after a failure has passed);
+- `Report`: the latest Job runs: Pending or Downloading with progress (a pod failure while
+  the Job still retries is only a message [P17]);
+- `Promote`: the latest Job completed and wrote its staging folder: promote it;
+- `Wait`: the latest Job failed (or completed without writing anything): a ModelDownloadError
+  until the backoff has passed.
+
+Job phases follow the Job's conditions only (`job_state`): `Failed` (for good, [P17]) and
+`Complete`; a Job whose pods failed but that still retries is `ACTIVE`. Download units and
+their Jobs are `agent.downloads`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
-import hashlib
 import re
-from collections.abc import Hashable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from enum import StrEnum
+from pathlib import Path
 from typing import Any, Final
 
-from localcache.agent import jobs
+from localcache.agent import downloads, status
+from localcache.agent.disk import layout
 from localcache.api import modelnode
-from localcache.caching import credentials, keys
+from localcache.runtime import clock as clock_mod
 
 Obj = dict[str, Any]
+ModelStatus = modelnode.ModelStatus
 
-_JOB_NAME = re.compile(
-    r"(?P<tag>lmd-(?P<key>[0-9a-f]{16})-[0-9a-f]{16})-(?P<attempt>0|[1-9][0-9]*)-[a-z0-9]{8}"
-)
-_LEGACY_JOB_NAME = re.compile(r"(?P<tag>lmd-[0-9a-f]{16}-[0-9a-f]{8})-(?:0|[1-9][0-9]*)")
-"""Job names before 64-bit tags (`lmd-<key>-<32-bit tag>-<attempt>`), as folder manifests and
-status written by earlier versions record them."""
 _MESSAGE_LIMIT: Final = 1024
 POD_MESSAGE_LIMIT: Final = 256
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]+")
-
-
-@dataclass(frozen=True, slots=True)
-class JobRef:
-    """A download Job this agent created (its uid matches the agent's record), with what
-    the record says about it; `obj` is the Job as last seen."""
-
-    namespace: str
-    name: str
-    uid: str
-    status_key: str
-    storage_key: str
-    scope: str
-    attempt: int
-    obj: Obj
-
-    @property
-    def identity(self) -> tuple[str, str, str]:
-        """(status key, storage key, scope id): what a spec entry must still want."""
-        return self.status_key, self.storage_key, self.scope
-
-
-def parse_job_name(name: str) -> tuple[str, str, int] | None:
-    """`(storage key, tag, attempt)` of one of our Job names, else None."""
-    match = _JOB_NAME.fullmatch(name)
-    if match is None:
-        return None
-    return match["key"], match["tag"], int(match["attempt"])
-
-
-def tag_of(job_name: str | None) -> str | None:
-    """The unit tag encoded in a Job name (None when it is not one of ours)."""
-    parsed = parse_job_name(job_name or "")
-    return parsed[1] if parsed else None
-
-
-def unit_tag(*, storage_key: str, node_name: str, scope: Hashable | None) -> str:
-    """The Job-name prefix of a unit (its Job names without `-<attempt>-<suffix>`)."""
-    return jobs.job_tag(storage_key=storage_key, node_name=node_name, scope=scope)
-
-
-def scope_id(scope: Hashable | None) -> str:
-    """The full credential scope as a SHA-256 hex digest (what Job records store)."""
-    return hashlib.sha256(repr(scope).encode("utf-8")).hexdigest()
-
-
-@dataclass(frozen=True, slots=True)
-class Unit:
-    """Entries sharing one download (same storage key and credential scope), in spec order.
-    The first entry (the leader) decides the Job's namespace, labels and download PVC."""
-
-    tag: str
-    open_tag: str
-    """The tag of a download of the same URI that needed no credentials."""
-    storage_key: str
-    scope: Hashable | None
-    request: credentials.CredentialRequest
-    entries: tuple[modelnode.LocalModelInfo, ...]
-    scope_id: str
-    namespaces: frozenset[str]
-    """The namespaces the unit's Jobs may run in (those of its entries' Jobs)."""
-
-    @property
-    def leader(self) -> modelnode.LocalModelInfo:
-        return self.entries[0]
-
-    @property
-    def status_keys(self) -> list[str]:
-        return [status_key(e) for e in self.entries]
-
-    def reuses(self, job_name: str | None) -> bool:
-        """Whether a download by `job_name` is good for this unit at once: it needed no
-        credentials, or it ran in this unit's credential scope. A bare tag is what the
-        manifest of an adopted folder records (`agent.adoption`): the scope it was adopted for."""
-        if job_name in (self.tag, self.open_tag):
-            return True
-        tag = tag_of(job_name)
-        if tag is not None:
-            return tag in (self.tag, self.open_tag)
-        # A folder downloaded before the upgrade to 64-bit tags: its 32-bit tag is the prefix
-        # of ours, so an upgrade downloads nothing again (the collision risk stays that of
-        # the version that downloaded it, for those folders only).
-        legacy = _LEGACY_JOB_NAME.fullmatch(job_name or "")
-        return legacy is not None and legacy["tag"] in (self.tag[:-8], self.open_tag[:-8])
-
-
-def status_key(entry: modelnode.LocalModelInfo) -> str:
-    return keys.status_key(entry.model_name, entry.namespace)
-
-
-def units(
-    entries: Sequence[modelnode.LocalModelInfo], *, node_name: str, job_namespace: str
-) -> list[Unit]:
-    """Group entries into download units, ordered by their first entry's position."""
-    grouped: dict[tuple[str, str], list[modelnode.LocalModelInfo]] = {}
-    first: dict[tuple[str, str], tuple[Hashable | None, credentials.CredentialRequest]] = {}
-    for entry in entries:
-        storage_key = keys.storage_key(entry.source_model_uri)
-        request = credentials.request_for(entry, job_namespace=job_namespace)
-        scope = credentials.credential_scope(request)
-        ident = (storage_key, scope_id(scope))
-        grouped.setdefault(ident, []).append(entry)
-        first.setdefault(ident, (scope, request))
-    out = []
-    for (key, sid), members in grouped.items():
-        scope, request = first[(key, sid)]
-        out.append(
-            Unit(
-                tag=unit_tag(storage_key=key, node_name=node_name, scope=scope),
-                open_tag=unit_tag(storage_key=key, node_name=node_name, scope=None),
-                storage_key=key,
-                scope=scope,
-                request=request,
-                entries=tuple(members),
-                scope_id=sid,
-                namespaces=frozenset(e.namespace or job_namespace for e in members),
-            )
-        )
-    return out
-
-
-def wanted_jobs(unit_list: Iterable[Unit]) -> set[tuple[str, str, str]]:
-    """`JobRef.identity` of every Job the spec still wants: an entry's Jobs in its unit."""
-    return {
-        (key, unit.storage_key, unit.scope_id) for unit in unit_list for key in unit.status_keys
-    }
-
-
-def unit_jobs(unit: Unit, refs: Iterable[JobRef]) -> list[JobRef]:
-    """The unit's Jobs, oldest attempt first: recorded for its storage key and full scope,
-    and in a namespace one of its entries runs Jobs in."""
-    mine = [
-        r
-        for r in refs
-        if (r.storage_key, r.scope) == (unit.storage_key, unit.scope_id)
-        and r.namespace in unit.namespaces
-    ]
-    return sorted(mine, key=lambda r: r.attempt)
 
 
 # ---- Job state ------------------------------------------------------------------------------
@@ -234,38 +98,6 @@ def retry_delay(attempt: int, *, base: float, cap: float) -> float:
     return float(min(cap, base * (2**attempt)))
 
 
-def pod_failure_message(pods: Iterable[Obj], *, job_uid: str | None = None) -> str:
-    """What the newest failed pod (of the Job `job_uid`, when given: its controller
-    ownerReference) says: its container's termination message (or reason and exit code),
-    else the pod's own message or reason; "" when no pod failed. Always `one_line`."""
-    failed = [
-        p
-        for p in pods
-        if (p.get("status") or {}).get("phase") == "Failed"
-        and (job_uid is None or _controller_uid(p) == job_uid)
-    ]
-    failed.sort(key=lambda p: str((p.get("metadata") or {}).get("creationTimestamp") or ""))
-    for pod in reversed(failed):
-        status = pod.get("status") or {}
-        for container in status.get("containerStatuses") or []:
-            term = (container.get("state") or {}).get("terminated") or {}
-            if text := one_line(term.get("message")):
-                return text
-            if term.get("reason") or term.get("exitCode"):
-                reason = one_line(term.get("reason"), limit=64) or "Error"
-                return f"{reason} (exit code {one_line(term.get('exitCode'), limit=8) or '?'})"
-        if text := one_line(status.get("message") or status.get("reason")):
-            return text
-    return ""
-
-
-def _controller_uid(obj: Obj) -> str | None:
-    for owner in (obj.get("metadata") or {}).get("ownerReferences") or []:
-        if owner.get("controller"):
-            return str(owner.get("uid") or "")
-    return None
-
-
 def one_line(text: Any, *, limit: int = POD_MESSAGE_LIMIT) -> str:
     """A pod-supplied text as it may be published: its last non-blank line, without control
     characters, at most `limit` characters ("" for nothing)."""
@@ -288,58 +120,275 @@ def percent(size: int, model_size: int | None) -> int | None:
     return min(99, size * 100 // model_size)
 
 
-# ---- node-group fallback ---------------------------------------------------------------------
-def _requirement_holds(req: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
-    key, op = str(req.get("key") or ""), req.get("operator")
-    values = [str(v) for v in req.get("values") or []]
-    present = key in labels
-    if op == "In":
-        return present and labels[key] in values
-    if op == "NotIn":
-        return not present or labels[key] not in values
-    if op == "Exists":
-        return present
-    if op == "DoesNotExist":
-        return not present
-    if op in ("Gt", "Lt") and present and len(values) == 1:
-        try:
-            have, want = int(labels[key]), int(values[0])
-        except ValueError:
-            return False
-        return have > want if op == "Gt" else have < want
-    return False
-
-
-def node_matches(terms: Sequence[Mapping[str, Any]] | None, node: Obj) -> bool:
-    """NodeSelectorTerms semantics: terms are ORed, a term's expressions ANDed; an empty
-    term matches nothing; `matchFields` supports `metadata.name`."""
-    meta = node.get("metadata") or {}
-    labels = meta.get("labels") or {}
-    fields = {"metadata.name": str(meta.get("name") or "")}
-    for term in terms or []:
-        exprs = list(term.get("matchExpressions") or [])
-        field_exprs = list(term.get("matchFields") or [])
-        if not exprs and not field_exprs:
-            continue
-        if all(_requirement_holds(r, labels) for r in exprs) and all(
-            _requirement_holds(r, fields) for r in field_exprs
-        ):
-            return True
-    return False
-
-
 # ---- time -----------------------------------------------------------------------------------
 def parse_time(value: Any) -> datetime.datetime | None:
     """An RFC 3339 timestamp as an aware datetime, or None."""
-    if not isinstance(value, str) or not value:
-        return None
-    try:
-        parsed = datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=datetime.UTC)
+    return clock_mod.parse_rfc3339(value)
 
 
 def format_time(value: datetime.datetime) -> str:
     """RFC 3339 in UTC with second precision, as Kubernetes writes it."""
-    return value.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return clock_mod.rfc3339(value)
+
+
+# ---- what the reconciler observed of one unit ---------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """The settings a decision reads: retry backoff (`downloadRetryBackoffInSecs`, doubling up
+    to `downloadRetryMaxBackoffInSecs`) and how often a running download is looked at."""
+
+    backoff_s: float
+    max_backoff_s: float
+    progress_interval: float
+
+
+@dataclass(frozen=True, slots=True)
+class JobFacts:
+    """What was read about the unit's latest Job beyond the Job object, as its phase needs it:
+    running, the staging folder's size, the model's size (the cache's `modelSize`) and, when
+    a pod failed, that pod's message; completed, whether the staging folder is a directory,
+    whether it is empty and its size; failed, the failed pod's message."""
+
+    staging: Path
+    staging_bytes: int = 0
+    staging_is_dir: bool = False
+    staging_empty: bool = True
+    model_size: int | None = None
+    pod_message: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Observed:
+    """One unit's inputs to `decide`, gathered by the reconciler in one pass."""
+
+    now: datetime.datetime
+    policy: Policy
+    models_root: str
+    """The models root serving the unit, as the node sees it (host path, else the root)."""
+    manifest: layout.Manifest | None
+    """The manifest of the unit's complete folder on that root (None: no complete folder)."""
+    claims: tuple[str, ...] = ()
+    """Status keys of the unit that the adoption evidence reports downloaded into its folder."""
+    jobs: tuple[downloads.JobRef, ...] = ()
+    """The unit's trusted Jobs, oldest attempt first (`downloads.unit_jobs`)."""
+    latest: JobFacts | None = None
+    """Facts of `jobs[-1]`; not read while the folder alone decides (`by_folder`)."""
+    states: Mapping[str, str] = field(default_factory=dict)
+    """`status.modelStatus` as it was before this pass."""
+    progress: Mapping[str, modelnode.ModelProgress] = field(default_factory=dict)
+    """`status.modelProgress` as it was before this pass."""
+
+    def without_claims(self) -> Observed:
+        """The same observation after a refused adoption (the evidence is spent)."""
+        return dataclasses.replace(self, claims=())
+
+
+# ---- actions ------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Downloaded:
+    """The folder is the unit's: report it downloaded (`job_name` proved access, if any)."""
+
+    manifest: layout.Manifest
+    job_name: str | None
+
+    def outcome(self) -> status.Outcome:
+        progress = modelnode.ModelProgress(
+            bytes_on_disk=self.manifest.bytes,
+            percent=100,
+            job_name=self.job_name,
+            completion_time=self.manifest.completed_at,
+        )
+        return status.Outcome(ModelStatus.DOWNLOADED, progress)
+
+
+@dataclass(frozen=True, slots=True)
+class Adopt:
+    """Adopt the folder KServe's add-on downloaded for `claims` (`agent.adoption`)."""
+
+    claims: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Launch:
+    """Create attempt `attempt` of the unit's Job; `message` is kept in status meanwhile.
+
+    `lost`: the completed Job whose folder is gone; `retry_of`: the Job whose failure (or
+    empty result) this attempt retries; `failed`: a failed Job to count once; `keep_staging`:
+    a Job whose staging folder stays although it is not running."""
+
+    attempt: int
+    message: str | None = None
+    lost: downloads.JobRef | None = None
+    retry_of: downloads.JobRef | None = None
+    failed: downloads.JobRef | None = None
+    keep_staging: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    """The latest Job runs: report `outcome` (Pending or Downloading, with progress)."""
+
+    outcome: status.Outcome
+
+
+@dataclass(frozen=True, slots=True)
+class Promote:
+    """The latest Job completed and wrote `staging`: promote it with `manifest`."""
+
+    job: downloads.JobRef
+    state: JobState
+    staging: Path
+    manifest: layout.Manifest
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    """A ModelDownloadError until the retry (`outcome`); `failed` and `keep_staging` as for
+    `Launch`."""
+
+    outcome: status.Outcome
+    failed: downloads.JobRef | None = None
+    keep_staging: str | None = None
+
+
+Action = Downloaded | Adopt | Launch | Report | Promote | Wait
+
+
+# ---- the decision -------------------------------------------------------------------------
+def decide(unit: downloads.Unit, observed: Observed) -> Action:
+    """What the unit needs next (the module docstring lists the actions)."""
+    settled = by_folder(unit, observed)
+    if settled is not None:
+        return settled
+    if not observed.jobs:
+        return Launch(attempt=0)
+    latest, facts = observed.jobs[-1], observed.latest
+    if facts is None:
+        raise ValueError(f"the facts of Job {latest.namespace}/{latest.name} were not observed")
+    state = job_state(latest.obj)
+    if state.phase is JobPhase.ACTIVE:
+        return Report(_running(unit, latest, state, facts, observed))
+    if state.phase is JobPhase.COMPLETE:
+        return _completed(unit, latest, state, facts, observed)
+    why = facts.pod_message or one_line(state.message or state.reason) or "no message"
+    message = clip(f"download Job {latest.namespace}/{latest.name} failed: {why}")
+    return _retry_or_wait(latest, state, observed, message, failed=latest)
+
+
+def by_folder(unit: downloads.Unit, observed: Observed) -> Downloaded | Adopt | None:
+    """What the folder alone decides: adopt it (evidence, no complete folder), or reuse the
+    complete one; None when the unit's Jobs decide (their facts are needed then)."""
+    manifest = observed.manifest
+    if observed.claims and manifest is None:
+        return Adopt(observed.claims)
+    if manifest is None:
+        return None
+    if unit.reuses(manifest.job):
+        return Downloaded(manifest, None if manifest.adopted else manifest.job)
+    proof = _proof(unit, observed)
+    return Downloaded(manifest, proof) if proof is not None else None
+
+
+def _running(
+    unit: downloads.Unit,
+    latest: downloads.JobRef,
+    state: JobState,
+    facts: JobFacts,
+    observed: Observed,
+) -> status.Outcome:
+    message = _carried_message(unit, observed) if latest.attempt > 0 else None
+    if state.failed_pods:
+        where = f"{latest.namespace}/{latest.name}"
+        message = clip(f"a download pod failed, Job {where} retries: {facts.pod_message or '?'}")
+    size = facts.staging_bytes
+    progress = modelnode.ModelProgress(
+        bytes_on_disk=size,
+        percent=percent(size, facts.model_size),
+        attempts=latest.attempt + 1,
+        job_name=latest.name,
+        message=message,
+    )
+    downloading = state.ready > 0 or size > 0
+    phase = ModelStatus.DOWNLOADING if downloading else ModelStatus.DOWNLOAD_PENDING
+    return status.Outcome(phase, progress, observed.policy.progress_interval)
+
+
+def _completed(
+    unit: downloads.Unit,
+    latest: downloads.JobRef,
+    state: JobState,
+    facts: JobFacts,
+    observed: Observed,
+) -> Action:
+    if not facts.staging_is_dir:
+        if observed.manifest is not None:  # promoted earlier, or another scope's folder is there
+            return Downloaded(observed.manifest, latest.name)
+        return Launch(attempt=latest.attempt + 1, lost=latest)
+    if facts.staging_empty:
+        message = (
+            f"download Job {latest.namespace}/{latest.name} succeeded but wrote nothing "
+            f"into {facts.staging}: the node group's PV must be the agent's models root "
+            f"({observed.models_root})"
+        )
+        return _retry_or_wait(latest, state, observed, message, keep_staging=latest.name)
+    record = layout.Manifest(
+        storage_key=unit.storage_key,
+        uri=unit.request.uri,
+        bytes=facts.staging_bytes,
+        completed_at=format_time(state.finished_at or observed.now),
+        job=latest.name,
+    )
+    return Promote(job=latest, state=state, staging=facts.staging, manifest=record)
+
+
+def _retry_or_wait(
+    latest: downloads.JobRef,
+    state: JobState,
+    observed: Observed,
+    message: str,
+    *,
+    failed: downloads.JobRef | None = None,
+    keep_staging: str | None = None,
+) -> Launch | Wait:
+    """A new attempt once the backoff after `latest` has passed; until then an error."""
+    delay = retry_delay(
+        latest.attempt, base=observed.policy.backoff_s, cap=observed.policy.max_backoff_s
+    )
+    retry_at = (state.finished_at or observed.now) + datetime.timedelta(seconds=delay)
+    wait = (retry_at - observed.now).total_seconds()
+    if wait <= 0:
+        return Launch(
+            attempt=latest.attempt + 1,
+            message=message,
+            retry_of=latest,
+            failed=failed,
+            keep_staging=keep_staging,
+        )
+    progress = modelnode.ModelProgress(
+        attempts=latest.attempt + 1,
+        job_name=latest.name,
+        message=message,
+        next_retry_time=format_time(retry_at),
+    )
+    outcome = status.Outcome(ModelStatus.DOWNLOAD_ERROR, progress, wait)
+    return Wait(outcome, failed=failed, keep_staging=keep_staging)
+
+
+def _proof(unit: downloads.Unit, observed: Observed) -> str | None:
+    """A Job of the unit's scope that downloaded the URI before, as the status recorded it
+    for one of the unit's entries (TTL may have removed the Job since)."""
+    for key in unit.status_keys:
+        progress = observed.progress.get(key)
+        downloaded = observed.states.get(key) == ModelStatus.DOWNLOADED.value
+        if downloaded and progress is not None and unit.reuses(progress.job_name):
+            return progress.job_name
+    return None
+
+
+def _carried_message(unit: downloads.Unit, observed: Observed) -> str | None:
+    """The failure message an earlier attempt left in status (kept while retrying)."""
+    for key in unit.status_keys:
+        progress = observed.progress.get(key)
+        if progress is not None and progress.message:
+            return progress.message
+    return None

@@ -2,29 +2,24 @@
 LocalModelNode and reports each entry's download state (spec §5, reference §4).
 
 One pass (`reconcile`), for the LocalModelNode named like this node only:
-1. finish any promotion a crash interrupted (`disk.recover`); load the config (the last
+1. finish any promotion a crash interrupted (`ModelDisk.recover`); load the config (the last
    good one stays in force when the ConfigMap turns invalid; nothing runs before a first
    good one; a missing ConfigMap means KServe's defaults);
 2. sort the Jobs seen into trusted (created by this agent: uid recorded in status, see
-   `agent.trust`) and untrusted (reported once, by log and Event, then ignored: never proof,
-   never a state, never deleted); delete trusted Jobs that no spec entry wants any more
-   (`launcher.cleanup`);
-3. per download unit (`plan.units`: same URI and full credential scope; its entries share
-   one Job, folder and status; its Jobs are the trusted ones recorded for that storage key
-   and scope, in a namespace of its entries): Downloaded when the complete folder (with
-   manifest) may be reused: it was downloaded without credentials, or in the unit's scope,
-   or the unit's own Job proved access earlier (recorded in `modelProgress.jobName`); or
-   when a folder without manifest that KServe's add-on downloaded is adopted, on the
-   evidence of the status as this process first read it (`agent.adoption`; no status is
-   written before every unit was considered).
-   Otherwise follow the unit's latest Job: none → create one (or ModelDownloadError saying
-   why not: credentials, node group, PV path); running → Pending/Downloading with progress
-   (a pod failure while the Job still retries is only a message [P17]); Complete → promote
-   the staging folder (keeping an existing complete folder) or re-download when the folder
-   was lost; Failed → ModelDownloadError with the pod's message, and a new attempt after
-   the backoff;
-   Each unit is served on the models root whose host path is its node group's PV path
-   (`roots.Disks`); a path no root has is a ModelDownloadError naming the roots;
+   `agent.jobs.trust`) and untrusted (reported once, by log and Event, then ignored: never
+   proof, never a state, never deleted); delete trusted Jobs that no spec entry wants any
+   more (`launcher.cleanup`);
+3. per download unit (`downloads.units`: same URI and full credential scope; its entries
+   share one Job, folder and status; its Jobs are the trusted ones recorded for that storage
+   key and scope, in a namespace of its entries), on the models root whose host path is its
+   node group's PV path (`roots.Disks`; a path no root has is a ModelDownloadError naming
+   the roots): observe (`agent.observe`: the folder's manifest, the adoption evidence of
+   `agent.adoption`, the unit's Jobs and, unless the folder alone decides, the latest Job's
+   staging folder and failed pod), decide (`plan.decide`, pure: Downloaded, Adopt, Launch,
+   Report, Promote or Wait; its docstring is the state machine), and execute (`_execute`:
+   adopt, create the Job, or a ModelDownloadError saying why not: credentials, node group,
+   PV path; promote; count a failure once). No status is written before every unit was
+   considered;
 4. per root, delete folders no entry maps to by the keep rule (`roots.retention`: nothing
    on a root no node group declares any more, and never a folder whose entry is now served
    on another root; what is kept is logged and posted once as a `ModelFoldersKept` Warning),
@@ -53,21 +48,10 @@ from typing import Any, Final
 import pydantic
 import structlog
 
-from localcache.agent import (
-    adoption,
-    cleanup,
-    jobs,
-    launcher,
-    layout,
-    plan,
-    report,
-    roots,
-    status,
-    trust,
-)
-from localcache.agent import disk as disk_mod
+from localcache.agent import adoption, cleanup, downloads, observe, plan, report, status
+from localcache.agent.disk import folders, layout, roots
+from localcache.agent.jobs import jobs, launcher, trust
 from localcache.api import modelnode, nodegroup
-from localcache.api import quantity as quantity_mod
 from localcache.caching import config, liveconfig
 from localcache.runtime import clock as clock_mod
 from localcache.runtime import errors, keys, onchange, reconcile, store
@@ -105,14 +89,17 @@ class _Pass:
     """The LocalModelNode as last read or written in this pass (for the next status write)."""
     cfg: config.InferenceServiceConfig
     now: datetime.datetime
-    jobs: list[plan.JobRef]
+    jobs: list[downloads.JobRef]
     states: dict[str, str]
     progress: dict[str, modelnode.ModelProgress]
     live_jobs: set[str] = field(default_factory=set)
     placements: dict[
-        str, tuple[nodegroup.LocalModelNodeGroup, disk_mod.ModelDisk] | launcher.NotLaunched
+        str, tuple[nodegroup.LocalModelNodeGroup, folders.ModelDisk] | launcher.NotLaunched
     ] = field(default_factory=dict)
     """Per node group name ("" for entries without one): its group and root, or why not."""
+
+    def seen(self) -> observe.Pass:
+        return observe.Pass(self.cfg, self.now, self.jobs, self.states, self.progress)
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,9 +107,9 @@ class _Where:
     """Where a unit is served: its root, its node group (None when missing) and how
     `JobLauncher.resolve` answered."""
 
-    disk: disk_mod.ModelDisk
+    disk: folders.ModelDisk
     group: nodegroup.LocalModelNodeGroup | None
-    resolved: tuple[nodegroup.LocalModelNodeGroup, disk_mod.ModelDisk] | launcher.NotLaunched
+    resolved: tuple[nodegroup.LocalModelNodeGroup, folders.ModelDisk] | launcher.NotLaunched
 
 
 class Reconciler:
@@ -133,7 +120,7 @@ class Reconciler:
         *,
         node_name: str,
         api: launcher.Api,
-        disk: disk_mod.ModelDisk | roots.Disks,
+        disk: folders.ModelDisk | roots.Disks,
         stores: Stores,
         agent_metrics: report.AgentMetrics,
         config_namespace: str,
@@ -170,6 +157,13 @@ class Reconciler:
         )
         self._report = report.Reporter(node_name=node_name, api=api, wall_clock=wall_clock)
         self._adoptions = adoption.Adoptions(node_name=node_name, reporter=self._report)
+        self._observer = observe.Observer(
+            jobs=self._jobs,
+            adoptions=self._adoptions,
+            caches=stores.caches,
+            namespace_caches=stores.namespace_caches,
+            progress_interval=progress_interval,
+        )
         self._cleaner = cleanup.RootCleaner(
             disks=self._disks, node_groups=stores.node_groups, reporter=self._report
         )
@@ -177,7 +171,7 @@ class Reconciler:
         self._layout_warned = onchange.OnChange()  # per models root
 
     async def _check_layout(
-        self, node: modelnode.LocalModelNode | None, disk: disk_mod.ModelDisk
+        self, node: modelnode.LocalModelNode | None, disk: folders.ModelDisk
     ) -> None:
         """`disk.ensure_layout`, reported: a repair as a Warning Event each time, a refusal
         as one Warning Event per distinct problem, then raised (retried with backoff)."""
@@ -217,7 +211,7 @@ class Reconciler:
         cfg = await self._load_config(node)
         if cfg is None:
             return reconcile.Result(requeue_after=NO_CONFIG_RETRY_S)
-        units = plan.units(
+        units = downloads.units(
             node.spec.local_models,
             node_name=self.node_name,
             job_namespace=cfg.local_model.job_namespace,
@@ -272,7 +266,7 @@ class Reconciler:
 
     # ---- models roots ------------------------------------------------------------------
     async def _place_and_evaluate(
-        self, unit: plan.Unit, ctx: _Pass, served: dict[str, set[str]]
+        self, unit: downloads.Unit, ctx: _Pass, served: dict[str, set[str]]
     ) -> status.Outcome:
         """Evaluate `unit` on the models root serving its node group's PV path (recorded in
         `served`); a group whose path is not mounted is a ModelDownloadError. A missing group
@@ -290,144 +284,69 @@ class Reconciler:
         served.setdefault(roots.served_path(disk), set()).add(unit.storage_key)
         return await self._evaluate(unit, ctx, _Where(disk, group, where))
 
-    # ---- one download unit -------------------------------------------------------------
-    async def _evaluate(self, unit: plan.Unit, ctx: _Pass, at: _Where) -> status.Outcome:
-        key = unit.storage_key
-        complete = await asyncio.to_thread(at.disk.is_complete, key)
-        manifest = await asyncio.to_thread(at.disk.manifest, key) if complete else None
-        adopted = await self._adoptions.consider(
-            unit,
-            complete=manifest is not None,
-            at=at.disk,
-            live_jobs=ctx.live_jobs,
-            node=ctx.node,
-            now=ctx.now,
-        )
-        if adopted is not None:
-            return _downloaded(adopted, job_name=None)
-        if manifest is not None:
-            if unit.reuses(manifest.job):
-                return _downloaded(manifest, job_name=None if manifest.adopted else manifest.job)
-            proof = _proof(unit, ctx)
-            if proof is not None:
-                return _downloaded(manifest, job_name=proof)
-        unit_jobs = plan.unit_jobs(unit, ctx.jobs)
-        if not unit_jobs:
-            return await self._launch(unit, ctx, at, attempt=0, message=None)
-        latest = unit_jobs[-1]
-        state = plan.job_state(latest.obj)
-        if state.phase is plan.JobPhase.ACTIVE:
-            return await self._active(unit, latest, state, ctx, at)
-        if state.phase is plan.JobPhase.COMPLETE:
-            return await self._complete(unit, latest, state, manifest, ctx, at)
-        return await self._failed(unit, latest, state, ctx, at)
-
-    async def _active(
-        self, unit: plan.Unit, latest: plan.JobRef, state: plan.JobState, ctx: _Pass, at: _Where
-    ) -> status.Outcome:
-        staging = at.disk.staging_path(unit.storage_key, latest.name)
-        size = await asyncio.to_thread(disk_mod.folder_bytes, staging)
-        message = _carried_message(unit, ctx) if latest.attempt > 0 else None
-        if state.failed_pods:
-            pod = await self._jobs.pod_message(latest, state.failed_pods)
-            where = f"{latest.namespace}/{latest.name}"
-            message = plan.clip(f"a download pod failed, Job {where} retries: {pod or '?'}")
-        progress = modelnode.ModelProgress(
-            bytes_on_disk=size,
-            percent=plan.percent(size, self._model_size(unit)),
-            attempts=latest.attempt + 1,
-            job_name=latest.name,
-            message=message,
-        )
-        downloading = state.ready > 0 or size > 0
-        phase = ModelStatus.DOWNLOADING if downloading else ModelStatus.DOWNLOAD_PENDING
-        return status.Outcome(phase, progress, self._progress_interval)
-
-    async def _complete(
-        self,
-        unit: plan.Unit,
-        latest: plan.JobRef,
-        state: plan.JobState,
-        manifest: layout.Manifest | None,
-        ctx: _Pass,
-        at: _Where,
-    ) -> status.Outcome:
-        key = unit.storage_key
-        staging = at.disk.staging_path(key, latest.name)
-        if not await asyncio.to_thread(staging.is_dir):
-            if manifest is not None:  # promoted earlier, or another scope's folder is there
-                return _downloaded(manifest, job_name=latest.name)
-            log.info("model_folder_lost", storage_key=key, job=latest.name)
-            return await self._launch(unit, ctx, at, attempt=latest.attempt + 1, message=None)
-        if not await asyncio.to_thread(lambda: any(staging.iterdir())):
-            ctx.live_jobs.add(latest.name)  # keep it: the retry waits for the backoff
-            root = at.disk.host_path or at.disk.root
-            message = (
-                f"download Job {latest.namespace}/{latest.name} succeeded but wrote nothing "
-                f"into {staging}: the node group's PV must be the agent's models root ({root})"
+    # ---- one download unit: observe, decide (`plan.decide`), execute --------------------
+    async def _evaluate(self, unit: downloads.Unit, ctx: _Pass, at: _Where) -> status.Outcome:
+        observed = await self._observer.unit(unit, ctx.seen(), at.disk, evidence=True)
+        action = plan.decide(unit, observed)
+        if isinstance(action, plan.Adopt):
+            adopted = await self._adoptions.adopt(
+                unit,
+                list(action.claims),
+                at=at.disk,
+                live_jobs=ctx.live_jobs,
+                node=ctx.node,
+                now=ctx.now,
             )
-            return await self._retry_or_wait(unit, latest, state, ctx, at, message)
-        size = await asyncio.to_thread(disk_mod.folder_bytes, staging)
-        record = layout.Manifest(
-            storage_key=key,
-            uri=unit.request.uri,
-            bytes=size,
-            completed_at=plan.format_time(state.finished_at or ctx.now),
-            job=latest.name,
-        )
-        in_force = await asyncio.to_thread(at.disk.promote, staging, key, record)
+            self._adoptions.settle(unit)
+            if adopted is not None:
+                return plan.Downloaded(adopted, job_name=None).outcome()
+            observed = await self._observer.unit(unit, ctx.seen(), at.disk, evidence=False)
+            action = plan.decide(unit, observed)
+        else:
+            self._adoptions.settle(unit)
+        return await self._execute(unit, action, ctx, at)
+
+    async def _execute(
+        self, unit: downloads.Unit, action: plan.Action, ctx: _Pass, at: _Where
+    ) -> status.Outcome:
+        if isinstance(action, plan.Downloaded):
+            return action.outcome()
+        if isinstance(action, plan.Report):
+            return action.outcome
+        if isinstance(action, plan.Promote):
+            return await self._promote(unit, action, at)
+        if isinstance(action, plan.Adopt):  # decided again after a refusal: never Adopt
+            raise errors.LocalcacheError(f"adoption of {unit.storage_key} decided twice")
+        if action.keep_staging is not None:  # the retry waits for the backoff
+            ctx.live_jobs.add(action.keep_staging)
+        failed = action.failed
+        if failed is not None and (failed.namespace, failed.name) not in self._counted_failures:
+            self._counted_failures.add((failed.namespace, failed.name))
+            self._metrics.failed.inc()
+        if isinstance(action, plan.Wait):
+            return action.outcome
+        if action.lost is not None:
+            log.info("model_folder_lost", storage_key=unit.storage_key, job=action.lost.name)
+        if action.retry_of is not None:
+            log.info("download_retried", job=action.retry_of.name, attempt=action.attempt)
+        return await self._launch(unit, ctx, at, attempt=action.attempt, message=action.message)
+
+    async def _promote(
+        self, unit: downloads.Unit, action: plan.Promote, at: _Where
+    ) -> status.Outcome:
+        key, job, state = unit.storage_key, action.job, action.state
+        in_force = await asyncio.to_thread(at.disk.promote, action.staging, key, action.manifest)
         self._metrics.succeeded.inc()
-        self._metrics.bytes.inc(size)
+        self._metrics.bytes.inc(action.manifest.bytes)
         if state.started_at and state.finished_at:
             seconds = (state.finished_at - state.started_at).total_seconds()
             self._metrics.duration.observe(max(0.0, seconds))
-        kept = in_force.job != latest.name
-        log.info("model_promoted", storage_key=key, job=latest.name, kept_existing=kept)
-        return _downloaded(in_force, job_name=latest.name)
-
-    async def _failed(
-        self, unit: plan.Unit, latest: plan.JobRef, state: plan.JobState, ctx: _Pass, at: _Where
-    ) -> status.Outcome:
-        ident = (latest.namespace, latest.name)
-        if ident not in self._counted_failures:
-            self._counted_failures.add(ident)
-            self._metrics.failed.inc()
-        pod = await self._jobs.pod_message(latest, state.failed_pods)
-        why = pod or plan.one_line(state.message or state.reason) or "no message"
-        message = plan.clip(f"download Job {latest.namespace}/{latest.name} failed: {why}")
-        return await self._retry_or_wait(unit, latest, state, ctx, at, message)
-
-    async def _retry_or_wait(
-        self,
-        unit: plan.Unit,
-        latest: plan.JobRef,
-        state: plan.JobState,
-        ctx: _Pass,
-        at: _Where,
-        message: str,
-    ) -> status.Outcome:
-        """A new attempt once the backoff after `latest` has passed; until then an error."""
-        local = ctx.cfg.local_model
-        delay = plan.retry_delay(
-            latest.attempt,
-            base=local.download_retry_backoff_in_secs,
-            cap=local.download_retry_max_backoff_in_secs,
-        )
-        retry_at = (state.finished_at or ctx.now) + datetime.timedelta(seconds=delay)
-        wait = (retry_at - ctx.now).total_seconds()
-        if wait <= 0:
-            log.info("download_retried", job=latest.name, attempt=latest.attempt + 1)
-            return await self._launch(unit, ctx, at, attempt=latest.attempt + 1, message=message)
-        progress = modelnode.ModelProgress(
-            attempts=latest.attempt + 1,
-            job_name=latest.name,
-            message=message,
-            next_retry_time=plan.format_time(retry_at),
-        )
-        return status.Outcome(ModelStatus.DOWNLOAD_ERROR, progress, wait)
+        kept = in_force.job != job.name
+        log.info("model_promoted", storage_key=key, job=job.name, kept_existing=kept)
+        return plan.Downloaded(in_force, job_name=job.name).outcome()
 
     async def _launch(
-        self, unit: plan.Unit, ctx: _Pass, at: _Where, *, attempt: int, message: str | None
+        self, unit: downloads.Unit, ctx: _Pass, at: _Where, *, attempt: int, message: str | None
     ) -> status.Outcome:
         if at.group is None:  # the node group is missing: no Job can run
             assert isinstance(at.resolved, launcher.NotLaunched)
@@ -445,51 +364,8 @@ class Reconciler:
         )
         return status.Outcome(ModelStatus.DOWNLOAD_PENDING, progress, self._progress_interval)
 
-    def _model_size(self, unit: plan.Unit) -> int | None:
-        """The cache's `modelSize` in bytes (first entry of the unit that has one)."""
-        for entry in unit.entries:
-            reader = self._stores.namespace_caches if entry.namespace else self._stores.caches
-            cache = reader.get(keys.ObjectKey(entry.namespace or "", entry.model_name))
-            size = ((cache or {}).get("spec") or {}).get("modelSize")
-            if size is not None:
-                try:
-                    return int(quantity_mod.Quantity(size))
-                except ValueError:
-                    continue
-        return None
-
 
 def _not_launched(why: launcher.NotLaunched, ctx: _Pass) -> status.Outcome:
     progress = modelnode.ModelProgress(message=why.message)
     retry = float(ctx.cfg.local_model.reconcilation_frequency_in_secs)
     return status.Outcome(ModelStatus.DOWNLOAD_ERROR, progress, retry)
-
-
-def _downloaded(manifest: layout.Manifest, *, job_name: str | None) -> status.Outcome:
-    progress = modelnode.ModelProgress(
-        bytes_on_disk=manifest.bytes,
-        percent=100,
-        job_name=job_name,
-        completion_time=manifest.completed_at,
-    )
-    return status.Outcome(ModelStatus.DOWNLOADED, progress)
-
-
-def _proof(unit: plan.Unit, ctx: _Pass) -> str | None:
-    """A Job of the unit's scope that downloaded the URI before, as the status recorded it
-    for one of the unit's entries (TTL may have removed the Job since)."""
-    for key in unit.status_keys:
-        progress = ctx.progress.get(key)
-        downloaded = ctx.states.get(key) == ModelStatus.DOWNLOADED.value
-        if downloaded and progress is not None and unit.reuses(progress.job_name):
-            return progress.job_name
-    return None
-
-
-def _carried_message(unit: plan.Unit, ctx: _Pass) -> str | None:
-    """The failure message an earlier attempt left in status (kept while retrying)."""
-    for key in unit.status_keys:
-        progress = ctx.progress.get(key)
-        if progress is not None and progress.message:
-            return progress.message
-    return None

@@ -4,10 +4,12 @@
   fields (`status.py`), only when something changed, carrying the object's resourceVersion;
   on a conflict it re-reads the status and diffs again (a few times, then raises).
 - `Reporter.record_jobs` patches only `downloadJobs`, the records of the Jobs the agent
-  created (`agent.trust`), right after a create;
+  created (`agent.jobs.trust`), right after a create;
 - `Reporter.untrusted_jobs` reports Jobs the agent does not trust (once per Job);
 - `Reporter.event` posts a core/v1 Event about the LocalModelNode (in `default`, as for every
-  cluster-scoped object); failing to post is logged, never raised.
+  cluster-scoped object) through `runtime.events.Recorder` (component `localcache-agent`,
+  instance and host the node; deduplicated with a count bump); failing to post is logged,
+  never raised.
 - `AgentMetrics` are the agent's own series (downloads started, succeeded, failed, bytes,
   durations), made with the runtime's metric factories.
 """
@@ -20,9 +22,12 @@ from typing import Any, Final
 
 import structlog
 
-from localcache.agent import launcher, plan, status
+from localcache.agent import plan, status
+from localcache.agent.jobs import launcher
 from localcache.api import groupversion, modelnode
-from localcache.runtime import errors, kube, metrics
+from localcache.runtime import clock as clock_mod
+from localcache.runtime import errors, events, kube, metrics
+from localcache.runtime import patch as patch_mod
 
 log = structlog.get_logger(__name__)
 
@@ -70,6 +75,13 @@ class Reporter:
         self._api = api
         self._wall = wall_clock
         self._untrusted_reported: set[str] = set()
+        self._events = events.Recorder(
+            api,
+            component=EVENT_SOURCE,
+            instance=node_name,
+            host=node_name,
+            now=lambda: clock_mod.rfc3339(self._wall()),
+        )
 
     async def write_status(
         self, node_obj: dict[str, Any], desired: dict[str, Any]
@@ -80,7 +92,7 @@ class Reporter:
         for _ in range(STATUS_WRITE_ATTEMPTS):
             current = status.owned(obj.get("status"))
             before = status.previous_states(current)
-            patch = status.merge_patch(current, desired)
+            patch = patch_mod.merge_patch(current, desired)
             if not patch:
                 return before
             version = (obj.get("metadata") or {}).get("resourceVersion")
@@ -116,7 +128,7 @@ class Reporter:
         self, node: modelnode.LocalModelNode, untrusted: list[dict[str, Any]]
     ) -> None:
         """Log and post an Event, once per Job and process, for each Job that looks like a
-        download Job of this node but is not one the agent created (`agent.trust`); it is
+        download Job of this node but is not one the agent created (`agent.jobs.trust`); it is
         never deleted. Only uids still seen are remembered."""
         uids = {str((o.get("metadata") or {}).get("uid") or "") for o in untrusted}
         self._untrusted_reported &= uids
@@ -147,26 +159,19 @@ class Reporter:
     async def event(
         self, node: modelnode.LocalModelNode, kind: str, reason: str, message: str
     ) -> None:
-        now = plan.format_time(self._wall())
-        event = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"generateName": f"{self._node_name}.", "namespace": EVENT_NAMESPACE},
-            "involvedObject": {
-                "apiVersion": LMN.api_version,
-                "kind": LMN.kind,
-                "name": self._node_name,
-                "uid": node.metadata.uid or "",
-            },
-            "reason": reason,
-            "message": plan.clip(message),
-            "type": kind,
-            "source": {"component": EVENT_SOURCE, "host": self._node_name},
-            "firstTimestamp": now,
-            "lastTimestamp": now,
-            "count": 1,
-        }
+        involved = events.involved_object(
+            api_version=LMN.api_version,
+            kind=LMN.kind,
+            name=self._node_name,
+            uid=node.metadata.uid or "",
+        )
         try:
-            await self._api.create(kube.EVENTS, event, namespace=EVENT_NAMESPACE)
+            await self._events.record(
+                involved,
+                type=kind,
+                reason=reason,
+                message=plan.clip(message),
+                namespace=EVENT_NAMESPACE,
+            )
         except errors.LocalcacheError as exc:
             log.warning("event_not_posted", reason=reason, error=str(exc))

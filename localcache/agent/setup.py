@@ -28,23 +28,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from localcache.agent import disk, jobs, layout, reconciler, report, roots
+from localcache.agent import reconciler, report
+from localcache.agent.disk import folders, layout, roots
+from localcache.agent.jobs import jobs
 from localcache.api import groupversion
 from localcache.caching import config, liveconfig
 from localcache.runtime import clock as clock_mod
-from localcache.runtime import (
-    controller,
-    handlers,
-    keys,
-    optional,
-    predicates,
-    store,
-    workqueue,
-)
+from localcache.runtime import controller, handlers, keys, predicates, store, workqueue
 from localcache.runtime import factory as factory_mod
 from localcache.runtime import kube as kube_mod
 from localcache.runtime import manager as manager_mod
 from localcache.runtime import metrics as metrics_mod
+from localcache.runtime.crds import optional
 
 CONTROLLER_NAME: Final = "localmodelnode-agent"
 
@@ -61,7 +56,7 @@ class AgentSettings:
     `progress_interval` is how often a running download's progress is refreshed, in
     seconds. `models_roots`, when given, are all the roots served (host path and where the
     agent sees it; `models_root` and `host_path` are then ignored): each node group is
-    served on the root whose host path is its PV path (`agent.roots`)."""
+    served on the root whose host path is its PV path (`agent.disk.roots`)."""
 
     node_name: str
     models_root: Path = layout.DEFAULT_ROOT
@@ -69,8 +64,8 @@ class AgentSettings:
     models_roots: tuple[roots.Root, ...] = ()
     config_namespace: str = config.DEFAULT_NAMESPACE
     config_map: str = config.CONFIGMAP_NAME
-    kserve_config: str = ""
-    """KServe's ConfigMap as namespace/name, read under `config_map` (liveconfig.Under)."""
+    kserve_config: keys.ObjectKey | None = None
+    """KServe's ConfigMap, read under `config_map` (liveconfig.Under)."""
     job_backoff_limit: int | None = 0
     progress_interval: float = 10.0
     watch_storage_containers: bool = True
@@ -87,9 +82,9 @@ class AgentSettings:
     def disks(self) -> roots.Disks:
         """One `ModelDisk` per models root served."""
         if not self.models_roots:
-            return roots.Disks([disk.ModelDisk(self.models_root, host_path=self.host_path)])
+            return roots.Disks([folders.ModelDisk(self.models_root, host_path=self.host_path)])
         return roots.Disks(
-            [disk.ModelDisk(r.container_path, host_path=r.host_path) for r in self.models_roots]
+            [folders.ModelDisk(r.container_path, host_path=r.host_path) for r in self.models_roots]
         )
 
 
@@ -122,14 +117,12 @@ def setup(
         field_selector=f"metadata.name={settings.config_map}",
     )
     kserve_config_maps = None
-    kserve_key = None
-    if settings.kserve_config:
-        kserve_ns, kserve_name = settings.kserve_config.split("/")
-        kserve_key = keys.ObjectKey(kserve_ns, kserve_name)
+    kserve_key = settings.kserve_config
+    if kserve_key is not None:
         kserve_config_maps = watch(
             kube_mod.CONFIG_MAPS,
-            namespace=kserve_ns,
-            field_selector=f"metadata.name={kserve_name}",
+            namespace=kserve_key.namespace,
+            field_selector=f"metadata.name={kserve_key.name}",
         )
     caches = watch(groupversion.LOCAL_MODEL_CACHE.api)
     namespace_caches = watch(groupversion.LOCAL_MODEL_NAMESPACE_CACHE.api)

@@ -3,10 +3,11 @@ patch that gets it there. Pure functions; `reconciler.py` sends the patch.
 
 The agent owns four fields of `LocalModelNode.status`: KServe's `modelStatus` and
 localcache's additive `modelProgress`, `summary` and `downloadJobs` (the records of the
-Jobs it created, `agent.trust`; `localcache.api.modelnode`). Any other
-status field is left as it is. `merge_patch(current, desired)` is the RFC 7386 patch that
-turns `current` into `desired` (removed keys become `null`), so a status-subresource patch
-carrying the object's resourceVersion is a conflict-safe write of exactly what changed.
+Jobs it created, `agent.jobs.trust`; `localcache.api.modelnode`). Any other
+status field is left as it is. `runtime.patch.merge_patch(current, desired)` is the RFC 7386
+patch that turns `current` into `desired` (removed keys become `null`), so a
+status-subresource patch carrying the object's resourceVersion is a conflict-safe write of
+exactly what changed.
 """
 
 from __future__ import annotations
@@ -51,26 +52,6 @@ def owned(status: Mapping[str, Any] | None) -> dict[str, Any]:
     """The owned fields of a status as it is now (absent fields left out)."""
     status = status or {}
     return {k: status[k] for k in OWNED_FIELDS if k in status and status[k] is not None}
-
-
-def merge_patch(current: Any, desired: Any) -> Any:
-    """The RFC 7386 merge patch from `current` to `desired` ({} when they are equal).
-    Objects are diffed key by key; anything else is replaced whole."""
-    if not isinstance(current, dict) or not isinstance(desired, dict):
-        return desired
-    patch: dict[str, Any] = {}
-    for key in current:
-        if key not in desired:
-            patch[key] = None
-    for key, value in desired.items():
-        if key not in current:
-            patch[key] = value
-        elif current[key] != value:
-            if isinstance(value, dict) and isinstance(current[key], dict):
-                patch[key] = merge_patch(current[key], value)
-            else:
-                patch[key] = value
-    return patch
 
 
 def previous_states(status: Mapping[str, Any] | None) -> dict[str, str]:

@@ -5,9 +5,11 @@ per reconcile and ask it questions:
 
 - Membership: a node belongs to a LocalModelNodeGroup when it matches the group's PV
   `nodeAffinity.required.nodeSelectorTerms` (Kubernetes `MatchNodeSelectorTerms`: terms are
-  ORed, the requirements of one term ANDed, an empty term matches nothing; a group without
-  node affinity matches no node). Readiness does not affect membership; it only shows in the
-  cache's status.
+  ORed, the requirements of one term ANDed, an empty term and a term with an invalid
+  requirement match nothing; a group without node affinity matches no node). `node_matches`
+  is the one node-selector matcher: the controller's membership and the agent's node-group
+  fallback both ask it. Readiness does not affect membership; it only shows in the cache's
+  status.
 - A cache's member nodes are the members of any of its node groups that exist. When groups
   overlap, a node is placed through the first of them in `spec.nodeGroups` [P9], so the
   entry's `nodeGroup` never flips between reconciles.
@@ -26,9 +28,10 @@ per reconcile and ask it questions:
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping, Sequence
+import re
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from localcache.api import modelcache, modelnode, nodegroup
 from localcache.api.quantity import Quantity
@@ -40,67 +43,135 @@ EntryKey = tuple[str, str]
 
 
 # ------------------------------------------------------------------------ node selectors
+# Kubernetes' semantics (k8s.io/component-helpers/scheduling/corev1/nodeaffinity with
+# k8s.io/apimachinery labels.NewRequirement): a term with an invalid requirement is an error
+# there, and an erroring term matches no node (the other terms still count).
+
+_LABEL_NAME = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_INT64 = re.compile(r"[+-]?[0-9]+")
+_INT64_RANGE = range(-(2**63), 2**63)
+_VALUE_COUNT: Final[Mapping[str, Callable[[int], bool]]] = {
+    "In": lambda n: n > 0,
+    "NotIn": lambda n: n > 0,
+    "Exists": lambda n: n == 0,
+    "DoesNotExist": lambda n: n == 0,
+    "Gt": lambda n: n == 1,
+    "Lt": lambda n: n == 1,
+}
 
 
-def _int_or_none(text: str) -> int | None:
-    try:
-        return int(text)
-    except ValueError:
+def _int64(text: str) -> int | None:
+    """`text` as Go's `strconv.ParseInt(text, 10, 64)` reads it, else None."""
+    if _INT64.fullmatch(text) is None:
         return None
+    value = int(text)
+    return value if value in _INT64_RANGE else None
 
 
-def _requirement_matches(values_by_key: Mapping[str, str], req: Mapping[str, Any]) -> bool:
-    key = req.get("key")
-    operator = req.get("operator")
-    values = [str(v) for v in req.get("values") or []]
-    if not isinstance(key, str) or not key:
+def _label_key_valid(key: str) -> bool:
+    """A qualified name: `[prefix/]name`, prefix a DNS subdomain (253), name 63 characters."""
+    prefix, _, name = key.rpartition("/")
+    if prefix and (len(prefix) > 253 or _DNS_SUBDOMAIN.fullmatch(prefix) is None):
         return False
-    present = key in values_by_key
-    value = values_by_key.get(key, "")
-    if operator == "In":
-        return present and value in values
-    if operator == "NotIn":
-        return not present or value not in values
-    if operator == "Exists":
-        return present and not values
-    if operator == "DoesNotExist":
-        return not present and not values
+    if not prefix and "/" in key:
+        return False
+    return len(name) <= 63 and _LABEL_NAME.fullmatch(name) is not None
+
+
+def _label_value_valid(value: str) -> bool:
+    return value == "" or (len(value) <= 63 and _LABEL_NAME.fullmatch(value) is not None)
+
+
+@dataclass(frozen=True, slots=True)
+class _LabelTest:
+    """One valid `matchExpressions` requirement (`bound` set for `Gt` and `Lt`)."""
+
+    key: str
+    operator: str
+    values: tuple[str, ...]
+    bound: int | None = None
+
+    def holds(self, labels: Mapping[str, str]) -> bool:
+        present = self.key in labels
+        if self.operator == "In":
+            return present and labels[self.key] in self.values
+        if self.operator == "NotIn":
+            return not present or labels[self.key] not in self.values
+        if self.operator == "Exists":
+            return present
+        if self.operator == "DoesNotExist":
+            return not present
+        have = _int64(labels[self.key]) if present else None
+        if have is None or self.bound is None:
+            return False
+        return have > self.bound if self.operator == "Gt" else have < self.bound
+
+
+def _label_requirement(req: Any) -> _LabelTest | None:
+    """One `matchExpressions` requirement, or None when it is invalid: unknown operator, bad
+    key or value, `In`/`NotIn` without values, `Exists`/`DoesNotExist` with values, `Gt`/`Lt`
+    without exactly one integer value."""
+    if not isinstance(req, Mapping):
+        return None
+    key, operator, raw = req.get("key"), req.get("operator"), req.get("values") or []
+    if not isinstance(key, str) or not _label_key_valid(key) or not isinstance(raw, list):
+        return None
+    count_ok = _VALUE_COUNT.get(operator) if isinstance(operator, str) else None
+    values = tuple(str(v) for v in raw)
+    if operator is None or count_ok is None or not count_ok(len(values)):
+        return None
     if operator in ("Gt", "Lt"):
-        if not present or len(values) != 1:
-            return False
-        have, bound = _int_or_none(value), _int_or_none(values[0])
-        if have is None or bound is None:
-            return False
-        return have > bound if operator == "Gt" else have < bound
-    return False
+        bound = _int64(values[0])
+        return None if bound is None else _LabelTest(key, operator, values, bound)
+    if not all(_label_value_valid(v) for v in values):
+        return None
+    return _LabelTest(key, operator, values)
 
 
-def _term_matches(labels: Mapping[str, str], fields: Mapping[str, str], term: Any) -> bool:
+def _field_requirement(req: Any) -> Callable[[str], bool] | None:
+    """The test one `matchFields` requirement makes of a node's name, or None when it is
+    invalid: only `metadata.name`, with `In` or `NotIn` and exactly one value."""
+    if not isinstance(req, Mapping) or req.get("key") != "metadata.name":
+        return None
+    values = req.get("values") or []
+    if not isinstance(values, list) or len(values) != 1:
+        return None
+    want = str(values[0])
+    if req.get("operator") == "In":
+        return lambda name: name == want
+    if req.get("operator") == "NotIn":
+        return lambda name: name != want
+    return None
+
+
+def _term_matches(labels: Mapping[str, str], name: str, term: Any) -> bool:
     if not isinstance(term, Mapping):
         return False
     expressions = term.get("matchExpressions") or []
     field_reqs = term.get("matchFields") or []
-    if not expressions and not field_reqs:
+    if not isinstance(expressions, list) or not isinstance(field_reqs, list):
         return False
-    for req in field_reqs:
-        if not isinstance(req, Mapping) or req.get("key") != "metadata.name":
-            return False
-        if req.get("operator") not in ("In", "NotIn"):
-            return False
-    return all(
-        isinstance(req, Mapping) and _requirement_matches(labels, req) for req in expressions
-    ) and all(_requirement_matches(fields, req) for req in field_reqs)
+    if not expressions and not field_reqs:
+        return False  # an empty term selects no node
+    label_tests = [_label_requirement(r) for r in expressions]
+    field_tests = [_field_requirement(r) for r in field_reqs]
+    if any(t is None for t in label_tests) or any(t is None for t in field_tests):
+        return False  # an invalid term is an error: it matches nothing
+    return all(t.holds(labels) for t in label_tests if t) and all(t(name) for t in field_tests if t)
 
 
 def node_matches(node: Obj, terms: Sequence[Any] | None) -> bool:
-    """Kubernetes `MatchNodeSelectorTerms`: does the node satisfy any of the terms?
-    `None` (no node affinity) matches nothing."""
+    """Kubernetes `MatchNodeSelectorTerms`: does the node satisfy any of the terms (ORed; the
+    requirements of one term ANDed)? `None` or no terms (no node affinity) match nothing, and
+    so do an empty term and a term with an invalid requirement (see `_label_requirement` and
+    `_field_requirement`). The one matcher of controller and agent."""
     if not terms:
         return False
     meta = node.get("metadata") or {}
-    labels = meta.get("labels") or {}
-    fields = {"metadata.name": str(meta.get("name") or "")}
-    return any(_term_matches(labels, fields, term) for term in terms)
+    labels = {str(k): str(v) for k, v in (meta.get("labels") or {}).items()}
+    name = str(meta.get("name") or "")
+    return any(_term_matches(labels, name, term) for term in terms)
 
 
 def node_is_ready(node: Obj) -> bool:

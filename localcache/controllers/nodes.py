@@ -41,6 +41,7 @@ from localcache.caching import placement
 from localcache.controllers import state
 from localcache.runtime import errors, store
 from localcache.runtime import keys as runtime_keys
+from localcache.runtime import store as store_mod
 
 _log = structlog.get_logger(__name__)
 
@@ -143,7 +144,8 @@ class LocalModelNodes:
         self._store = store
         self._snapshot = snapshot
         self._locks: dict[str, asyncio.Lock] = {}
-        self._written: dict[str, tuple[str, Obj]] = {}  # name -> (replaced rv, new object)
+        # by node name: the object our last write returned, over the version it replaced
+        self._written: store_mod.WriteOverlay[str, Obj] = store_mod.WriteOverlay()
         self._in_flight: set[asyncio.Future[None]] = set()
         self.signatures = SignatureMemo()
 
@@ -159,13 +161,8 @@ class LocalModelNodes:
         """The freshest copy known: the store's, or the object our last write returned
         while the store still shows the version that write replaced."""
         stored = self._store.get(runtime_keys.ObjectKey("", name))
-        written = self._written.get(name)
-        if written is not None:
-            replaced, obj = written
-            if _rv(stored) == replaced:
-                return obj
-            del self._written[name]
-        return stored
+        written = self._written.get(name, stored_version=_rv(stored))
+        return written if written is not None else stored
 
     def needs_write(self, name: str, snap: placement.Snapshot) -> bool:
         """Whether node `name` differs from its desired state in `snap` (no request)."""
@@ -229,7 +226,7 @@ class LocalModelNodes:
         ]
         for name in gone:
             self._locks.pop(name, None)
-            self._written.pop(name, None)
+            self._written.forget(name)
         if gone:
             _log.debug("localmodelnode_state_forgotten", nodes=sorted(gone))
         return sorted(gone)
@@ -279,14 +276,14 @@ class LocalModelNodes:
             if not len(desired):
                 return False
             created = await self._api.create(res, new_object(node, desired))
-            self._written[name] = ("", created)
+            self._written.wrote(name, replaced="", value=created)
             _log.info("localmodelnode_created", node=name, entries=len(desired))
             return True
         patch = patch_for(current, node, desired, self.signatures)
         if patch is None:
             return False
         updated = await self._api.patch(res, name, patch)
-        self._written[name] = (_rv(current), updated)
+        self._written.wrote(name, replaced=_rv(current), value=updated)
         _log.info("localmodelnode_updated", node=name, entries=len(desired))
         return True
 

@@ -42,7 +42,8 @@ import structlog
 
 from localcache.api import inferenceservice, modelcache
 from localcache.caching import conditions, placement
-from localcache.controllers import nodes, scope, state, status, volumes, volumewriter
+from localcache.controllers import nodes, scope, state, status, volumeplan, volumes, volumewriter
+from localcache.runtime import clock as clock_mod
 from localcache.runtime import errors, reconcile
 from localcache.runtime import keys as runtime_keys
 
@@ -100,7 +101,7 @@ class CacheReconciler:
         config: state.ConfigSource,
         recorder: status.EventRecorder,
         writer: nodes.LocalModelNodes,
-        now: Callable[[], str] = status.now_rfc3339,
+        now: Callable[[], str] = clock_mod.now_rfc3339,
     ) -> None:
         self.scope = sc
         self._api = api
@@ -137,7 +138,7 @@ class CacheReconciler:
             self._stores.inference_services is not None and not cfg.disable_volume_management
         )
         isvcs = self.scope.isvcs_of(self._stores, cache)
-        pairs = volumes.plan(
+        pairs = volumeplan.plan(
             self.scope,
             cache,
             groups=snap.groups,

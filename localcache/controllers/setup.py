@@ -1,8 +1,8 @@
 """Wiring of the cache controllers on a runtime Manager: informers, indexes, watches, mappings.
 
 `setup(manager, kube=..., config=..., metrics=...)` takes one informer per resource read
-(both cache kinds, LocalModelNodes, LocalModelNodeGroups, Nodes, PVs, PVCs and, unless
-`disableVolumeManagement` is on at start-up, InferenceServices) from an
+(both cache kinds, LocalModelNodes, LocalModelNodeGroups, Nodes, PVs, PVCs and
+InferenceServices, these unless a fixed `config` has `disableVolumeManagement` on) from an
 `InformerFactory` (the process's shared one when given, so the webhooks and agents of the
 same Manager reuse the same watches and caches) and registers three controllers:
 `localmodelcache`, `localmodelnamespacecache` (the shared `CacheReconciler` with each
@@ -25,6 +25,8 @@ kind's Scope) and `localmodelnodegroup` (group usage). Each cache controller is 
     LocalModelNodeGroup   added, deleted, spec changed             caches listing the group
 
 Status-only changes of a cache do not trigger it (its own status writes would loop).
+A live `disableVolumeManagement` is read at every reconcile (`volumegate`), and
+`CacheControllers.config_changed()` reconciles every cache again when it flips.
 InferenceServices are an optional kind (`optional.OptionalInformer`: watched only while
 KServe's CRD serves; reads raise `optional.NotSynced` while it lists, so a reconcile retries
 instead of treating "not listed yet" as "no ISVC"); every cache is enqueued again when the
@@ -40,6 +42,7 @@ reconcilers never mutate what they read.
 
 from __future__ import annotations
 
+import dataclasses
 import socket
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -59,6 +62,7 @@ from localcache.controllers import (
     scope,
     state,
     status,
+    volumegate,
     volumes,
 )
 from localcache.runtime import clock as clock_mod
@@ -69,13 +73,13 @@ from localcache.runtime import (
     keys,
     manager,
     metrics,
-    optional,
     predicates,
     reconcile,
     workqueue,
 )
 from localcache.runtime import factory as factory_mod
 from localcache.runtime import kube as kube_api
+from localcache.runtime.crds import optional
 
 Obj = dict[str, Any]
 DEFAULT_WORKERS = 2
@@ -93,6 +97,14 @@ class CacheControllers:
     writer: nodes.LocalModelNodes
     inference_services: optional.OptionalInformer | None = None
     """KServe's InferenceServices, watched while their CRD serves (None when disabled)."""
+    volume_management: volumegate.VolumeManagement | None = None
+    """The live configuration's `disableVolumeManagement` (None with a fixed config)."""
+
+    def config_changed(self) -> None:
+        """The configuration may have changed: every cache and group is reconciled again
+        when `disableVolumeManagement` flipped since the last call."""
+        if self.volume_management is not None and self.volume_management.flipped():
+            _resync(self)
 
     def resync(self) -> int:
         """Enqueue every cache of both kinds and every node group; returns how many keys."""
@@ -257,13 +269,17 @@ def setup(
     """Register the cache controllers on `manager`, reading through informers from
     `factory` (a new one over `kube` and `clock` when None; a shared factory's informers
     run on its clock). `config` is the configuration or a function returning the one in
-    force. Call before `manager.run()`."""
+    force: a fixed one decides here whether InferenceServices are watched; a function is
+    read at every reconcile (module docstring). Call before `manager.run()`."""
     clk = clock or clock_mod.SystemClock()
     shared = factory or factory_mod.InformerFactory(kube, manager, clock=clk)
+    fixed = isinstance(config, config_mod.InferenceServiceConfig)
     source: state.ConfigSource = (
         (lambda: config) if isinstance(config, config_mod.InferenceServiceConfig) else config
     )
-    watch_isvcs = not source().local_model.disable_volume_management
+    # A live configuration is not read here: its informer syncs only once the Manager runs.
+    watch_isvcs = not fixed or not source().local_model.disable_volume_management
+    mode = None if fixed else volumegate.VolumeManagement(source)
     get = shared.informer
     informers = {
         "caches": get(state.LOCAL_MODEL_CACHES, indexers=state.CACHE_INDEXERS),
@@ -295,6 +311,7 @@ def setup(
         inference_services=isvcs.reader() if isvcs is not None else None,
     )
     reader = state.StateReader(stores)
+    unmanaged = state.StateReader(dataclasses.replace(stores, inference_services=None))
     recorder = status.EventRecorder(kube, instance=socket.gethostname())
     writer = nodes.LocalModelNodes(kube, store=stores.local_model_nodes, snapshot=reader.snapshot)
     built: dict[str, controller.Controller] = {}
@@ -302,9 +319,14 @@ def setup(
         (clustercache.SCOPE, informers["caches"]),
         (namespacecache.SCOPE, informers["namespace_caches"]),
     ):
-        rec = reconciler.CacheReconciler(
+        rec: reconcile.Reconciler = reconciler.CacheReconciler(
             sc, api=kube, reader=reader, config=source, recorder=recorder, writer=writer
         )
+        if mode is not None:
+            without = reconciler.CacheReconciler(
+                sc, api=kube, reader=unmanaged, config=source, recorder=recorder, writer=writer
+            )
+            rec = volumegate.Gated(mode, managed=rec, unmanaged=without)
         ctl = _controller(sc.name, rec, clock=clk, workers=workers, registry=metrics)
         _wire_cache_controller(sc, ctl.queue, informers, reader, isvcs)
         own.add_handler(handlers.enqueue_self(ctl.queue, predicates.funcs(updated=_cache_changed)))
@@ -334,6 +356,7 @@ def setup(
         stores=stores,
         writer=writer,
         inference_services=isvcs,
+        volume_management=mode,
     )
     if isvcs is not None:
         # Serving volumes and `status.inferenceServices` depend on every ISVC: when the

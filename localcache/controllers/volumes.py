@@ -1,11 +1,7 @@
 """Download and serving PV/PVC pairs of a cache: plan them, create what is missing, replace
 what is broken, delete what is no longer wanted.
 
-Per node group of the cache (that exists) there is one download pair; per (InferenceService
-namespace, node group) one serving pair. Names and owners come from the `Scope`. Specs are
-copied from the LocalModelNodeGroup; the PVC's `volumeName` names its PV and the PV is
-pre-bound to the PVC (`claimRef` by namespace and name), so no other claim can take it.
-Every object we create carries `OWNER_ANNOTATION` (the cache id) and `ROLE_ANNOTATION`.
+The wanted pairs are `volumeplan.plan()`'s (names, owners, specs, annotations).
 
 `reconcile_volumes` is level-based, reading the PV/PVC stores:
 - an object that exists under a wanted name is judged first (`adoption`): one that is not
@@ -42,150 +38,24 @@ rest).
 
 from __future__ import annotations
 
-import copy
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Final, Literal
+from typing import Any, Final
 
 import structlog
 
-from localcache.api import nodegroup
 from localcache.caching import conditions
-from localcache.caching import keys as cache_keys
-from localcache.controllers import adoption, scope, state, volumewriter
+from localcache.controllers import adoption, scope, state, volumeplan, volumewriter
 from localcache.runtime import errors, kube
 from localcache.runtime import keys as runtime_keys
 
 _log = structlog.get_logger(__name__)
 
 Obj = dict[str, Any]
-Role = Literal["download", "serving"]
 BROKEN_PV_PHASES: Final = frozenset({"Released", "Failed"})
 BROKEN_PVC_PHASES: Final = frozenset({"Lost"})
 TAKEN_RECHECK: Final = 60.0
 """Seconds until a cache whose wanted names are taken is looked at again."""
-STORAGE_KEY_ANNOTATION: Final = "localmodel.kserve.io/storage-key"
-"""The cache's storage key, on every PV and PVC we create: the admission policies in
-`manifests/policies` allow a pod to mount our PVC only with this key's subPath (tenants cannot
-edit PVs, so the PV's copy is the one trusted)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Pair:
-    """One wanted PV and its PVC."""
-
-    role: Role
-    pv: Obj
-    pvc: Obj
-
-    @property
-    def pv_name(self) -> str:
-        return str(self.pv["metadata"]["name"])
-
-    @property
-    def pvc_key(self) -> runtime_keys.ObjectKey:
-        return runtime_keys.ObjectKey.of(self.pvc)
-
-    def owner(self, owner_id: str) -> adoption.Owner:
-        """The cache the pair is for (its PVC always carries the cache's ownerReference)."""
-        return adoption.Owner.of_reference(owner_id, self.pvc["metadata"]["ownerReferences"][0])
-
-
-def _metadata(sc: scope.Scope, cache: scope.CacheModel, role: Role, *, owned: bool) -> Obj:
-    meta: Obj = {
-        "labels": {state.MANAGED_BY_LABEL: state.MANAGED_BY},
-        "annotations": {
-            state.OWNER_ANNOTATION: sc.owner_id(cache),
-            state.ROLE_ANNOTATION: role,
-            STORAGE_KEY_ANNOTATION: cache_keys.storage_key(cache.spec.source_model_uri),
-        },
-    }
-    if owned:
-        meta["ownerReferences"] = [sc.owner_reference(cache)]
-    return meta
-
-
-def _pair(
-    sc: scope.Scope,
-    cache: scope.CacheModel,
-    group: nodegroup.LocalModelNodeGroup,
-    *,
-    role: Role,
-    pv_name: str,
-    pvc_namespace: str,
-    pvc_name: str,
-) -> Pair:
-    pv_spec = copy.deepcopy(group.spec.persistent_volume_spec)
-    pv_spec["claimRef"] = {
-        "apiVersion": "v1",
-        "kind": "PersistentVolumeClaim",
-        "namespace": pvc_namespace,
-        "name": pvc_name,
-    }
-    pvc_spec = copy.deepcopy(group.spec.persistent_volume_claim_spec)
-    pvc_spec["volumeName"] = pv_name
-    pv = {
-        "apiVersion": "v1",
-        "kind": "PersistentVolume",
-        "metadata": {"name": pv_name, **_metadata(sc, cache, role, owned=sc.pvs_owned)},
-        "spec": pv_spec,
-    }
-    pvc = {
-        "apiVersion": "v1",
-        "kind": "PersistentVolumeClaim",
-        "metadata": {
-            "name": pvc_name,
-            "namespace": pvc_namespace,
-            **_metadata(sc, cache, role, owned=True),
-        },
-        "spec": pvc_spec,
-    }
-    return Pair(role, pv, pvc)
-
-
-def plan(
-    sc: scope.Scope,
-    cache: scope.CacheModel,
-    *,
-    groups: Mapping[str, nodegroup.LocalModelNodeGroup],
-    serving: Iterable[tuple[str, str]],
-    job_namespace: str,
-) -> list[Pair]:
-    """The wanted pairs: download per existing group, serving per (namespace, group)."""
-    pairs = []
-    for name in dict.fromkeys(cache.spec.node_groups):
-        group = groups.get(name)
-        if group is None:
-            continue
-        pvc_ns, pvc_name = sc.download_pvc(cache, name, job_namespace=job_namespace)
-        pv_name = sc.download_pv_name(cache, name)
-        pairs.append(
-            _pair(
-                sc,
-                cache,
-                group,
-                role="download",
-                pv_name=pv_name,
-                pvc_namespace=pvc_ns,
-                pvc_name=pvc_name,
-            )
-        )
-    for namespace, name in sorted(set(serving)):
-        group = groups.get(name)
-        if group is None:
-            continue
-        pairs.append(
-            _pair(
-                sc,
-                cache,
-                group,
-                role="serving",
-                pv_name=sc.serving_pv_name(cache, name, namespace),
-                pvc_namespace=namespace,
-                pvc_name=sc.serving_pvc_name(cache, name),
-            )
-        )
-    return pairs
 
 
 def _meta(obj: Obj) -> dict[str, Any]:
@@ -215,7 +85,7 @@ async def reconcile_volumes(
     *,
     stores: state.Stores,
     owner: str,
-    pairs: Sequence[Pair],
+    pairs: Sequence[volumeplan.Pair],
     manage_serving: bool,
 ) -> volumewriter.Outcome:
     """Drive the cache's PVs/PVCs towards `pairs` (module docstring)."""
@@ -255,7 +125,7 @@ class _Found:
 _ABSENT: Final = adoption.Judgement("ours")
 
 
-def _judge(pair: Pair, *, owner: str, stores: state.Stores) -> tuple[_Found, _Found]:
+def _judge(pair: volumeplan.Pair, *, owner: str, stores: state.Stores) -> tuple[_Found, _Found]:
     """The pair's PV and PVC as found, each with its verdict (module docstring)."""
     cache = pair.owner(owner)
     claims = stores.persistent_volume_claims
@@ -291,7 +161,7 @@ def _name_taken(found: _Found) -> conditions.NameTaken:
 
 
 async def _sync_pair(
-    writer: volumewriter.Writer, pair: Pair, *, owner: str, stores: state.Stores
+    writer: volumewriter.Writer, pair: volumeplan.Pair, *, owner: str, stores: state.Stores
 ) -> runtime_keys.ObjectKey | None:
     """One pair's step of `reconcile_volumes` (module docstring, in order); returns the old
     claim of a stale download PV, which only this step may delete (not before the PV is
@@ -351,7 +221,7 @@ async def _adopt(writer: volumewriter.Writer, found: _Found, *, owner: str, role
 
 
 async def _replace_stale(
-    writer: volumewriter.Writer, pair: Pair, pv: Obj, old_claim: Obj | None
+    writer: volumewriter.Writer, pair: volumeplan.Pair, pv: Obj, old_claim: Obj | None
 ) -> runtime_keys.ObjectKey | None:
     """A download PV of the cache bound to another claim: Retain first, then delete the old
     claim and the PV (the pair is recreated once both are gone). Returns the old claim's key."""

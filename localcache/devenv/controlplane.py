@@ -1,7 +1,6 @@
 """A real Kubernetes control plane for tests: etcd + kube-apiserver (+ kube-controller-manager).
 
-The binaries come from `hack/build-control-plane.sh` (built from source through the Go module
-proxy, cached by version outside the repository) or from `KUBEBUILDER_ASSETS` when it is set.
+The binaries come from `hack/build-control-plane.sh` or `KUBEBUILDER_ASSETS` (`assets`).
 Nothing here is faked: the apiserver serves TLS on a free loopback port, authenticates with
 client certificates and authorises with RBAC.
 
@@ -18,28 +17,25 @@ Contract:
 
 from __future__ import annotations
 
-import atexit
-import contextlib
-import fcntl
 import http.client
 import json
 import os
 import shutil
-import socket
 import ssl
 import subprocess
 import tempfile
 import urllib.parse
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from localcache.devenv import certs, processes
+from localcache.devenv import certs, clientconfig, processes
+from localcache.devenv.assets import ControlPlaneError, find_binaries, free_port, release_port
+from localcache.devenv.clientconfig import Credentials
 
-PREFERRED_VERSIONS = ("v1.36.3", "v1.35.4", "v1.34.4")
 START_TIMEOUT_S = 90.0
 
 KCM_CONTROLLERS = (
@@ -53,85 +49,6 @@ KCM_CONTROLLERS = (
     "persistentvolumeclaim-protection-controller",
     "pod-garbage-collector-controller",
 )
-
-
-class ControlPlaneError(RuntimeError):
-    """The control plane could not be found, started or reached."""
-
-
-def _cache_root() -> Path:
-    explicit = os.environ.get("LOCALCACHE_BIN_CACHE")
-    if explicit:
-        return Path(explicit)
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "localcache" / "control-plane"
-
-
-def find_binaries() -> Path:
-    """The directory holding `etcd` and `kube-apiserver` (and usually `kube-controller-manager`).
-
-    `KUBEBUILDER_ASSETS` wins when set; otherwise the newest preferred version in the cache.
-    """
-    assets = os.environ.get("KUBEBUILDER_ASSETS")
-    candidates = [Path(assets)] if assets else [_cache_root() / v for v in PREFERRED_VERSIONS]
-    for directory in candidates:
-        if all(os.access(directory / b, os.X_OK) for b in ("etcd", "kube-apiserver")):
-            return directory
-    raise ControlPlaneError(
-        "no control-plane binaries found in "
-        + ", ".join(str(c) for c in candidates)
-        + ": run `make control-plane` (or set KUBEBUILDER_ASSETS)"
-    )
-
-
-@contextlib.contextmanager
-def _port_lock_dir() -> Iterator[Path]:
-    lock_dir = Path(tempfile.gettempdir()) / "localcache-ports"
-    lock_dir.mkdir(exist_ok=True)
-    yield lock_dir
-
-
-_held_port_locks: dict[int, Any] = {}
-
-
-def release_port(port: int) -> None:
-    """Give up the reservation `free_port` took for `port`."""
-    lock_file = _held_port_locks.pop(port, None)
-    if lock_file is not None:
-        lock_file.close()
-
-
-@atexit.register
-def _release_all_ports() -> None:
-    for port in list(_held_port_locks):
-        release_port(port)
-
-
-def free_port() -> int:
-    """A free loopback port, reserved against other test processes by an advisory lock file."""
-    with _port_lock_dir() as lock_dir:
-        for _ in range(100):
-            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-                sock.bind(("127.0.0.1", 0))
-                port = int(sock.getsockname()[1])
-            lock_file = open(lock_dir / f"port-{port}", "w")  # noqa: SIM115 - held for process life
-            try:
-                fcntl.flock(lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                lock_file.close()
-                continue
-            _held_port_locks[port] = lock_file
-            return port
-    raise ControlPlaneError("no free loopback port after 100 tries")
-
-
-@dataclass
-class Credentials:
-    """Paths of a user's client certificate, as written for kubeconfigs and `rest()`."""
-
-    user: str
-    cert_path: Path
-    key_path: Path
 
 
 @dataclass
@@ -212,32 +129,7 @@ class ControlPlane:
         )
 
     def kubeconfig(self, creds: Credentials) -> dict[str, Any]:
-        return {
-            "apiVersion": "v1",
-            "kind": "Config",
-            "clusters": [
-                {
-                    "name": "localcache-test",
-                    "cluster": {"server": self.server, "certificate-authority": str(self.ca_path)},
-                }
-            ],
-            "users": [
-                {
-                    "name": creds.user,
-                    "user": {
-                        "client-certificate": str(creds.cert_path),
-                        "client-key": str(creds.key_path),
-                    },
-                }
-            ],
-            "contexts": [
-                {
-                    "name": "localcache-test",
-                    "context": {"cluster": "localcache-test", "user": creds.user},
-                }
-            ],
-            "current-context": "localcache-test",
-        }
+        return clientconfig.kubeconfig(self.server, self.ca_path, creds)
 
     def write_kubeconfig(self, creds: Credentials, path: Path) -> Path:
         path.write_text(yaml.safe_dump(self.kubeconfig(creds)))

@@ -18,7 +18,8 @@ from typing import Any
 import yaml
 
 from localcache.devenv import waiting
-from localcache.devenv.controlplane import ControlPlane, ControlPlaneError
+from localcache.devenv.assets import ControlPlaneError
+from localcache.devenv.controlplane import ControlPlane
 
 CRD_PATH = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
 WRITE_ATTEMPTS = 5

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime
 import functools
 import os
 import signal
@@ -52,7 +51,7 @@ import structlog
 
 from localcache.devenv import jobpods
 from localcache.runtime import clock as clock_mod
-from localcache.runtime import errors, informer, kube, reflector
+from localcache.runtime import errors, informer, kube, listwatch
 from localcache.runtime.keys import ObjectKey
 
 log = structlog.get_logger(__name__)
@@ -77,7 +76,7 @@ class RunnerStats:
 
 
 def _now() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return clock_mod.now_rfc3339()
 
 
 class LocalJobRunner:
@@ -111,7 +110,7 @@ class LocalJobRunner:
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._counts = {"started": 0, "succeeded": 0, "failed": 0}
         self.informer = informer.Informer(
-            reflector.ListWatch(client, kube.PODS, label_selector=JOB_NAME_LABEL),
+            listwatch.ListWatch(client, kube.PODS, label_selector=JOB_NAME_LABEL),
             clock=self._clock,
         )
         self.informer.add_handler(self._on_event)

@@ -4,29 +4,26 @@
   `~/.kube/config`, whose apiserver answers `/version` within `PROBE_TIMEOUT_S`) and without
   `--local`: controller and webhooks run against it, plus an agent when `NODE_NAME` is set.
 - Otherwise, on a machine that can host real nodes: `realnodes.run` (a control plane and two
-  real nodes with kubelet, containerd and runc; the operator deployed as pods from the
-  shipped manifests). It says so, and so does the fallback when it cannot:
-- local mode with demo nodes (`LocalRun`): a local control plane (etcd, kube-apiserver,
-  kube-controller-manager from `make control-plane`) with the shipped configuration
-  (manifests/: CRDs, namespaces, `inferenceservice-config`, webhook configurations calling
-  https://127.0.0.1:<port>, the sample node group), two demo Nodes labelled
-  `kserve/localmodel=worker`, and in one Manager: controller, webhooks, one agent per demo
-  node (each with its own models root standing for the node group's PV path) and the local
-  Job runner (`devenv.jobrunner`, a demo harness that plays the nodes for download
-  Jobs). Then the sample namespace cache is applied, the kubectl commands to watch it are
-  printed, and so is its Ready state; `--exit-when-ready` stops there (exit 0, or 1 when it is
-  not Ready within `READY_TIMEOUT_S`). The control plane is always stopped on the way out.
+  real nodes; the operator deployed as pods from the shipped manifests, so the settings of
+  this process's operator are refused there, naming them). It says so, and so does the
+  fallback when it cannot:
+- local mode with demo nodes (`LocalRun`): a local control plane (`make control-plane`) with
+  the shipped configuration (manifests/: CRDs, namespaces, `inferenceservice-config`, webhook
+  configurations calling https://127.0.0.1:<port>, the sample node group), two demo Nodes
+  labelled `kserve/localmodel=worker`, and in one Manager: controller, webhooks, one agent per
+  demo node (each with its own models root standing for the node group's PV path) and the
+  demo Job runner (`devenv.jobrunner`, which plays the nodes for download Jobs). Then the
+  sample namespace cache is applied, the kubectl commands to watch it are printed, and so is
+  its Ready state; `--exit-when-ready` stops there (exit 0, or 1 when it is not Ready within
+  `READY_TIMEOUT_S`). The control plane is always stopped on the way out.
 
 Each local run writes its kubeconfig into a directory of its own,
-`$XDG_CACHE_HOME/localcache/run/<pid>-<random>/` (`run_directory`), printed with the kubectl
-commands and removed by that run only when it ends; so runs side by side never share or
-delete each other's kubeconfig. Attaching to a cluster is announced by a banner naming its
-context, server and kubeconfig, and every mode that runs the operator in this process prints
-its metrics, health and webhook addresses.
-
-The pure parts (settings, objects, messages) are `localmode`; this module does the I/O.
-
-Messages for the user go to stdout; logs go to stderr.
+`$XDG_CACHE_HOME/localcache/run/<pid>-<random>/` (`run_directory`), removed by that run only
+when it ends, so runs side by side never share or delete each other's kubeconfig. Attaching
+to a cluster is announced by a banner naming its context, server and kubeconfig; every mode
+that runs the operator in this process prints its metrics, health and webhook addresses.
+The pure parts are `localmode`; this module does the I/O. Messages for the user go to
+stdout; logs go to stderr.
 """
 
 from __future__ import annotations
@@ -50,8 +47,8 @@ import yaml
 from localcache import app
 from localcache import settings as settings_mod
 from localcache.api import groupversion
-from localcache.devenv import controlplane, crds, jobrunner, localmode, realnodes
-from localcache.runtime import errors, informer, kube, manager, reflector
+from localcache.devenv import assets, controlplane, crds, jobrunner, localmode, realnodes
+from localcache.runtime import errors, informer, kube, listwatch, manager
 
 _log = structlog.get_logger(__name__)
 
@@ -61,8 +58,6 @@ DEMO_FILE = "model.txt"
 PROBE_TIMEOUT_S = 3.0
 READY_TIMEOUT_S = 300.0
 APPLY_TIMEOUT_S = 60.0
-
-
 LMNC = groupversion.LOCAL_MODEL_NAMESPACE_CACHE.api
 LMNG = groupversion.LOCAL_MODEL_NODE_GROUP.api
 
@@ -97,6 +92,7 @@ async def _run_locally(
 ) -> int:
     reason = realnodes.unavailable_reason()
     if reason is None:
+        realnodes.refuse_unhonoured(settings)
         return await realnodes.run(kubeconfig_path=kubeconfig, exit_when_ready=exit_when_ready)
     print(
         f"localcache: real nodes are not available here ({reason}): using two demo nodes "
@@ -109,7 +105,7 @@ async def _run_locally(
         local = LocalRun(settings, run_dir=run_dir, kubeconfig_path=kubeconfig)
         await local.start()
         return await local.serve(exit_when_ready=exit_when_ready)
-    except (controlplane.ControlPlaneError, OSError) as exc:
+    except (assets.ControlPlaneError, OSError) as exc:
         hint = "" if "make control-plane" in str(exc) else " (binaries: `make control-plane`)"
         print(f"localcache: cannot run locally: {exc}{hint}", file=sys.stderr)
         return 1
@@ -129,7 +125,7 @@ def kubeconfig_candidate(
     """The kubeconfig `localcache run` would use: `--kubeconfig`, else the first file of
     `$KUBECONFIG`, else `~/.kube/config`; None when that file does not exist."""
     first = next((p for p in environ.get("KUBECONFIG", "").split(os.pathsep) if p), "")
-    path = Path(settings.kubeconfig or first or home / ".kube" / "config").expanduser()
+    path = Path(settings.connection.kubeconfig or first or home / ".kube" / "config").expanduser()
     return path if path.is_file() else None
 
 
@@ -146,24 +142,19 @@ async def probe_kubeconfig(settings: settings_mod.Settings) -> tuple[Path | None
     if path is None:
         return None, None
     try:
-        client = await kube.Kube.from_kubeconfig(path, request_timeout=PROBE_TIMEOUT_S)
+        await app.check_apiserver(settings_mod.Connection(str(path)), wait_s=PROBE_TIMEOUT_S)
     except errors.ConfigError as exc:
         _log.info("local_kubeconfig_unusable", kubeconfig=str(path), error=str(exc))
         return None, str(exc)
-    try:
-        await client.raw("/version", request_timeout=PROBE_TIMEOUT_S)
     except (errors.LocalcacheError, OSError) as exc:
         _log.info("local_cluster_unreachable", kubeconfig=str(path), error=str(exc))
-        return None, f"the cluster of {path} ({client.server}) does not answer: {exc}"
-    finally:
-        await client.close()
+        return None, str(exc)
     return path, None
 
 
 async def _run_against(settings: settings_mod.Settings, path: Path) -> int:
-    agents = ((settings.node_name, settings.models_root),) if settings.node_name else ()
-    what = "controller" + (" and webhooks" if settings.webhook_port else "")
-    what += f", agent of {settings.node_name}" if agents else ""
+    what = "controller" + (" and webhooks" if settings.webhook.port else "")
+    what += f", agent of {settings.agent.node_name}" if settings.agent.node_name else ""
     try:
         doc = yaml.safe_load(await asyncio.to_thread(path.read_text))
     except (OSError, yaml.YAMLError):  # it was just loaded: unlikely, and only the banner loses
@@ -177,8 +168,7 @@ async def _run_against(settings: settings_mod.Settings, path: Path) -> int:
         addresses=localmode.service_addresses(settings),
     )
     print("\n".join(banner), flush=True)
-    components = app.Components(controller=True, webhooks=True, agent_nodes=agents)
-    return await app.run_components(dataclasses.replace(settings, kubeconfig=str(path)), components)
+    return await app.run_attached(settings, path)
 
 
 def _load(path: Path) -> list[Obj]:
@@ -203,7 +193,7 @@ class LocalRun:
         out: TextIO | None = None,
     ) -> None:
         if not (manifests / "crds").is_dir():
-            raise controlplane.ControlPlaneError(f"no manifests in {manifests}: run from a clone")
+            raise assets.ControlPlaneError(f"no manifests in {manifests}: run from a clone")
         self.run_dir = run_dir
         self.kubeconfig_path = kubeconfig_path
         self.manifests = manifests
@@ -254,11 +244,10 @@ class LocalRun:
         s = self.settings
         for ns in _load(self.manifests / "base" / "namespaces.yaml"):
             await _create(client, kube.NAMESPACES, ns)
-        await _create(client, kube.NAMESPACES, {"metadata": {"name": s.config_namespace}})
+        cfg = s.config
+        await _create(client, kube.NAMESPACES, {"metadata": {"name": cfg.namespace}})
         shipped = _load(self.manifests / "base" / "config.yaml")[0]
-        config = localmode.local_config_map(
-            shipped, namespace=s.config_namespace, name=s.config_map
-        )
+        config = localmode.local_config_map(shipped, namespace=cfg.namespace, name=cfg.name)
         await _create(client, kube.CONFIG_MAPS, config)
         for node in localmode.DEMO_NODES:
             await _create(client, kube.NODES, localmode.demo_node(node))
@@ -267,10 +256,10 @@ class LocalRun:
         await _create(client, LMNG, self.node_group)
         hooks = {"mutating": kube.MUTATING_WEBHOOK_CONFIGURATIONS,
                  "validating": kube.VALIDATING_WEBHOOK_CONFIGURATIONS}  # fmt: skip
-        for name, res in hooks.items() if s.webhook_port else ():
+        for name, res in hooks.items() if s.webhook.port else ():
             shipped = _load(self.manifests / "webhook" / f"{name}.yaml")[0]
             await _create(
-                client, res, localmode.local_webhook_configuration(shipped, port=s.webhook_port)
+                client, res, localmode.local_webhook_configuration(shipped, port=s.webhook.port)
             )
 
     def _write_demo_model(self) -> None:
@@ -289,19 +278,15 @@ class LocalRun:
         client = self._client
         components = app.Components(
             controller=True,
-            webhooks=bool(self.settings.webhook_port),
+            webhooks=bool(self.settings.webhook.port),
             agent_nodes=tuple(self.node_roots.items()),
             extra_cert_names=("127.0.0.1", "localhost"),
         )
         runner = jobrunner.LocalJobRunner(client, self.node_roots, pv_path=self.pv_path)
         meta = self.sample["metadata"]
-        source = reflector.ListWatch(
-            client,
-            LMNC,
-            namespace=meta["namespace"],
-            field_selector=f"metadata.name={meta['name']}",
-        )
-        watched = informer.Informer(source)
+        selector = f"metadata.name={meta['name']}"
+        lw = listwatch.ListWatch(client, LMNC, namespace=meta["namespace"], field_selector=selector)
+        watched = informer.Informer(lw)
         watched.add_handler(self._on_cache_event)
         demo = _Call(functools.partial(self._demo, exit_when_ready=exit_when_ready))
 

@@ -1,7 +1,8 @@
 """Pure parts of `localcache run`'s local mode: its settings, objects and messages. No I/O.
 
 - `local_settings`: the user's settings adjusted for a local control plane (free ports,
-  loopback binding, certificates and models roots under the run directory).
+  loopback binding and certificates under the run directory where the user gave none;
+  models roots under the run directory).
 - `local_config_map`, `local_webhook_configuration`, `demo_node`, `node_ready_status`: the
   shipped objects as a local run creates them (`LOCAL_MODEL_OVERRIDES`, URL webhooks on
   127.0.0.1, demo Nodes `DEMO_NODES` labelled `WORKER_LABEL`).
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from localcache import settings as settings_mod
-from localcache.devenv import controlplane, jobpods
+from localcache.devenv import assets, jobpods
 
 Obj = dict[str, Any]
 DEMO_NODES = ("demo-node-1", "demo-node-2")
@@ -41,29 +42,32 @@ def local_settings(
     run_dir: Path,
     kubeconfig: Path,
     pv_path: str,
-    pick_port: Callable[[], int] = controlplane.free_port,
+    pick_port: Callable[[], int] = assets.free_port,
 ) -> settings_mod.Settings:
     """`settings` for local mode: the local kubeconfig; a free metrics port and a free
     webhook port (picked here, so they can be printed), loopback binding and certificates
-    under `run_dir` where the defaults were kept; models roots under `run_dir` standing for
+    under `run_dir` for each of those the user did not give (`settings.given`: by flag or
+    environment variable, whatever the value); models roots under `run_dir` standing for
     the node group's PV path `pv_path`."""
-    default = {f.dest: f.default for f in settings_mod.FLAGS}
-    changes: dict[str, Any] = {
-        "kubeconfig": str(kubeconfig),
-        "models_root": run_dir / "nodes",
-        "host_models_root": Path(pv_path),
+    given, serving, webhook = settings.given, settings.serving, settings.webhook
+    if "metrics_port" not in given:  # not 0: the address is printed for the user
+        serving = dataclasses.replace(serving, metrics_port=pick_port())
+    if "bind_address" not in given:
+        serving = dataclasses.replace(serving, bind_address="127.0.0.1")
+    if "webhook_port" not in given:
+        webhook = dataclasses.replace(webhook, port=pick_port())
+    if "webhook_cert_dir" not in given:
+        webhook = dataclasses.replace(webhook, cert_dir=run_dir / "webhook-certs")
+    return dataclasses.replace(
+        settings,
+        connection=settings_mod.Connection(kubeconfig=str(kubeconfig)),
+        serving=serving,
         # the demo sample is a file:// model that the demo Job runner copies on this host
-        "allow_file_uris": True,
-    }
-    if settings.metrics_port == int(default["metrics_port"]):
-        changes["metrics_port"] = pick_port()  # not 0: the address is printed for the user
-    if settings.webhook_port == int(default["webhook_port"]):
-        changes["webhook_port"] = pick_port()
-    if settings.bind_address == default["bind_address"]:
-        changes["bind_address"] = "127.0.0.1"
-    if str(settings.webhook_cert_dir) == default["webhook_cert_dir"]:
-        changes["webhook_cert_dir"] = run_dir / "webhook-certs"
-    return dataclasses.replace(settings, **changes)
+        webhook=dataclasses.replace(webhook, allow_file_uris=True),
+        agent=dataclasses.replace(
+            settings.agent, models_root=run_dir / "nodes", host_models_root=Path(pv_path)
+        ),
+    )
 
 
 def local_config_map(shipped: Obj, *, namespace: str, name: str) -> Obj:
@@ -135,14 +139,14 @@ def _url_host(bind_address: str) -> str:
 
 def service_addresses(settings: settings_mod.Settings) -> list[str]:
     """Where a process with `settings` serves /metrics, the probes and the webhooks."""
-    host = _url_host(settings.bind_address)
-    if settings.metrics_port:
-        base = f"http://{host}:{settings.metrics_port}"
+    host = _url_host(settings.serving.bind_address)
+    if settings.serving.metrics_port:
+        base = f"http://{host}:{settings.serving.metrics_port}"
         lines = [f"metrics: {base}/metrics", f"health:  {base}/healthz {base}/readyz"]
     else:
         lines = ["metrics and health: on a free port (logged as http_server_started)"]
-    if settings.webhook_port:
-        lines.append(f"webhooks: https://{host}:{settings.webhook_port}")
+    if settings.webhook.port:
+        lines.append(f"webhooks: https://{host}:{settings.webhook.port}")
     else:
         lines.append("webhooks: off (--webhook-port 0)")
     return lines

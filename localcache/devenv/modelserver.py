@@ -1,167 +1,34 @@
-"""A plain HTTP file server for model files, with an optional throttle: a TEST HARNESS.
+"""The harness side of the HTTP model server (`fileserver`, the program): a TEST HARNESS.
 
-The end-to-end test bed serves model files from it as an `http://` model source, possibly from
-inside a network namespace of its own, so it is a subprocess that Python starts (no Docker):
-
-    python -m localcache.devenv.modelserver --dir D --host H --port P [--rate B]
-
-Server contract (standard library only: `http.server.ThreadingHTTPServer`, one thread per
-connection):
-- GET and HEAD of a file under `--dir` answer 200 with `Content-Length` and the exact bytes
-  (HEAD: headers only); a missing file answers 404; paths cannot leave `--dir`. A directory
-  answers the standard library's listing (or its `index.html`).
-- `--rate B` throttles every response body to at most B bytes per second, each response on
-  its own (two parallel downloads get B each): a body of N bytes takes at least
-  `(N - chunk) / B` seconds, where `chunk` is at most B / 10. Without `--rate`, no throttle.
-- Every GET and HEAD of a path other than `/_stats` is counted per URL path (query string
-  dropped), whatever its status; `GET /_stats` answers JSON
-  `{"requests": {path: count}, "bytes_sent": {path: body bytes written}}`. Counts only grow.
-- SIGTERM closes the listening socket and exits 0.
-Not promised: Range requests, keep-alive (HTTP/1.0: one request per connection), TLS,
-uploads, any order between the counts of concurrent requests and their bodies' completion.
-
-`ModelServer` starts that module as a subprocess (with an optional argv prefix such as
-`["nsenter", "--net=/proc/<pid>/ns/net", "--"]`), waits for it with a deadline and reads its
-stats; the subprocess itself is a `processes.ManagedProcess`.
+`ModelServer` starts `python -m localcache.devenv.fileserver` as a subprocess (with an optional
+argv prefix such as `["nsenter", "--net=/proc/<pid>/ns/net", "--"]`, to serve from inside a
+network namespace), waits for it with a deadline and reads its request counts (`stats()`); the
+subprocess itself is a `processes.ManagedProcess`. `ServerProcess` is the start-and-wait part
+the S3 store shares. See `fileserver` for what the server answers.
 """
 
 from __future__ import annotations
 
-import argparse
-import contextlib
 import functools
 import http.client
 import http.server
 import json
-import signal
-import socket
 import sys
 import tempfile
-import threading
-import time
 import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO, Self
+from typing import Self
 
-from localcache.devenv import controlplane, processes
+from localcache.devenv import assets, fileserver, processes
 
-STATS_PATH = "/_stats"
+STATS_PATH = fileserver.STATS_PATH
 HTTP_TIMEOUT_S = 5.0
-MAX_CHUNK = 64 * 1024
 
 
 class ServerError(Exception):
     """A test server did not start, or answered something unexpected."""
-
-
-# ---- the server (runs in the subprocess) ------------------------------------------------
-
-
-class _Counters:
-    """Per-path request and byte counts, shared by the handler threads."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.requests: dict[str, int] = {}
-        self.bytes_sent: dict[str, int] = {}
-
-    def count_request(self, path: str) -> None:
-        with self._lock:
-            self.requests[path] = self.requests.get(path, 0) + 1
-
-    def count_bytes(self, path: str, n: int) -> None:
-        with self._lock:
-            self.bytes_sent[path] = self.bytes_sent.get(path, 0) + n
-
-    def snapshot(self) -> dict[str, dict[str, int]]:
-        with self._lock:
-            return {"requests": dict(self.requests), "bytes_sent": dict(self.bytes_sent)}
-
-
-class _Handler(http.server.SimpleHTTPRequestHandler):
-    """SimpleHTTPRequestHandler plus `/_stats`, counting and a per-response throttle."""
-
-    def __init__(self, *args: Any, counters: _Counters, rate: int | None, **kwargs: Any) -> None:
-        self.counters = counters  # set before super().__init__, which handles the request
-        self.rate = rate
-        super().__init__(*args, **kwargs)
-
-    def _url_path(self) -> str:
-        return urllib.parse.urlsplit(self.path).path
-
-    def do_GET(self) -> None:
-        if self._url_path() == STATS_PATH:
-            body = json.dumps(self.counters.snapshot(), sort_keys=True).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-            return
-        self.counters.count_request(self._url_path())
-        super().do_GET()
-
-    def do_HEAD(self) -> None:
-        self.counters.count_request(self._url_path())
-        super().do_HEAD()
-
-    def copyfile(self, source: Any, outputfile: Any) -> None:
-        src: BinaryIO = source
-        out: BinaryIO = outputfile
-        path = self._url_path()
-        chunk = MAX_CHUNK if self.rate is None else max(1, min(MAX_CHUNK, self.rate // 10))
-        started = time.monotonic()
-        sent = 0
-        while data := src.read(chunk):
-            if self.rate is not None:
-                # Pace: this chunk may leave once the ones before it have had their time.
-                due = started + sent / self.rate
-                if (wait := due - time.monotonic()) > 0:
-                    time.sleep(wait)
-            out.write(data)
-            sent += len(data)
-            self.counters.count_bytes(path, len(data))
-
-
-class _Server(http.server.ThreadingHTTPServer):
-    daemon_threads = True
-
-
-class _Server6(_Server):
-    address_family = socket.AF_INET6
-
-
-def serve(root: Path, host: str, port: int, rate: int | None) -> None:
-    """Serve `root` on host:port until SIGTERM (see the module docstring)."""
-    if rate is not None and rate <= 0:
-        raise ValueError("rate must be a positive number of bytes per second")
-    handler = functools.partial(_Handler, counters=_Counters(), rate=rate, directory=str(root))
-    server_cls = _Server6 if ":" in host else _Server
-    with server_cls((host, port), handler) as server:
-
-        def on_term(signum: int, frame: object) -> None:
-            raise SystemExit(0)
-
-        signal.signal(signal.SIGTERM, on_term)
-        print(f"modelserver: serving {root} on {host}:{port} rate={rate}", flush=True)
-        with contextlib.suppress(SystemExit, KeyboardInterrupt):
-            server.serve_forever(poll_interval=0.2)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m localcache.devenv.modelserver")
-    parser.add_argument("--dir", required=True, type=Path, help="folder to serve")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", required=True, type=int)
-    parser.add_argument("--rate", type=int, default=None, help="bytes per second per response")
-    args = parser.parse_args(argv)
-    serve(args.dir.resolve(), args.host, args.port, args.rate)
-    return 0
-
-
-# ---- the harness side ----------------------------------------------------------------
 
 
 def format_host(host: str) -> str:
@@ -221,7 +88,7 @@ class ServerProcess:
             raise error(f"{what} already started")
         self.host = host
         self.reach = reach
-        self.port = controlplane.free_port() if port is None else port
+        self.port = assets.free_port() if port is None else port
         self.process = command(self.port)
         self.process.start()
         try:
@@ -240,7 +107,7 @@ class ServerProcess:
         if self.process is not None:
             self.process.stop()
             self.process = None
-        controlplane.release_port(self.port)  # a no-op unless free_port reserved it
+        assets.release_port(self.port)  # a no-op unless free_port reserved it
 
     def __enter__(self) -> Self:
         return self
@@ -290,7 +157,14 @@ class ModelServer(ServerProcess):
         """`reach`: the URL this process uses when host:port is not reachable from it."""
 
         def command(port: int) -> processes.ManagedProcess:
-            argv = [*argv_prefix, sys.executable, "-m", __name__, "--dir", str(self.root)]
+            argv = [
+                *argv_prefix,
+                sys.executable,
+                "-m",
+                fileserver.__name__,
+                "--dir",
+                str(self.root),
+            ]
             argv += ["--host", host, "--port", str(port)]
             if self.rate is not None:
                 argv += ["--rate", str(self.rate)]
@@ -318,7 +192,3 @@ class ModelServer(ServerProcess):
             raise ServerError(f"{STATS_PATH} answered {status}")
         data = json.loads(body)
         return ServerStats(requests=data["requests"], bytes_sent=data["bytes_sent"])
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -10,6 +10,10 @@ operator then runs as real pods: the controller Deployment, the agent DaemonSet,
 Otherwise `unavailable_reason()` says why, and `localcache run` falls back to demo nodes and
 the demo Job runner (`local.LocalRun`), saying so.
 
+The operator's settings configure the operator in this process, which real-node mode does not
+run: `refuse_unhonoured` refuses those the user gave (by flag or environment variable),
+naming them, rather than ignore them; only `HONOURED` ones are accepted.
+
 Messages for the user go to stdout; the test bed's own logs stay in its run directory.
 """
 
@@ -28,7 +32,9 @@ from typing import Any, TextIO
 
 import yaml
 
-from localcache.devenv import localmode, modelserver, testbed
+from localcache import settings as settings_mod
+from localcache.devenv import localmode, modelserver, nodeassets, testbed
+from localcache.runtime import errors
 
 REPO = Path(__file__).resolve().parents[2]
 MANIFESTS = REPO / "manifests"
@@ -48,6 +54,9 @@ DEMO_PORT = 8000
 DEMO_FILE = "model.bin"
 ROLLOUT_TIMEOUT_S = 240
 READY_TIMEOUT_S = 300.0
+HONOURED = frozenset({"kubeconfig", "log_level", "log_format"})
+"""What real-node mode honours: the kubeconfig (probed before falling back to local mode) and
+this process's own logging."""
 
 Kubectl = Callable[..., "subprocess.CompletedProcess[str]"]
 
@@ -63,7 +72,20 @@ def unavailable_reason() -> str | None:
         return "disabled by LOCALCACHE_REAL_NODES=0"
     if not (HACK / "build-images.sh").is_file() or not (MANIFESTS / "testbed").is_dir():
         return f"the build recipes are not here ({HACK}): run from a clone of the repository"
-    return testbed.host_unsupported_reason()
+    return nodeassets.host_unsupported_reason()
+
+
+def refuse_unhonoured(settings: settings_mod.Settings) -> None:
+    """`errors.ConfigError` naming the settings the user gave that real nodes cannot honour:
+    their operator is the shipped manifests' pods, not this process."""
+    refused = [f for f in settings_mod.FLAGS if f.dest in settings.given - HONOURED]
+    if refused:
+        names = ", ".join(f"{f.flag} / {f.env}" if "run" in f.commands else f.env for f in refused)
+        raise errors.ConfigError(
+            f"on real nodes the operator runs as pods from the shipped manifests, so {names} "
+            "cannot be honoured: leave them out, or use demo nodes (LOCALCACHE_REAL_NODES=0), "
+            "whose operator runs in this process"
+        )
 
 
 def hack(script: str, *args: str) -> str:
@@ -78,7 +100,7 @@ def hack(script: str, *args: str) -> str:
 
 def prepare_images(names: Sequence[str] = OPERATOR_IMAGES) -> list[testbed.Image]:
     """Build (or reuse) the node binaries and the images `names`, for a test bed."""
-    if testbed.missing_assets() is not None:
+    if nodeassets.missing_assets() is not None:
         hack("build-node.sh")
     built = json.loads(Path(hack("build-images.sh")).read_text())
     return [

@@ -39,14 +39,9 @@ from typing import Any
 
 import yaml
 
-from localcache.devenv import cgroups, netns, node
-from localcache.devenv.controlplane import (
-    ControlPlane,
-    ControlPlaneError,
-    find_binaries,
-    free_port,
-    release_port,
-)
+from localcache.devenv import cgroups, netns, node, nodeassets
+from localcache.devenv.assets import find_binaries, free_port, release_port
+from localcache.devenv.controlplane import ControlPlane
 
 HUB_IP = "10.250.0.1"
 BRIDGE = "lcbr0"
@@ -61,7 +56,6 @@ SERVING_NAMES = (
     "kubernetes.default.svc",
     "kubernetes.default.svc.cluster.local",
 )
-CNI_PLUGINS = Path("/usr/lib/cni")
 
 
 class TestBedError(RuntimeError):
@@ -81,17 +75,6 @@ def runs_root() -> Path:
     return Path(tempfile.gettempdir()) / "localcache-testbed"
 
 
-def node_binaries() -> Path:
-    """The directory `hack/build-node.sh` fills for the control plane's version."""
-    explicit = os.environ.get("LOCALCACHE_NODE_BIN")
-    if explicit:
-        return Path(explicit)
-    base = os.environ.get("LOCALCACHE_NODE_CACHE") or str(
-        Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "localcache" / "node"
-    )
-    return Path(base) / find_binaries().name
-
-
 def _start_time(pid: int) -> str | None:
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
@@ -99,41 +82,9 @@ def _start_time(pid: int) -> str | None:
         return None
 
 
-def host_unsupported_reason() -> str | None:
-    """Why this machine cannot host real nodes at all, in one line; None when it can."""
-    if os.geteuid() != 0:
-        return "real nodes need root (network and mount namespaces, cgroups, mounts)"
-    try:
-        subprocess.run(["unshare", "--net", "--mount", "true"], check=True, capture_output=True)
-    except (OSError, subprocess.CalledProcessError):
-        return "cannot create network and mount namespaces here (unshare --net --mount failed)"
-    try:
-        cgroups.CgroupTree.below_own("probe")
-    except cgroups.CgroupError as exc:
-        return str(exc)
-    return None
-
-
-def missing_assets() -> str | None:
-    """What `hack/build-node.sh` still has to build or install, in one line; None if nothing."""
-    try:
-        bins = node_binaries()
-    except ControlPlaneError as exc:
-        return str(exc)
-    for binary in ("kubelet", "kube-scheduler", "containerd", "containerd-shim-runc-v2", "ctr"):
-        if not os.access(bins / binary, os.X_OK):
-            return f"no {binary} in {bins}: run hack/build-node.sh"
-    for tool in ("runc", "iptables", "ip", "nsenter"):
-        if shutil.which(tool) is None:
-            return f"{tool} is not installed: run hack/build-node.sh"
-    if not (CNI_PLUGINS / "bridge").exists():
-        return f"no CNI plugins in {CNI_PLUGINS}: run hack/build-node.sh"
-    return None
-
-
 def unavailable_reason() -> str | None:
     """Why a test bed cannot start right now, in one line; None when it can."""
-    return host_unsupported_reason() or missing_assets()
+    return nodeassets.host_unsupported_reason() or nodeassets.missing_assets()
 
 
 def clean_stale_runs() -> list[str]:
@@ -225,7 +176,7 @@ class TestBed:
             ip link set {BRIDGE} up
             """
         )
-        bins = node_binaries()
+        bins = nodeassets.node_binaries()
         plane = ControlPlane(
             with_kcm=True,
             bin_dir=find_binaries(),
@@ -330,7 +281,7 @@ class TestBed:
         creds = plane.add_user("system:kube-scheduler", [])
         kubeconfig = plane.write_kubeconfig(creds, self.run_dir / "scheduler.kubeconfig")
         args = [
-            str(node_binaries() / "kube-scheduler"),
+            str(nodeassets.node_binaries() / "kube-scheduler"),
             f"--kubeconfig={kubeconfig}",
             f"--authentication-kubeconfig={kubeconfig}",
             f"--authorization-kubeconfig={kubeconfig}",

@@ -2,15 +2,48 @@
 
 `Clock.now()` is monotonic seconds; `Clock.sleep()` waits on that timeline. `FakeClock` only
 moves when a test calls `advance()`, waking sleepers whose deadline has passed, in order.
+
+Wall-clock timestamps as the API writes them (the one RFC 3339 formatter): `rfc3339(dt)` is
+metav1.Time (seconds, UTC, `Z`: `2026-03-01T10:00:00Z`), `rfc3339_micro(dt)` metav1.MicroTime
+(`2026-03-01T10:00:00.123456Z`, Leases), `now_rfc3339()` the current time as metav1.Time, and
+`parse_rfc3339(value)` reads either back as an aware datetime (None when it is not one).
 """
 
 from __future__ import annotations
 
 import asyncio
+import datetime
 import heapq
 import itertools
 import time
-from typing import Protocol
+from typing import Any, Protocol
+
+
+def rfc3339(value: datetime.datetime) -> str:
+    """`value` as metav1.Time: RFC 3339 in UTC with second precision (a naive `value` is
+    taken as local time)."""
+    return value.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def rfc3339_micro(value: datetime.datetime) -> str:
+    """`value` as metav1.MicroTime: RFC 3339 in UTC with microseconds."""
+    return value.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def now_rfc3339() -> str:
+    """The wall-clock time now, as metav1.Time."""
+    return rfc3339(datetime.datetime.now(datetime.UTC))
+
+
+def parse_rfc3339(value: Any) -> datetime.datetime | None:
+    """An RFC 3339 timestamp as an aware datetime (UTC when it names no zone), or None."""
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        parsed = datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=datetime.UTC)
 
 
 class Clock(Protocol):

@@ -61,8 +61,9 @@ import structlog
 
 from localcache.runtime import clock as clock_mod
 from localcache.runtime import informer as informer_mod
-from localcache.runtime import kube, optional, reflector, store
+from localcache.runtime import kube, listwatch, store
 from localcache.runtime import manager as manager_mod
+from localcache.runtime.crds import optional
 
 _log = structlog.get_logger(__name__)
 
@@ -148,7 +149,7 @@ class InformerFactory:
 
     def __init__(
         self,
-        client: reflector.ListWatchClient,
+        client: listwatch.ListWatchClient,
         manager: manager_mod.Manager,
         *,
         clock: clock_mod.Clock | None = None,
@@ -271,7 +272,7 @@ class InformerFactory:
                 transform=_describe(transform),
                 existing=[_describe(e.transform) for e in others],
             )
-        source = reflector.ListWatch(
+        source = listwatch.ListWatch(
             self._client,
             target.resource,
             namespace=target.namespace,

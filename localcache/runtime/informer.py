@@ -32,7 +32,7 @@ from typing import Any
 import structlog
 
 from localcache.runtime import clock as clock_mod
-from localcache.runtime import keys, reflector, store
+from localcache.runtime import keys, listwatch, reflector, store
 
 _log = structlog.get_logger(__name__)
 
@@ -150,7 +150,7 @@ class Informer:
 
     def __init__(
         self,
-        source: reflector.ListerWatcher,
+        source: listwatch.ListerWatcher,
         *,
         clock: clock_mod.Clock | None = None,
         indexers: Mapping[str, store.IndexFunc] | None = None,

@@ -102,8 +102,7 @@ class LeaderElectionConfig:
 
 
 def _now_micro() -> str:
-    now = datetime.datetime.now(datetime.UTC)
-    return now.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return clock_mod.rfc3339_micro(datetime.datetime.now(datetime.UTC))
 
 
 class LeaderElector:

@@ -54,7 +54,8 @@ from typing import Any, Protocol
 
 import structlog
 
-from localcache.runtime import controller, httpserver, informer, leaderelection
+from localcache.runtime import controller, informer, leaderelection
+from localcache.runtime.serving import httpserver
 
 _log = structlog.get_logger(__name__)
 

@@ -18,6 +18,8 @@ Semantics are client-go's `tools/cache/reflector.go`:
   from the same resourceVersion. Other API errors (e.g. 403) → back off and relist.
 - No error ever ends `run()`; only cancellation does.
 
+It reads through a `listwatch.ListerWatcher` and writes to a `listwatch.StoreSink`.
+
 Not promised: that every intermediate state is seen (changes coalesce while disconnected; a
 delete + re-create while disconnected arrives as an update), or ordering across resources.
 Time (backoff sleeps, liveness) comes from an injected `Clock`.
@@ -26,15 +28,13 @@ Time (backoff sleeps, liveness) comes from an injected `Clock`.
 from __future__ import annotations
 
 import random
-from collections.abc import AsyncIterator
-from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import structlog
 
 from localcache.runtime import clock as clock_mod
-from localcache.runtime import errors, kube
+from localcache.runtime import errors, listwatch
 
 _log = structlog.get_logger(__name__)
 
@@ -45,116 +45,6 @@ MIN_WATCH_TIMEOUT_S = 300
 READ_DEADLINE_S = 90.0
 """Longer than the ~60 s between the apiserver's bookmarks, so a healthy idle watch survives."""
 VERY_SHORT_WATCH_S = 1.0
-
-
-class ListerWatcher(Protocol):
-    """Where a reflector reads from: one LIST page and one WATCH stream at a time."""
-
-    @property
-    def description(self) -> str: ...
-
-    async def list(
-        self, *, resource_version: str, limit: int | None, continue_token: str
-    ) -> kube.ObjList: ...
-
-    def watch(
-        self, *, resource_version: str, timeout_seconds: int, read_deadline: float
-    ) -> AbstractAsyncContextManager[AsyncIterator[Obj]]: ...
-
-
-class StoreSink(Protocol):
-    """What a reflector writes to (the informer)."""
-
-    def replace(self, objs: list[Obj], resource_version: str) -> None: ...
-
-    def upsert(self, obj: Obj) -> None: ...
-
-    def delete(self, obj: Obj) -> None: ...
-
-
-class ListWatchClient(Protocol):
-    """The two API calls `ListWatch` makes (`kube.Kube` provides them)."""
-
-    async def list(
-        self,
-        res: kube.Resource,
-        *,
-        namespace: str | None,
-        label_selector: str | None,
-        field_selector: str | None,
-        resource_version: str | None,
-        limit: int | None,
-        continue_token: str | None,
-        request_timeout: float | None,
-    ) -> kube.ObjList: ...
-
-    def watch(
-        self,
-        res: kube.Resource,
-        *,
-        namespace: str | None,
-        label_selector: str | None,
-        field_selector: str | None,
-        resource_version: str | None,
-        allow_bookmarks: bool,
-        timeout_seconds: int | None,
-        read_deadline: float,
-    ) -> AbstractAsyncContextManager[AsyncIterator[Obj]]: ...
-
-
-class ListWatch:
-    """A `ListerWatcher` for one resource through `kube.Kube` (or any `ListWatchClient`),
-    optionally narrowed to a namespace and label/field selectors."""
-
-    def __init__(
-        self,
-        client: ListWatchClient,
-        resource: kube.Resource,
-        *,
-        namespace: str | None = None,
-        label_selector: str | None = None,
-        field_selector: str | None = None,
-        list_timeout: float = 60.0,
-    ) -> None:
-        self._kube = client
-        self.resource = resource
-        self.namespace = namespace
-        self._label_selector = label_selector
-        self._field_selector = field_selector
-        self._list_timeout = list_timeout
-
-    @property
-    def description(self) -> str:
-        where = f" in {self.namespace}" if self.namespace else ""
-        return f"{self.resource}{where}"
-
-    async def list(
-        self, *, resource_version: str, limit: int | None, continue_token: str
-    ) -> kube.ObjList:
-        return await self._kube.list(
-            self.resource,
-            namespace=self.namespace,
-            label_selector=self._label_selector,
-            field_selector=self._field_selector,
-            resource_version=resource_version,
-            limit=limit,
-            continue_token=continue_token,
-            request_timeout=self._list_timeout,
-        )
-
-    def watch(
-        self, *, resource_version: str, timeout_seconds: int, read_deadline: float
-    ) -> AbstractAsyncContextManager[AsyncIterator[Obj]]:
-        return self._kube.watch(
-            self.resource,
-            namespace=self.namespace,
-            label_selector=self._label_selector,
-            field_selector=self._field_selector,
-            resource_version=resource_version,
-            allow_bookmarks=True,
-            timeout_seconds=timeout_seconds,
-            read_deadline=read_deadline,
-        )
 
 
 class Backoff:
@@ -216,12 +106,13 @@ class ReflectorStats:
 
 
 class Reflector:
-    """Keeps a `StoreSink` equal to the server's state of one resource (module docstring)."""
+    """Keeps a `listwatch.StoreSink` equal to the server's state of one resource (module
+    docstring)."""
 
     def __init__(
         self,
-        source: ListerWatcher,
-        sink: StoreSink,
+        source: listwatch.ListerWatcher,
+        sink: listwatch.StoreSink,
         *,
         clock: clock_mod.Clock,
         page_size: int = PAGE_SIZE,

@@ -15,15 +15,23 @@ Contract:
   update; compare `metadata.uid` where that matters.
 - Consumers that only read declare the `Reader` Protocol; `view()` gives a read-only,
   optionally namespace-scoped `Reader`.
+
+`WriteOverlay` is the store's read-your-own-writes companion: a writer remembers what its
+write returned, keyed as it likes, with the resourceVersion the write replaced, and reads that
+instead of the store's copy while the store still shows the replaced version (an informer
+lags its own process's writes by a watch event). Once the store moved on, the entry is
+dropped at the next read: the store is again the freshest copy. At most `limit` entries are
+kept (the least recently written are forgotten first).
 """
 
 from __future__ import annotations
 
 import builtins
 import types
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Iterable, Iterator, KeysView, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 from localcache.runtime.keys import ObjectKey
 
@@ -266,3 +274,41 @@ class View:
         if self._namespace is None:
             return self._store.keys()
         return self._store.index_keys(NAMESPACE_INDEX, self._namespace)
+
+
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
+
+
+class WriteOverlay(Generic[K, V]):
+    """What this process last wrote, standing in for the store's older copy (module doc)."""
+
+    def __init__(self, *, limit: int | None = None) -> None:
+        self._limit = limit
+        self._entries: OrderedDict[K, tuple[str, V]] = OrderedDict()
+
+    def wrote(self, key: K, *, replaced: str, value: V) -> None:
+        """Remember `value` (what the write returned, or what to read instead) for `key`,
+        written over resourceVersion `replaced` ("" for a create)."""
+        self._entries[key] = (replaced, value)
+        self._entries.move_to_end(key)
+        while self._limit is not None and len(self._entries) > self._limit:
+            self._entries.popitem(last=False)
+
+    def get(self, key: K, *, stored_version: str) -> V | None:
+        """The remembered value while the store's copy is still at the replaced version
+        (`stored_version`, "" when the store has none); else None, and the entry is dropped."""
+        found = self._entries.get(key)
+        if found is None:
+            return None
+        replaced, value = found
+        if stored_version == replaced:
+            return value
+        del self._entries[key]
+        return None
+
+    def forget(self, key: K) -> None:
+        self._entries.pop(key, None)
+
+    def keys(self) -> KeysView[K]:
+        return self._entries.keys()

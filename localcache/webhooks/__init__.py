@@ -1,1 +1,3 @@
-"""Admission webhooks: InferenceService mutation, cache validation, self-managed certificates."""
+"""Admission webhooks, the domain handlers only: serving-object (InferenceService) mutation,
+cache validation, and their wiring (`setup`). The server, TLS and the self-managed serving
+certificates are the framework's (`runtime.serving`)."""

@@ -40,8 +40,8 @@ from localcache.api import inferenceservice as isvc_api
 from localcache.api import modelcache
 from localcache.caching import keys as cache_keys
 from localcache.caching import names
-from localcache.runtime import admission
 from localcache.runtime import keys as runtime_keys
+from localcache.runtime.serving import review
 
 log = structlog.get_logger(__name__)
 
@@ -272,25 +272,25 @@ class IsvcMutator:
     def _node_group_exists(self, name: str) -> bool:
         return self._node_groups.get(runtime_keys.ObjectKey("", name)) is not None
 
-    async def __call__(self, request: admission.Request) -> admission.Response:
+    async def __call__(self, request: review.Request) -> review.Response:
         obj = request.object
         if obj is None or request.operation not in ("CREATE", "UPDATE"):
-            return admission.allowed()
+            return review.allowed()
         if not isinstance(obj.get("metadata", {}), dict):  # not from an apiserver: say so
-            return admission.denied(
+            return review.denied(
                 "metadata must be an object", field="metadata", code=400, reason="BadRequest"
             )
         if (obj.get("metadata") or {}).get("deletionTimestamp"):
-            return admission.allowed()
+            return review.allowed()
         if not self._synced():
-            return admission.allowed(
+            return review.allowed(
                 warnings=["localcache is starting: local model labels were not updated"]
             )
         try:
             isvc = isvc_api.InferenceService.from_dict(obj)
         except pydantic.ValidationError as exc:
             log.info("isvc_mutation.unparsable", error=str(exc))
-            return admission.allowed()
+            return review.allowed()
         if not isvc.metadata.namespace and request.namespace:
             isvc.metadata.namespace = request.namespace
         uri, enabled = isvc.storage_uri, self._enabled()
@@ -311,13 +311,11 @@ class IsvcMutator:
             node_group_exists=self._node_group_exists,
             enabled=enabled,
         )
-        ops = admission.metadata_patch(
-            obj, labels=decision.labels, annotations=decision.annotations
-        )
+        ops = review.metadata_patch(obj, labels=decision.labels, annotations=decision.annotations)
         if decision.choice is not None:
             log.debug(
                 "isvc_mutation.cache_chosen",
                 cache=describe(decision.choice.cache),
                 node_group=decision.choice.node_group,
             )
-        return admission.patched(ops, warnings=decision.warnings)
+        return review.patched(ops, warnings=decision.warnings)

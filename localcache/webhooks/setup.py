@@ -32,13 +32,23 @@ from typing import Any
 
 from localcache.api import groupversion
 from localcache.caching import indexes
-from localcache.runtime import admission, informer, kube, optional
 from localcache.runtime import clock as clock_mod
 from localcache.runtime import factory as factory_mod
+from localcache.runtime import informer, kube
 from localcache.runtime import manager as manager_mod
+from localcache.runtime.crds import optional
+from localcache.runtime.serving import admission
 from localcache.webhooks import isvc, validation
 
 Obj = dict[str, Any]
+
+# Where the shipped manifests (manifests/webhook/) put the admission server, its serving
+# certificate and its two configurations: what `runtime.serving.certs.CertSettings` is given.
+DEFAULT_NAMESPACE = "kserve"
+DEFAULT_SERVICE_NAME = "localmodel-webhook-server-service"
+DEFAULT_SECRET_NAME = "localmodel-webhook-server-cert"
+MUTATING_CONFIGURATION = "localmodel.inferenceservice.serving.kserve.io"
+VALIDATING_CONFIGURATION = "localmodelcache.serving.kserve.io"
 
 
 @dataclass(frozen=True)

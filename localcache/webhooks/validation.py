@@ -44,8 +44,8 @@ from localcache.api import inferenceservice as isvc_api
 from localcache.api import modelcache, nodegroup, quantity, storage
 from localcache.caching import indexes, uris
 from localcache.caching import keys as cache_keys
-from localcache.runtime import admission
 from localcache.runtime import keys as runtime_keys
+from localcache.runtime.serving import review
 from localcache.webhooks import isvc
 
 log = structlog.get_logger(__name__)
@@ -315,7 +315,7 @@ class CacheValidator:
         self._storage_containers = storage_containers
         self._allow_file_uris = allow_file_uris
 
-    def _cache(self, obj: Obj | None, request: admission.Request) -> AnyCache | None:
+    def _cache(self, obj: Obj | None, request: review.Request) -> AnyCache | None:
         if obj is None:
             return None
         cache = self._model.model_validate(obj)
@@ -323,9 +323,9 @@ class CacheValidator:
             cache.metadata.namespace = request.namespace
         return cache
 
-    async def __call__(self, request: admission.Request) -> admission.Response:
+    async def __call__(self, request: review.Request) -> review.Response:
         if not self._synced():
-            return admission.denied(
+            return review.denied(
                 "localcache's caches have not synced yet; retry in a few seconds",
                 code=503,
                 reason="ServiceUnavailable",
@@ -334,22 +334,22 @@ class CacheValidator:
             new = self._cache(request.object, request)
             old = self._cache(request.old_object, request)
         except pydantic.ValidationError as exc:
-            return admission.denied(
+            return review.denied(
                 f"expected a {self._model.__name__}: {exc.errors()[0]['msg']}",
                 code=400,
                 reason="BadRequest",
             )
         if request.operation == "DELETE":
             if old is None:
-                return admission.allowed()
+                return review.allowed()
             violations = validate_delete(old, snapshot=Snapshot(users=self._users(old)))
         elif request.operation in ("CREATE", "UPDATE") and new is not None:
             violations = validate_write(new, old=old, snapshot=self._snapshot(new, old))
         else:
-            return admission.allowed()
+            return review.allowed()
         if not violations:
-            return admission.allowed()
-        return admission.denied("; ".join(str(v) for v in violations), field=violations[0].field)
+            return review.allowed()
+        return review.denied("; ".join(str(v) for v in violations), field=violations[0].field)
 
     def _users(self, cache: AnyCache) -> list[runtime_keys.ObjectKey]:
         key = cache_keys.status_key(cache.name, cache.namespace or None)

@@ -31,11 +31,11 @@ import pytest
 import yaml
 
 from localcache import settings as settings_mod
-from localcache.agent import layout
+from localcache.agent.disk import layout
 from localcache.api import groupversion
 from localcache.api import inferenceservice as isvc_api
 from localcache.caching import keys
-from localcache.devenv import controlplane, jobpods, jobrunner, local, localmode, testbed
+from localcache.devenv import assets, jobpods, jobrunner, local, localmode, nodeassets
 from localcache.devenv.controlplane import ControlPlane
 from localcache.devenv.waiting import wait_until
 from localcache.runtime import kube
@@ -155,10 +155,10 @@ async def _check_the_demo(run: local.LocalRun, out: io.StringIO) -> None:
 
 def _run_local(tmp_path: Path, **extra_env: str) -> tuple[subprocess.CompletedProcess[str], Path]:
     env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
-    env["LOCALCACHE_NODE_BIN"] = str(testbed.node_binaries())  # built caches, not tmp_path's
+    env["LOCALCACHE_NODE_BIN"] = str(nodeassets.node_binaries())  # built caches, not tmp_path's
     env["LOCALCACHE_IMAGE_CACHE"] = str(realnodes_cache())
     env["XDG_CACHE_HOME"] = str(tmp_path / "cache")
-    env["KUBEBUILDER_ASSETS"] = str(controlplane.find_binaries())
+    env["KUBEBUILDER_ASSETS"] = str(assets.find_binaries())
     env.update(extra_env)
     done = subprocess.run(
         [sys.executable, "-m", "localcache", "run", "--local", "--exit-when-ready"],
@@ -230,13 +230,16 @@ def test_localcache_run_local_on_real_nodes_says_so_reaches_ready_and_stops(
 async def test_run_uses_a_cluster_only_when_it_answers(
     control_plane: ControlPlane, tmp_path: Path
 ) -> None:
-    reachable = _settings(kubeconfig=str(control_plane.kubeconfig_path))
+    reachable = _settings(connection=settings_mod.Connection(str(control_plane.kubeconfig_path)))
     assert await local.reachable_kubeconfig(reachable) == control_plane.kubeconfig_path
     config = control_plane.kubeconfig(control_plane.admin)
-    config["clusters"][0]["cluster"]["server"] = f"https://127.0.0.1:{controlplane.free_port()}"
+    config["clusters"][0]["cluster"]["server"] = f"https://127.0.0.1:{assets.free_port()}"
     dead = tmp_path / "dead.kubeconfig"
     dead.write_text(yaml.safe_dump(config))
-    assert await local.reachable_kubeconfig(_settings(kubeconfig=str(dead))) is None
+    assert (
+        await local.reachable_kubeconfig(_settings(connection=settings_mod.Connection(str(dead))))
+        is None
+    )
 
 
 def _download_job(name: str, *, uri: str, node: str, claim: str) -> Obj:

@@ -1,6 +1,6 @@
 """Strip nodes from an OpenAPI schema: build the schema a CRD lacking those fields serves.
 
-`strip(schema, paths)` takes the path notation of `runtime.schemadiff.missing_fields`
+`strip(schema, paths)` takes the path notation of `runtime.crds.schemadiff.missing_fields`
 (`status.conditions`, `status.modelProgress.*.percent`, `spec.items[*].name`) and returns a
 copy without those nodes (and without them in their parent's `required`). The integration
 tests use it to install KServe-shaped CRDs (ours minus localcache's extras) on a control

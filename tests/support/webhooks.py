@@ -28,9 +28,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, cast
 
-from localcache.devenv import certs, controlplane, waiting
-from localcache.runtime import admission
-from localcache.runtime import tls as tls_mod
+from localcache.devenv import assets, certs, controlplane, waiting
+from localcache.runtime.serving import admission
+from localcache.runtime.serving import tls as tls_mod
 
 ConfigurationKind = Literal["Mutating", "Validating"]
 _API = "/apis/admissionregistration.k8s.io/v1"
@@ -80,7 +80,7 @@ async def run_webhook_server(
             tls_mod.serve(
                 server.app(),
                 host=host,
-                port=port if port is not None else controlplane.free_port(),
+                port=port if port is not None else assets.free_port(),
                 ssl_context=tls.context,
                 shutdown_timeout_s=1.0,
             )

@@ -1,11 +1,10 @@
-"""Pure parts of `localcache run` (localcache/local.py, localcache/localmode.py) and of the local
-Job runner (localcache/devenv/jobpods.py): no network, no processes."""
+"""Pure parts of `localcache run` (localcache/devenv/local.py, localcache/devenv/localmode.py):
+no network, no processes (the local Job runner: test_local_jobrunner.py)."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import datetime
 import json
 import os
@@ -22,9 +21,11 @@ MANIFESTS = Path(__file__).resolve().parents[2] / "manifests"
 Obj = dict[str, Any]
 
 
-def _settings(**changes: Any) -> settings_mod.Settings:
-    base = settings_mod.from_args(argparse.Namespace(), "run", environ={})
-    return dataclasses.replace(base, **changes)
+def _settings(*argv: str, env: dict[str, str] | None = None) -> settings_mod.Settings:
+    """The settings of `localcache run ARGV` in the environment `env`."""
+    parser = argparse.ArgumentParser()
+    settings_mod.add_arguments(parser, "run")
+    return settings_mod.from_args(parser.parse_args(argv), "run", environ=env or {})
 
 
 def _shipped(path: str) -> Obj:
@@ -40,7 +41,7 @@ def test_kubeconfig_flag_wins_over_the_environment(tmp_path: Path) -> None:
     flag.write_text("x")
     env.write_text("x")
     found = local.kubeconfig_candidate(
-        _settings(kubeconfig=str(flag)), {"KUBECONFIG": str(env)}, tmp_path
+        _settings("--kubeconfig", str(flag)), {"KUBECONFIG": str(env)}, tmp_path
     )
     assert found == flag
 
@@ -76,31 +77,69 @@ def test_local_settings_use_free_ports_loopback_and_the_run_dir(tmp_path: Path) 
         pv_path="/mnt/models",
         pick_port=iter([41234, 41235]).__next__,
     )
-    assert result.kubeconfig == str(tmp_path / "kc")
-    assert (result.metrics_port, result.webhook_port) == (41234, 41235)
-    assert result.bind_address == "127.0.0.1"
-    assert result.webhook_cert_dir == tmp_path / "webhook-certs"
-    assert result.models_root == tmp_path / "nodes"
-    assert result.host_models_root == Path("/mnt/models")
+    assert result.connection.kubeconfig == str(tmp_path / "kc")
+    assert (result.serving.metrics_port, result.webhook.port) == (41234, 41235)
+    assert result.serving.bind_address == "127.0.0.1"
+    assert result.webhook.cert_dir == tmp_path / "webhook-certs"
+    assert result.webhook.allow_file_uris is True
+    assert result.agent.models_root == tmp_path / "nodes"
+    assert result.agent.host_models_root == Path("/mnt/models")
 
 
 def test_local_settings_keep_what_the_user_chose(tmp_path: Path) -> None:
     chosen = _settings(
-        metrics_port=9090, webhook_port=9444, bind_address="::1", webhook_cert_dir=Path("/c")
+        *("--metrics-port", "9090", "--webhook-port", "9444", "--bind-address", "::1"),
+        env={"LOCALCACHE_WEBHOOK_CERT_DIR": "/c"},
     )
     result = localmode.local_settings(
         chosen, run_dir=tmp_path, kubeconfig=tmp_path / "kc", pv_path="/p", pick_port=lambda: 1
     )
-    assert (result.metrics_port, result.webhook_port) == (9090, 9444)
-    assert result.bind_address == "::1"
-    assert result.webhook_cert_dir == Path("/c")
+    assert (result.serving.metrics_port, result.webhook.port) == (9090, 9444)
+    assert result.serving.bind_address == "::1"
+    assert result.webhook.cert_dir == Path("/c")
+
+
+@pytest.mark.parametrize(
+    ("argv", "env"),
+    [
+        (
+            ["--metrics-port", "8080", "--webhook-port", "9443", "--bind-address", "0.0.0.0"],
+            {"LOCALCACHE_WEBHOOK_CERT_DIR": "/tmp/localcache-webhook-certs"},
+        ),
+        (
+            [],
+            {
+                "LOCALCACHE_METRICS_PORT": "8080",
+                "LOCALCACHE_WEBHOOK_PORT": "9443",
+                "LOCALCACHE_BIND_ADDRESS": "0.0.0.0",
+                "LOCALCACHE_WEBHOOK_CERT_DIR": "/tmp/localcache-webhook-certs",
+            },
+        ),
+    ],
+    ids=["flags", "environment"],
+)
+def test_local_settings_keep_what_the_user_gave_even_when_it_is_the_default(
+    tmp_path: Path, argv: list[str], env: dict[str, str]
+) -> None:
+    """Issue 19: an explicit `--metrics-port 8080` was taken for "not given" because it equals
+    the default, and replaced by a free port."""
+    result = localmode.local_settings(
+        _settings(*argv, env=env),
+        run_dir=tmp_path,
+        kubeconfig=tmp_path / "kc",
+        pv_path="/p",
+        pick_port=lambda: 1,
+    )
+    assert (result.serving.metrics_port, result.webhook.port) == (8080, 9443)
+    assert result.serving.bind_address == "0.0.0.0"
+    assert result.webhook.cert_dir == Path("/tmp/localcache-webhook-certs")
 
 
 def test_disabled_webhooks_stay_disabled(tmp_path: Path) -> None:
     result = localmode.local_settings(
-        _settings(webhook_port=0), run_dir=tmp_path, kubeconfig=tmp_path, pv_path="/p"
+        _settings("--webhook-port", "0"), run_dir=tmp_path, kubeconfig=tmp_path, pv_path="/p"
     )
-    assert result.webhook_port == 0
+    assert result.webhook.port == 0
 
 
 # ------------------------------------------------------------------ shipped objects
@@ -174,145 +213,6 @@ def test_a_cache_without_a_true_ready_condition_is_not_ready() -> None:
     )
 
 
-# ------------------------------------------------------------------ the local Job runner
-
-
-def _pod(**changes: Any) -> Obj:
-    pod: Obj = {
-        "metadata": {
-            "name": "p",
-            "namespace": "ns",
-            "uid": "u1",
-            "ownerReferences": [{"kind": "Job", "name": "j"}],
-        },
-        "spec": {
-            "nodeSelector": {jobpods.HOSTNAME_LABEL: "n1"},
-            "containers": [
-                {
-                    "name": "dl",
-                    "image": "img",
-                    "args": ["file:///m", "/mnt/models"],
-                    "env": [{"name": "A", "value": "1"}, {"name": "B", "valueFrom": {}}],
-                    "volumeMounts": [
-                        {"name": "other", "mountPath": "/mnt"},
-                        {"name": "src", "mountPath": "/mnt/models", "subPath": ".staging/k-j"},
-                    ],
-                }
-            ],
-            "volumes": [
-                {"name": "src", "persistentVolumeClaim": {"claimName": "c"}},
-                {"name": "other", "emptyDir": {}},
-            ],
-        },
-        "status": {"phase": "Pending"},
-    }
-    for key, value in changes.items():
-        section, _, field = key.partition("__")
-        pod[section][field] = value
-    return pod
-
-
-NODES = {"n1": Path("/host/n1")}
-
-
-def test_a_pending_job_pod_pinned_to_a_played_node_is_run() -> None:
-    assert jobpods.target_node(_pod(), NODES) == "n1"
-    assert jobpods.target_node(_pod(spec__nodeName="n1"), NODES) == "n1"
-
-
-@pytest.mark.parametrize(
-    "changes",
-    [
-        {"spec__nodeSelector": {jobpods.HOSTNAME_LABEL: "n2"}},
-        {"spec__nodeSelector": {}},
-        {"spec__nodeName": "n2"},
-        {"status__phase": "Running"},
-        {"status__phase": "Succeeded"},
-        {"metadata__deletionTimestamp": "2030-01-01T00:00:00Z"},
-        {"metadata__ownerReferences": [{"kind": "ReplicaSet", "name": "r"}]},
-    ],
-)
-def test_other_pods_are_left_alone(changes: dict[str, Any]) -> None:
-    assert jobpods.target_node(_pod(**changes), NODES) is None
-
-
-def test_the_plan_follows_the_mount_that_holds_the_destination() -> None:
-    plan = jobpods.plan_download(_pod())
-    assert (plan.uri, plan.claim, plan.sub_path, plan.relative) == (
-        "file:///m",
-        "c",
-        ".staging/k-j",
-        "",
-    )
-    assert (plan.container, plan.image, plan.env) == ("dl", "img", (("A", "1"),))
-
-
-def test_a_destination_below_the_mount_keeps_its_rest() -> None:
-    pod = _pod()
-    pod["spec"]["containers"][0]["args"] = ["s3://b/m", "/mnt/models/sub/dir"]
-    assert jobpods.plan_download(pod).relative == "sub/dir"
-
-
-@pytest.mark.parametrize(
-    ("args", "error"),
-    [
-        (["only-uri"], "expected args"),
-        (["u", "/elsewhere"], "no volume mount holds /elsewhere"),
-        (["u", "/mnt/x"], "'other' is not a PersistentVolumeClaim"),
-    ],
-)
-def test_a_pod_that_cannot_be_planned_says_why(args: list[str], error: str) -> None:
-    pod = _pod()
-    pod["spec"]["containers"][0]["args"] = args
-    with pytest.raises(jobpods.PodError, match=error):
-        jobpods.plan_download(pod)
-
-
-def _pv(path: str, kind: str = "local") -> Obj:
-    return {"metadata": {"name": "pv"}, "spec": {kind: {"path": path}}}
-
-
-def test_the_host_destination_is_the_node_folder_plus_subpath() -> None:
-    plan = jobpods.plan_download(_pod())
-    dest = jobpods.host_destination(
-        plan, _pv("/mnt/models"), host_root=Path("/host/n1"), pv_path="/mnt/models/"
-    )
-    assert dest == Path("/host/n1/.staging/k-j")
-    assert jobpods.host_destination(plan, _pv("/any", "hostPath"), host_root=Path("/h")) == Path(
-        "/h/.staging/k-j"
-    )
-
-
-def test_a_pv_elsewhere_than_the_node_volume_is_refused() -> None:
-    plan = jobpods.plan_download(_pod())
-    with pytest.raises(jobpods.PodError, match="not the node's local volume"):
-        jobpods.host_destination(plan, _pv("/other"), host_root=Path("/h"), pv_path="/mnt")
-    with pytest.raises(jobpods.PodError, match="not a local or hostPath volume"):
-        jobpods.host_destination(plan, {"spec": {"nfs": {}}}, host_root=Path("/h"))
-
-
-@pytest.mark.parametrize("sub_path", ["../escape", "/abs", "a/../../b"])
-def test_a_subpath_cannot_leave_the_volume(sub_path: str) -> None:
-    plan = dataclasses.replace(jobpods.plan_download(_pod()), sub_path=sub_path)
-    with pytest.raises(jobpods.PodError, match="leaves the volume"):
-        jobpods.host_destination(plan, _pv("/p"), host_root=Path("/h"))
-
-
-def test_finished_status_reports_success_and_failure() -> None:
-    stamps = {"started_at": "t0", "finished_at": "t1"}
-    ok = jobpods.finished_status(container="c", image="i", exit_code=0, message="", **stamps)
-    assert ok["status"]["phase"] == "Succeeded"
-    terminated = ok["status"]["containerStatuses"][0]["state"]["terminated"]
-    assert (terminated["exitCode"], terminated["reason"]) == (0, "Completed")
-    bad = jobpods.finished_status(
-        container="c", image="i", exit_code=2, message="line one\nno such file\n", **stamps
-    )
-    assert (bad["status"]["phase"], bad["status"]["message"]) == ("Failed", "no such file")
-    terminated = bad["status"]["containerStatuses"][0]["state"]["terminated"]
-    assert (terminated["exitCode"], terminated["reason"]) == (2, "Error")
-    assert "no such file" in terminated["message"]
-
-
 # ------------------------------------------------------------------ one run's own files
 
 
@@ -352,7 +252,9 @@ async def test_a_run_removes_its_own_kubeconfig_and_leaves_another_runs_alone(
 
 def test_service_addresses_name_metrics_health_and_webhooks() -> None:
     lines = localmode.service_addresses(
-        _settings(bind_address="127.0.0.1", metrics_port=18080, webhook_port=19443)
+        _settings(
+            "--bind-address", "127.0.0.1", "--metrics-port", "18080", "--webhook-port", "19443"
+        )
     )
     assert lines == [
         "metrics: http://127.0.0.1:18080/metrics",
@@ -363,13 +265,13 @@ def test_service_addresses_name_metrics_health_and_webhooks() -> None:
 
 def test_service_addresses_of_any_address_use_localhost_and_say_what_is_off() -> None:
     lines = localmode.service_addresses(
-        _settings(bind_address="0.0.0.0", metrics_port=0, webhook_port=0)
+        _settings("--bind-address", "0.0.0.0", "--metrics-port", "0", "--webhook-port", "0")
     )
     assert lines == [
         "metrics and health: on a free port (logged as http_server_started)",
         "webhooks: off (--webhook-port 0)",
     ]
-    ipv6 = localmode.service_addresses(_settings(bind_address="::1", metrics_port=1))
+    ipv6 = localmode.service_addresses(_settings("--bind-address", "::1", "--metrics-port", "1"))
     assert ipv6[0] == "metrics: http://[::1]:1/metrics"
 
 

@@ -1,9 +1,9 @@
-"""One real-node test bed for the package, with nothing deployed, and the helpers that bring it
+"""The real-node test bed for the package, with nothing deployed, and the helpers that bring it
 to the state a module needs and back.
 
-The bed (`devenv.testbed`: two nodes with kubelet, containerd and runc) runs the
-operator's images (`realnodes.prepare_images()`) and an HTTP model server in its hub
-namespace. Profiles are installed with the bed's local image references
+The bed is the run's shared one (`tests.support.e2ebed`: two nodes with kubelet, containerd
+and runc, the operator's images and an HTTP model server in its hub namespace), reset before
+the package. Profiles are installed with the bed's local image references
 (`installs.Images`), KServe's objects are KServe v0.20.0's own (`kserve.py`).
 
 `ProfileBed` keeps no record of its own: every `ensure_*` reads the cluster (which profile
@@ -24,7 +24,7 @@ import functools
 import json
 import os
 import tempfile
-from collections.abc import Collection, Generator, Iterator
+from collections.abc import Collection, Generator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,11 +33,11 @@ import pytest
 import yaml
 
 from localcache.api import groupversion
-from localcache.devenv import modelserver, realnodes, testbed
+from localcache.devenv import modelserver, testbed
 from tests.e2e.profiles import kserve
 from tests.e2e.realnodes import cluster as cluster_mod
 from tests.e2e.realnodes.cluster import Cluster
-from tests.support import installs
+from tests.support import e2ebed, installs
 
 Obj = dict[str, Any]
 NAMESPACE, JOBS_NAMESPACE = "localcache", "localcache-jobs"  # standalone's job namespace
@@ -45,7 +45,7 @@ NAMESPACE, JOBS_NAMESPACE = "localcache", "localcache-jobs"  # standalone's job 
 KSERVE_JOBS_NAMESPACE = "kserve-localmodel-jobs"
 POLICY_NOT_CONFIGURED = "failed to configure policy"
 CONTROLLER, AGENT = "localcache-controller", "localcache-agent"
-HTTP_PORT = 8000
+HTTP_PORT = e2ebed.HTTP_PORT
 ROLLOUT_TIMEOUT_S = 180
 STARTUP_TIMEOUT_S = 90.0  # the controller gives up waiting for its caches after 120 s
 CONTROLLER_REPLICAS = 2
@@ -359,42 +359,30 @@ class ProfileBed:
 
 
 @pytest.fixture(scope="package")
-def bed() -> Iterator[ProfileBed]:
-    """The package's test bed: started once, nothing deployed; stopped after the package."""
+def bed(request: pytest.FixtureRequest) -> ProfileBed:
+    """The run's shared test bed (`tests/e2e/conftest.py`), reset: nothing deployed."""
     if os.environ.get("LOCALCACHE_E2E_KUBECONFIG"):
         pytest.skip("the profile tests install, uninstall and delete CRDs: test bed only")
-    cluster_mod.require_real_nodes()
     helm = installs.helm_or_skip()
     kserve.module_dir()
-    work = Path(tempfile.mkdtemp(prefix="localcache-profiles-"))
-    real = testbed.TestBed(nodes=2, images=realnodes.prepare_images())
-    http_dir = work / "http"
-    http_dir.mkdir()
-    http = modelserver.ModelServer(http_dir, log_path=work / "http.log")
-    try:
-        real.start()
-        (reach,) = (f"http://127.0.0.1:{p}" for p in real.forward([HTTP_PORT]))
-        http.start(real.hub.prefix(), testbed.HUB_IP, HTTP_PORT, reach=reach)
-        plane = real.control_plane
-        assert plane.kubectl_path is not None
-        cluster = Cluster(
-            kubeconfig=plane.kubeconfig_path,
-            kubectl_bin=plane.kubectl_path,
-            node_names=[n.name for n in real.node_list],
-            node_models_dir=lambda name: real.node(name).models_dir,
-            cache_dir=work,
-        )
-        images = installs.Images(
-            localcache=cluster_mod.LOCALCACHE_IMAGE,
-            storage_initializer=cluster_mod.STORAGE_INITIALIZER_IMAGE,
-        )
-        installer = installs.Installer(
-            plane.kubectl_path, plane.kubeconfig_path, helm, images=images
-        )
-        yield ProfileBed(real, cluster, installer, http, http_dir)
-    finally:
-        http.stop()
-        real.stop()
+    shared: e2ebed.SharedBed = request.getfixturevalue("shared_bed")
+    shared.reset()
+    real = shared.bed
+    plane = real.control_plane
+    assert plane.kubectl_path is not None
+    cluster = Cluster(
+        kubeconfig=plane.kubeconfig_path,
+        kubectl_bin=plane.kubectl_path,
+        node_names=shared.node_names,
+        node_models_dir=lambda name: real.node(name).models_dir,
+        cache_dir=Path(tempfile.mkdtemp(prefix="localcache-profiles-", dir=shared.work)),
+    )
+    images = installs.Images(
+        localcache=cluster_mod.LOCALCACHE_IMAGE,
+        storage_initializer=cluster_mod.STORAGE_INITIALIZER_IMAGE,
+    )
+    installer = installs.Installer(plane.kubectl_path, plane.kubeconfig_path, helm, images=images)
+    return ProfileBed(real, cluster, installer, shared.http, shared.http_dir)
 
 
 @pytest.hookimpl(wrapper=True)

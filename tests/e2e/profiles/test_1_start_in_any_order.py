@@ -28,7 +28,7 @@ pytestmark = pytest.mark.timeout(600)
 # localcache (issue 12, "the controller first, KServe's CRDs a minute later").
 CRD_DELAY_S = 60.0
 # KServe's CRDs on the cluster when localcache starts: none, not even the localmodel ones (the
-# processes wait for those, runtime.crdwait); all of them come CRD_DELAY_S later.
+# processes wait for those, runtime.crds.crdwait); all of them come CRD_DELAY_S later.
 AT_START: tuple[str, ...] = ()
 WATCH_INTERVAL_S = 5.0
 LMC, ISVC = groupversion.LOCAL_MODEL_CACHE, groupversion.INFERENCE_SERVICE

@@ -1,12 +1,12 @@
-"""The deployed operator on real nodes, once per session.
+"""The deployed operator on real nodes, once per package.
 
-By default: the real-node test bed (`devenv.testbed`: a control plane bound for pods,
-kube-scheduler, two nodes with kubelet + containerd + runc), the images built locally
-(`hack/build-images.sh`), test servers in the test bed's hub namespace (an HTTP model server, a
-throttled one, and an S3 store that enforces credentials), KServe's CRDs (stand-ins from
-manifests/test) and then the shipped manifests through `manifests/testbed`, which changes only
-image references. With `LOCALCACHE_E2E_KUBECONFIG` set, the tests run against that cluster
-instead, where the operator is already deployed (`make e2e-kind`).
+By default: the run's shared real-node test bed (`tests.support.e2ebed`: a control plane
+bound for pods, kube-scheduler, two nodes with kubelet + containerd + runc, the images built
+locally, test servers in its hub namespace: an HTTP model server, a throttled one, and an S3
+store that enforces credentials), reset, then KServe's CRDs (stand-ins from manifests/test)
+and the shipped manifests through `manifests/testbed`, which changes only image references.
+With `LOCALCACHE_E2E_KUBECONFIG` set, the tests run against that cluster instead, where the
+operator is already deployed (`make e2e-kind`).
 
 Where the machine cannot host real nodes (not root, no namespaces), the tests skip with the
 reason; with `LOCALCACHE_REQUIRE_REAL_NODES=1` (CI) they fail instead.
@@ -14,79 +14,62 @@ reason; with `LOCALCACHE_REQUIRE_REAL_NODES=1` (CI) they fail instead.
 
 from __future__ import annotations
 
-import functools
 import os
 import tempfile
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 
 import pytest
 
-from localcache.devenv import modelserver, realnodes, testbed
+from localcache.devenv import realnodes
 from tests.e2e.realnodes import cluster as cluster_mod
 from tests.e2e.realnodes import incluster
 from tests.e2e.realnodes.cluster import Cluster, Sources
-from tests.support import objectstore
+from tests.support import e2ebed
 
-HTTP_PORT, SLOW_PORT, S3_PORT = 8000, 8001, 9000
-SLOW_RATE = 2 * 1024 * 1024  # bytes per second of the throttled server
+SLOW_RATE = e2ebed.SLOW_RATE  # bytes per second of the throttled server (in-cluster too)
 ROLLOUT_TIMEOUT = "240s"
 
 
 @pytest.fixture(scope="package")
-def cluster() -> Iterator[Cluster]:
-    """The deployed operator on real nodes, for this package's tests: torn down when they
-    are done, so the rest of the suite does not share the machine with it."""
+def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
+    """The deployed operator on real nodes, for this package's tests: the run's shared bed
+    (`tests/e2e/conftest.py`), reset, with the shipped manifests deployed on it."""
     external = os.environ.get("LOCALCACHE_E2E_KUBECONFIG")
     if external:
         yield from _external(Path(external))
-        return
-    cluster_mod.require_real_nodes()
-    bed = testbed.TestBed(nodes=2, images=realnodes.prepare_images())
-    work = Path(tempfile.mkdtemp(prefix="localcache-e2e-"))
-    servers: list[modelserver.ModelServer | objectstore.ObjectStore] = []
-    try:
-        bed.start()
-        http_dir = work / "http"
-        http_dir.mkdir()
-        prefix = bed.hub.prefix()
-        host_s3, host_http, host_slow = (
-            f"http://127.0.0.1:{p}" for p in bed.forward([S3_PORT, HTTP_PORT, SLOW_PORT])
-        )
-        http = modelserver.ModelServer(http_dir, log_path=work / "http.log")
-        servers.append(http.start(prefix, testbed.HUB_IP, HTTP_PORT, reach=host_http))
-        slow = modelserver.ModelServer(http_dir, rate=SLOW_RATE, log_path=work / "slow.log")
-        servers.append(slow.start(prefix, testbed.HUB_IP, SLOW_PORT, reach=host_slow))
-        store = objectstore.ObjectStore(log_path=work / "s3.log")
-        servers.append(store.start(prefix, testbed.HUB_IP, S3_PORT, reach=host_s3))
-        plane = bed.control_plane
-        assert plane.kubectl_path is not None
-        found = Cluster(
-            kubeconfig=plane.kubeconfig_path,
-            kubectl_bin=plane.kubectl_path,
-            node_names=[n.name for n in bed.node_list],
-            node_models_dir=lambda name: bed.node(name).models_dir,
-            cache_dir=work,
-            sources=Sources(
-                http_base=f"http://{testbed.HUB_IP}:{HTTP_PORT}",
-                add_file=functools.partial(_write_file, http_dir),
-                s3_endpoint_for_pods=f"{testbed.HUB_IP}:{S3_PORT}",
-                s3=store,
-                slow_base=f"http://{testbed.HUB_IP}:{SLOW_PORT}",
-            ),
-        )
-        realnodes.deploy(found.kubectl)
-        yield found
-    finally:
-        for server in reversed(servers):
-            server.stop()
-        bed.stop()
+    else:
+        yield from _deployed(request.getfixturevalue("shared_bed"))
 
 
-def _write_file(root: Path, path: str, data: bytes) -> None:
-    target = root / path
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_bytes(data)
+def _deployed(shared: e2ebed.SharedBed) -> Iterator[Cluster]:
+    shared.reset()
+    bed = shared.bed
+    plane = bed.control_plane
+    assert plane.kubectl_path is not None
+    found = Cluster(
+        kubeconfig=plane.kubeconfig_path,
+        kubectl_bin=plane.kubectl_path,
+        node_names=shared.node_names,
+        node_models_dir=lambda name: bed.node(name).models_dir,
+        cache_dir=Path(tempfile.mkdtemp(prefix="localcache-realnodes-", dir=shared.work)),
+        sources=Sources(
+            http_base=shared.http_base,
+            add_file=_add_file(shared),
+            s3_endpoint_for_pods=shared.s3_endpoint_for_pods,
+            s3=shared.store,
+            slow_base=shared.slow_base,
+        ),
+    )
+    realnodes.deploy(found.kubectl)
+    yield found
+
+
+def _add_file(shared: e2ebed.SharedBed) -> Callable[[str, bytes], None]:
+    def add(path: str, data: bytes) -> None:
+        shared.add_file(path, data)
+
+    return add
 
 
 def _external(kubeconfig: Path) -> Iterator[Cluster]:

@@ -2,9 +2,10 @@
 
 On a cluster that is not the test bed (kind, say), the tests cannot run servers in a hub
 namespace or read node disks from the host. Instead:
-- `InClusterHttp` runs the project's model server (`devenv.modelserver`, in the
-  operator's own image) as one pod with two containers over one emptyDir: a plain server and
-  a throttled one; files are written into it with `kubectl exec`; pods reach it by pod IP.
+- `InClusterHttp` runs the project's model server (the standard-library program
+  `devenv.fileserver`, from a ConfigMap, on the operator's own image, which holds no devenv) as
+  one pod with two containers over one emptyDir: a plain server and a throttled one; files are
+  written into it with `kubectl exec`; pods reach it by pod IP.
 - `PodDisk` reads a node's models root with a short-lived pod that mounts it read-only
   (hostPath) and prints the sha256 of each file.
 The S3 store (moto) runs only in the test bed; tests that need it say so when they skip.
@@ -14,13 +15,16 @@ from __future__ import annotations
 
 import json
 import uuid
+from pathlib import Path
 from typing import Any
 
+from localcache.devenv import fileserver
 from tests.e2e.realnodes.cluster import SYSTEM_NS, Cluster
 
 Obj = dict[str, Any]
 SOURCES_NS = "localcache-e2e-sources"
 HTTP_PORT, SLOW_PORT = 8000, 8001
+SERVER_FILE = "fileserver.py"
 
 _WRITE = (
     "import os, sys\n"
@@ -43,7 +47,7 @@ _DIGESTS = (
 
 
 def operator_image(cluster: Cluster) -> str:
-    """The image the deployed controller runs: it holds the project's test servers too."""
+    """The image the deployed controller runs (its Python runs the test servers)."""
     deployment = cluster.get("deployment", "kserve-localmodel-controller-manager",
                              namespace=SYSTEM_NS) or {}  # fmt: skip
     image: str = deployment["spec"]["template"]["spec"]["containers"][0]["image"]
@@ -61,11 +65,20 @@ class InClusterHttp:
                 "name": name,
                 "image": self.image,
                 "imagePullPolicy": "IfNotPresent",
-                "command": ["python3", "-m", "localcache.devenv.modelserver",
+                "command": ["python3", f"/srv/{SERVER_FILE}",
                             "--dir", "/data", "--host", "0.0.0.0", "--port", str(port), *extra],
                 "ports": [{"containerPort": port}],
-                "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+                "volumeMounts": [{"name": "data", "mountPath": "/data"},
+                                 {"name": "server", "mountPath": "/srv", "readOnly": True}],
             }  # fmt: skip
+
+        program = {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": "fileserver", "namespace": SOURCES_NS},
+            "data": {SERVER_FILE: Path(fileserver.__file__).read_text()},
+        }
+        cluster.apply(program)
 
         pod = {
             "apiVersion": "v1",
@@ -76,7 +89,10 @@ class InClusterHttp:
                     server("http", HTTP_PORT),
                     server("slow", SLOW_PORT, "--rate", str(slow_rate)),
                 ],
-                "volumes": [{"name": "data", "emptyDir": {}}],
+                "volumes": [
+                    {"name": "data", "emptyDir": {}},
+                    {"name": "server", "configMap": {"name": "fileserver"}},
+                ],
             },
         }
         cluster.apply(pod)

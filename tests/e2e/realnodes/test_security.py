@@ -30,7 +30,7 @@ from typing import Any
 import pytest
 import yaml
 
-from localcache.agent import layout
+from localcache.agent.disk import layout
 from localcache.api import groupversion
 from localcache.api import inferenceservice as isvc_api
 from localcache.caching import keys

@@ -14,7 +14,7 @@ import uuid
 
 import pytest
 
-from localcache.agent import layout
+from localcache.agent.disk import layout
 from localcache.api import groupversion
 from localcache.api import inferenceservice as isvc_api
 from localcache.caching import keys

@@ -16,8 +16,9 @@ from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-from localcache.agent import disk, jobs
 from localcache.agent import setup as agent_setup
+from localcache.agent.disk import folders
+from localcache.agent.jobs import jobs
 from localcache.api import groupversion
 from localcache.caching import keys
 from localcache.devenv.controlplane import ControlPlane
@@ -73,7 +74,7 @@ class Agent:
         self.node = f"node-{uuid.uuid4().hex[:8]}"
         self.group = f"gpu-{self.node}"
         self.root = root
-        self.disk = disk.ModelDisk(root)
+        self.disk = folders.ModelDisk(root)
         self.metrics: metrics.Metrics | None = None
         self._manager: manager.Manager | None = None
         self._task: asyncio.Task[int] | None = None

@@ -9,7 +9,7 @@ import datetime
 
 import pytest
 
-from localcache.agent import plan
+from localcache.agent import downloads, plan
 from localcache.caching import keys
 from localcache.devenv.waiting import wait_until
 from tests.integration.agent.harness import URI, Agent, Obj, entry, eventually
@@ -158,6 +158,6 @@ async def test_invalid_config_keeps_the_last_good_one(agent: Agent) -> None:
 
 
 def _attempt(job: Obj) -> int:
-    parsed = plan.parse_job_name(job["metadata"]["name"])
+    parsed = downloads.parse_job_name(job["metadata"]["name"])
     assert parsed is not None, job["metadata"]["name"]
     return parsed[2]

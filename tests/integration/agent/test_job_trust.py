@@ -18,7 +18,8 @@ from collections.abc import Callable
 
 import pytest
 
-from localcache.agent import jobs, plan
+from localcache.agent import plan
+from localcache.agent.jobs import jobs
 from localcache.api import groupversion
 from localcache.caching import keys
 from localcache.devenv.waiting import wait_until

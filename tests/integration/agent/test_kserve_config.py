@@ -9,6 +9,7 @@ import json
 from collections.abc import Callable
 
 from localcache.devenv.waiting import wait_until
+from localcache.runtime import keys
 from tests.integration.agent.harness import Agent, Obj, entry
 
 KSERVE_IMAGE = "registry.example/kserve/storage-initializer:v0.20.0"
@@ -50,7 +51,8 @@ async def test_kserve_settings_apply_under_localcache_own(
     await agent.create(f"/api/v1/namespaces/{agent.namespace}/configmaps", own)
 
     await agent.start(
-        config_map="localcache-config", kserve_config=f"{kserve_ns}/inferenceservice-config"
+        config_map="localcache-config",
+        kserve_config=keys.ObjectKey(kserve_ns, "inferenceservice-config"),
     )
     await agent.set_models([entry("iris", group=agent.group)])
     [job] = await agent.wait_jobs(1)  # in agent.namespace: localcache's jobNamespace won

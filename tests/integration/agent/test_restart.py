@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from localcache.agent import disk
+from localcache.agent.disk import folders
 from localcache.caching import keys
 from localcache.devenv.waiting import wait_until
 from tests.integration.agent.harness import URI, Agent, entry
@@ -25,7 +25,7 @@ class Crash(Exception):
 
 
 class Freeze:
-    """Replaces `disk._checkpoint`: the agent freezes at `step` (its promotion thread blocks)
+    """Replaces `folders._checkpoint`: the agent freezes at `step` (its promotion thread blocks)
     until released, then dies there, leaving the disk exactly as it was at that step."""
 
     def __init__(self, step: str) -> None:
@@ -91,7 +91,7 @@ async def test_restart_in_the_middle_of_promotion_finishes_it(
     agent: Agent, monkeypatch: pytest.MonkeyPatch, step: str, moved: bool
 ) -> None:
     freeze = Freeze(step)
-    monkeypatch.setattr(disk, "_checkpoint", freeze)
+    monkeypatch.setattr(folders, "_checkpoint", freeze)
     await agent.start()
     await agent.set_models([entry("iris", group=agent.group)])
     [job] = await agent.wait_jobs(1)
@@ -99,7 +99,7 @@ async def test_restart_in_the_middle_of_promotion_finishes_it(
     await wait_until(freeze.reached.is_set, timeout=40, what=f"promotion reached {step}")
     await agent.stop()
     freeze.release.set()
-    monkeypatch.setattr(disk, "_checkpoint", lambda _step: None)
+    monkeypatch.setattr(folders, "_checkpoint", lambda _step: None)
 
     # The state the crash left: a folder never counts as downloaded without its manifest.
     await wait_until(

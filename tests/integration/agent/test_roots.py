@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from localcache.agent import disk, roots
+from localcache.agent.disk import folders, roots
 from localcache.caching import keys
 from localcache.devenv.waiting import wait_until
 from tests.integration.agent.harness import LMNG, URI, Agent, Obj, entry
@@ -26,7 +26,7 @@ async def _events(agent: Agent, reason: str) -> list[Obj]:
     return [e for e in found["items"] if e["reason"] == reason]
 
 
-async def _download(agent: Agent, job: Obj, on: disk.ModelDisk) -> None:
+async def _download(agent: Agent, job: Obj, on: folders.ModelDisk) -> None:
     staging = on.staging_path(KEY, job["metadata"]["name"])
     for name, data in FILES.items():
         (staging / name).write_bytes(data)
@@ -38,7 +38,7 @@ async def test_path_edit_keeps_models_at_the_old_root_and_downloads_at_the_new(
 ) -> None:
     other = tmp_path / "root-b"
     other.mkdir()
-    a, b = disk.ModelDisk(agent.root), disk.ModelDisk(other)
+    a, b = folders.ModelDisk(agent.root), folders.ModelDisk(other)
     await agent.start(
         models_roots=(roots.Root(str(agent.root), agent.root), roots.Root(str(other), other))
     )
@@ -75,7 +75,7 @@ async def test_kserve_sample_node_group_on_models_is_served(agent: Agent, tmp_pa
     /models (here mounted at a temporary folder)."""
     mounted = tmp_path / "kserve-models"
     mounted.mkdir()
-    served = disk.ModelDisk(mounted, host_path="/models")
+    served = folders.ModelDisk(mounted, host_path="/models")
     await agent.start(
         models_roots=(
             roots.Root(str(agent.root), agent.root),
@@ -119,4 +119,4 @@ async def test_kserve_sample_node_group_on_models_is_served(agent: Agent, tmp_pa
     await _download(agent, job, served)
     await agent.wait_status({"llama": "ModelDownloaded"})
     assert served.is_complete(KEY)
-    assert disk.ModelDisk(agent.root).list_model_folders() == []
+    assert folders.ModelDisk(agent.root).list_model_folders() == []

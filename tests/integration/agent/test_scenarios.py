@@ -13,7 +13,9 @@ from collections.abc import Callable
 
 import pytest
 
-from localcache.agent import jobs, layout, plan
+from localcache.agent import downloads
+from localcache.agent.disk import layout
+from localcache.agent.jobs import jobs
 from localcache.caching import keys, names
 from localcache.devenv.waiting import wait_until
 from tests.integration.agent.harness import IMAGE, URI, Agent, Obj, entry
@@ -262,6 +264,6 @@ async def test_cluster_and_namespace_models_have_separate_status_entries(
 
 
 def _attempt(job: Obj) -> int:
-    parsed = plan.parse_job_name(job["metadata"]["name"])
+    parsed = downloads.parse_job_name(job["metadata"]["name"])
     assert parsed is not None, job["metadata"]["name"]
     return parsed[2]

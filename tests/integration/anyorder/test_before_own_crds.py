@@ -22,7 +22,8 @@ import pytest
 
 from localcache.devenv import crds as crd_install
 from localcache.devenv import processes
-from localcache.devenv.controlplane import ControlPlane, free_port
+from localcache.devenv.assets import free_port
+from localcache.devenv.controlplane import ControlPlane
 from localcache.devenv.waiting import wait_until_sync
 from tests.integration.anyorder.conftest import KSERVE_CRDS, OWN_CRDS
 

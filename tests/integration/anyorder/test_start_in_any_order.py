@@ -25,8 +25,10 @@ from localcache.controllers import setup as controllers_setup
 from localcache.devenv import crds as crd_install
 from localcache.devenv.controlplane import ControlPlane
 from localcache.devenv.waiting import wait_until
-from localcache.runtime import admission, factory, kube, manager, metrics, optional
+from localcache.runtime import factory, kube, manager, metrics
+from localcache.runtime.crds import optional
 from localcache.runtime.keys import ObjectKey
+from localcache.runtime.serving import admission
 from localcache.webhooks import setup as webhooks_setup
 from tests.integration.agent.harness import IMAGE, Agent, entry
 from tests.integration.anyorder.conftest import CSC_CRD, ISVC_CRD

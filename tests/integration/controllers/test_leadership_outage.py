@@ -29,7 +29,7 @@ import aiohttp
 import pytest
 
 from localcache.api import groupversion
-from localcache.devenv import controlplane, processes
+from localcache.devenv import assets, controlplane, processes
 from localcache.devenv.waiting import wait_until
 from localcache.runtime import errors, kube
 from localcache.webhooks import validation
@@ -76,7 +76,7 @@ class Replica:
 def start_replica(
     plane: controlplane.ControlPlane, env: Env, identity: str, tmp_path: Path
 ) -> Replica:
-    metrics_port, webhook_port = controlplane.free_port(), controlplane.free_port()
+    metrics_port, webhook_port = assets.free_port(), assets.free_port()
     args = [
         sys.executable,
         "-m",

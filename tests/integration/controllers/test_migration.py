@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from localcache.caching import names
-from localcache.controllers import state, volumes
+from localcache.controllers import state, volumeplan
 from localcache.devenv.controlplane import ControlPlane
 from localcache.devenv.waiting import wait_until
 from localcache.runtime import errors, kube
@@ -25,7 +25,7 @@ from tests.integration.controllers.conftest import Env, exists, gone, phase_is
 pytestmark = pytest.mark.kcm
 
 Obj = dict[str, Any]
-OUR_ANNOTATIONS = {state.OWNER_ANNOTATION, state.ROLE_ANNOTATION, volumes.STORAGE_KEY_ANNOTATION}
+OUR_ANNOTATIONS = {state.OWNER_ANNOTATION, state.ROLE_ANNOTATION, volumeplan.STORAGE_KEY_ANNOTATION}
 
 
 @pytest.fixture

@@ -25,9 +25,11 @@ import yaml
 from localcache import app
 from localcache import settings as settings_mod
 from localcache.devenv import crds as crd_install
-from localcache.devenv.controlplane import ControlPlane, free_port
+from localcache.devenv.assets import free_port
+from localcache.devenv.controlplane import ControlPlane
 from localcache.devenv.waiting import wait_until
-from localcache.runtime import crdcheck, manager
+from localcache.runtime import manager
+from localcache.runtime.crds import crdcheck
 from tests import kserveshape
 from tests.integration.crdcheck.conftest import OWN_CRDS
 

@@ -16,7 +16,8 @@ import pytest
 
 from localcache import app
 from localcache import settings as settings_mod
-from localcache.devenv.controlplane import ControlPlane, free_port
+from localcache.devenv.assets import free_port
+from localcache.devenv.controlplane import ControlPlane
 from localcache.devenv.waiting import wait_until
 from localcache.runtime import errors, kube, manager, metrics
 

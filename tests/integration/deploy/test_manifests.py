@@ -103,7 +103,7 @@ ACCESS: dict[str, list[A]] = {
         A("get list watch", f"localmodelnodegroups.{SERVING}"),
         A("get list watch", f"clusterstoragecontainers.{SERVING}"),
         A("get list watch", CRDS, name=f"clusterstoragecontainers.{SERVING}"),
-        # started before them, it waits until they serve (runtime.crdwait)
+        # started before them, it waits until they serve (runtime.crds.crdwait)
         A("get", CRDS, name=f"localmodelcaches.{SERVING}"),
         A("get", CRDS, name=f"localmodelnamespacecaches.{SERVING}"),
         A("get", CRDS, name=f"localmodelnodes.{SERVING}"),

@@ -12,7 +12,8 @@ import threading
 import urllib.request
 from pathlib import Path
 
-from localcache.devenv.controlplane import ControlPlane, free_port
+from localcache.devenv.assets import free_port
+from localcache.devenv.controlplane import ControlPlane
 from localcache.devenv.waiting import wait_until_sync
 
 

@@ -96,18 +96,18 @@ def test_the_container_command_is_what_localcache_accepts(
     }
     parsed = settings.from_args(parser.parse_args(container["args"]), command, environ)
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-    assert parsed.metrics_port == ports["http-metrics"]
+    assert parsed.serving.metrics_port == ports["http-metrics"]
     for probe, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
         assert container[probe]["httpGet"] == {"path": path, "port": "http-metrics"}
-    assert parsed.config_namespace == NS
+    assert parsed.config.namespace == NS
     writable = {m["mountPath"] for m in container["volumeMounts"] if not m.get("readOnly")}
     if command == "controller":
-        assert (parsed.leader_elect, parsed.identity) == (True, "pod-1")
-        assert parsed.webhook_port == ports["webhook-server"]
-        assert any(parsed.webhook_cert_dir.is_relative_to(m) for m in writable)
+        assert (parsed.leadership.elect, parsed.leadership.identity) == (True, "pod-1")
+        assert parsed.webhook.port == ports["webhook-server"]
+        assert any(parsed.webhook.cert_dir.is_relative_to(m) for m in writable)
     else:
-        assert parsed.node_name == "node-1"
-        assert str(parsed.models_root) in writable
+        assert parsed.agent.node_name == "node-1"
+        assert str(parsed.agent.models_root) in writable
 
 
 def test_the_configmap_holds_kserve_defaults_with_local_models_enabled(

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from localcache.devenv.controlplane import ControlPlane
-from localcache.runtime import clock, controller, informer, keys, kube, reconcile, reflector, store
+from localcache.runtime import clock, controller, informer, keys, kube, listwatch, reconcile, store
 from localcache.runtime import workqueue as wq
 
 Obj = dict[str, Any]
@@ -64,7 +64,7 @@ def configmap(namespace: str, name: str, **data: str) -> Obj:
 
 
 def configmap_informer(client: kube.Kube, namespace: str, **options: Any) -> informer.Informer:
-    source = reflector.ListWatch(client, kube.CONFIG_MAPS, namespace=namespace)
+    source = listwatch.ListWatch(client, kube.CONFIG_MAPS, namespace=namespace)
     return informer.Informer(source, **options)
 
 

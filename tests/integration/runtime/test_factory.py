@@ -24,8 +24,9 @@ from localcache.controllers import setup as controllers_setup
 from localcache.controllers import state
 from localcache.devenv.controlplane import ControlPlane
 from localcache.devenv.waiting import wait_until
-from localcache.runtime import admission, errors, factory, kube, manager, metrics
+from localcache.runtime import errors, factory, kube, manager, metrics
 from localcache.runtime.keys import ObjectKey
+from localcache.runtime.serving import admission
 from localcache.webhooks import setup as webhooks_setup
 from localcache.webhooks import validation
 

@@ -13,7 +13,8 @@ import pytest
 import yaml
 
 from localcache.devenv import crds as crd_install
-from localcache.devenv.controlplane import ControlPlane, free_port
+from localcache.devenv.assets import free_port
+from localcache.devenv.controlplane import ControlPlane
 from localcache.runtime import errors, kube
 from tests.integration.runtime.conftest import configmap, kubeconfig_for_server
 from tests.integration.runtime.proxy import FreezableProxy

@@ -22,7 +22,6 @@ from localcache.runtime import (
     controller,
     errors,
     handlers,
-    httpserver,
     keys,
     kube,
     leaderelection,
@@ -30,6 +29,7 @@ from localcache.runtime import (
     metrics,
     reconcile,
 )
+from localcache.runtime.serving import httpserver
 from tests.integration.runtime.conftest import (
     RecordingReconciler,
     Spawn,

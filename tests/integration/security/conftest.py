@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from localcache.devenv.controlplane import ControlPlane, Credentials
+from localcache.devenv.clientconfig import Credentials
+from localcache.devenv.controlplane import ControlPlane
 from tests.integration.security import harness
 
 REPO = Path(__file__).resolve().parents[3]

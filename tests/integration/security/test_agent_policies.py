@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from localcache.agent import jobs
+from localcache.agent.jobs import jobs
 from localcache.api import groupversion, modelnode, nodegroup
 from localcache.caching import config, credentials, keys
 from localcache.devenv.controlplane import ControlPlane

@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from localcache.caching import keys
-from localcache.devenv.controlplane import ControlPlane, Credentials
+from localcache.devenv.clientconfig import Credentials
+from localcache.devenv.controlplane import ControlPlane
 from localcache.devenv.waiting import wait_until
 from tests.integration.security import harness
 

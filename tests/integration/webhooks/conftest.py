@@ -11,7 +11,8 @@ import pytest
 
 from localcache.devenv.controlplane import ControlPlane
 from localcache.devenv.waiting import wait_until
-from localcache.runtime import admission, kube, manager, metrics
+from localcache.runtime import kube, manager, metrics
+from localcache.runtime.serving import admission
 from localcache.webhooks import setup as webhook_setup
 from tests.integration.webhooks.harness import Harness
 from tests.support import webhooks as wh

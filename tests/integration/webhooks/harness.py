@@ -26,7 +26,8 @@ import yaml
 from localcache.api import groupversion
 from localcache.devenv.controlplane import ControlPlane
 from localcache.devenv.waiting import wait_until
-from localcache.runtime import errors, informer, kube, optional
+from localcache.runtime import errors, informer, kube
+from localcache.runtime.crds import optional
 from localcache.runtime.keys import ObjectKey
 from localcache.webhooks import isvc, validation
 from localcache.webhooks import setup as webhook_setup

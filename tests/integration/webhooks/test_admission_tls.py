@@ -14,7 +14,8 @@ import aiohttp
 import pytest
 
 from localcache.devenv.controlplane import ControlPlane
-from localcache.runtime import admission, metrics
+from localcache.runtime import metrics
+from localcache.runtime.serving import admission, review
 from tests.support import webhooks as wh
 
 VALIDATE = "/validate-configmap"
@@ -23,24 +24,24 @@ MUTATED_LABEL = "localcache.test/mutated"
 ODD_ANNOTATION = "localcache.test/slash-escaped"
 
 
-async def validate(req: admission.Request) -> admission.Response:
+async def validate(req: review.Request) -> review.Response:
     obj = req.object or {}
     data = obj.get("data") or {}
     if "forbidden" in data:
-        return admission.denied(
+        return review.denied(
             f"value {data['forbidden']!r} is not allowed in ConfigMap {req.name}",
             field="data.forbidden",
         )
     if (obj.get("metadata") or {}).get("labels", {}).get("warn") == "yes":
-        return admission.allowed(warnings=[f"ConfigMap {req.name} asked for a warning"])
-    return admission.allowed()
+        return review.allowed(warnings=[f"ConfigMap {req.name} asked for a warning"])
+    return review.allowed()
 
 
-async def mutate(req: admission.Request) -> admission.Response:
-    ops = admission.metadata_patch(
+async def mutate(req: review.Request) -> review.Response:
+    ops = review.metadata_patch(
         req.object or {}, labels={MUTATED_LABEL: "yes"}, annotations={ODD_ANNOTATION: "tilde"}
     )
-    return admission.patched(ops)
+    return review.patched(ops)
 
 
 @pytest.fixture

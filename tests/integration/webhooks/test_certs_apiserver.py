@@ -16,11 +16,11 @@ from typing import Any
 import pytest
 from cryptography import x509
 
-from localcache.devenv import controlplane
+from localcache.devenv import assets
 from localcache.devenv.controlplane import ControlPlane
-from localcache.runtime import admission, errors, metrics
-from localcache.runtime import tls as tls_mod
-from localcache.webhooks import certgen, certs
+from localcache.runtime import errors, metrics
+from localcache.runtime.serving import admission, certgen, certs, review
+from localcache.runtime.serving import tls as tls_mod
 from tests.support import webhooks as wh
 
 PATH = "/validate-configmap"
@@ -72,13 +72,13 @@ class RestCertStore:
         return body
 
 
-async def _allow(req: admission.Request) -> admission.Response:
-    return admission.allowed()
+async def _allow(req: review.Request) -> review.Response:
+    return review.allowed()
 
 
 @pytest.fixture
 def port() -> int:
-    return controlplane.free_port()
+    return assets.free_port()
 
 
 @pytest.fixture

@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from localcache.agent import adoption, disk, layout, plan, reconciler, report, roots
+from localcache.agent import adoption, downloads, reconciler, report
+from localcache.agent.disk import folders, layout, roots
 from localcache.api import modelnode
 from localcache.caching import keys
 from localcache.runtime import keys as rkeys
@@ -31,7 +32,7 @@ def world(tmp_path: Path) -> World:
     return World(tmp_path)
 
 
-def kserve_folder(on: disk.ModelDisk, key: str = KEY, files: dict[str, bytes] = FILES) -> Path:
+def kserve_folder(on: folders.ModelDisk, key: str = KEY, files: dict[str, bytes] = FILES) -> Path:
     """A folder as KServe's download Job left it: files written straight into models/<key>,
     no manifest."""
     folder = on.models / key
@@ -79,7 +80,7 @@ async def test_folder_kserve_reported_downloaded_is_adopted_without_a_job(world:
     assert manifest is not None
     assert manifest.adopted
     assert (manifest.uri, manifest.bytes) == (URI, 102)
-    [unit] = plan.units([_info("iris", nodeGroup="gpu")], node_name=NODE, job_namespace=NS)
+    [unit] = downloads.units([_info("iris", nodeGroup="gpu")], node_name=NODE, job_namespace=NS)
     assert manifest.job == unit.tag
     assert world.disk.is_complete(KEY)
     assert stat.S_IMODE(os.lstat(folder / "weights.bin").st_mode) == layout.FILE_MODE
@@ -129,11 +130,11 @@ def test_evidence_is_the_first_read_and_follows_no_spec_edit() -> None:
     adoptions = adoption.Adoptions(node_name=NODE, reporter=None)  # type: ignore[arg-type]
     first = _node(_entry(), _entry("other", OTHER_URI))
     adoptions.observe(first, {"modelStatus": {"iris": "ModelDownloaded", "other": "Nope"}})
-    [iris] = plan.units(first.spec.local_models[:1], node_name=NODE, job_namespace=NS)
+    [iris] = downloads.units(first.spec.local_models[:1], node_name=NODE, job_namespace=NS)
     assert adoptions.claims(iris) == ["iris"]
 
     adoptions.observe(first, {"modelStatus": {"other": "ModelDownloaded"}})  # not a first read
-    [other] = plan.units(first.spec.local_models[1:], node_name=NODE, job_namespace=NS)
+    [other] = downloads.units(first.spec.local_models[1:], node_name=NODE, job_namespace=NS)
     assert adoptions.claims(other) == []
 
     adoptions.observe(_node(_entry(uri=OTHER_URI)), None)  # iris now names another URI
@@ -148,8 +149,8 @@ def _node(*entries: Obj) -> modelnode.LocalModelNode:
 
 
 async def test_evidence_outlives_a_pass_that_could_not_place_the_unit(tmp_path: Path) -> None:
-    a = disk.ModelDisk(tmp_path / "a", host_path="/mnt/models")
-    b = disk.ModelDisk(tmp_path / "b", host_path="/models")
+    a = folders.ModelDisk(tmp_path / "a", host_path="/mnt/models")
+    b = folders.ModelDisk(tmp_path / "b", host_path="/models")
     two = World(tmp_path, disks=roots.Disks([a, b]))
     two.group("gpu", "/nowhere")
     two.models(_entry(nodeGroup="gpu"))
@@ -231,8 +232,8 @@ async def test_live_job_of_ours_for_the_key_blocks_adoption(world: World) -> Non
 
 
 async def test_adoption_happens_on_the_root_serving_the_group(tmp_path: Path) -> None:
-    a = disk.ModelDisk(tmp_path / "a", host_path="/mnt/models")
-    b = disk.ModelDisk(tmp_path / "b", host_path="/models")
+    a = folders.ModelDisk(tmp_path / "a", host_path="/mnt/models")
+    b = folders.ModelDisk(tmp_path / "b", host_path="/models")
     two = World(tmp_path, disks=roots.Disks([a, b]))
     two.group("other", "/models")
     two.models(_entry(nodeGroup="other"), _entry("twin", OTHER_URI, nodeGroup="gpu"))
@@ -247,19 +248,19 @@ async def test_adoption_happens_on_the_root_serving_the_group(tmp_path: Path) ->
 
 
 # ---- the disk side ----------------------------------------------------------------------------
-def _adopt(on: disk.ModelDisk, key: str = KEY) -> layout.Adoption:
+def _adopt(on: folders.ModelDisk, key: str = KEY) -> layout.Adoption:
     return on.adopt(key, uri=URI, job="lmd-tag", completed_at="2026-03-01T10:00:00Z")
 
 
 @pytest.fixture
-def root(tmp_path: Path) -> disk.ModelDisk:
-    on = disk.ModelDisk(tmp_path / "root")
+def root(tmp_path: Path) -> folders.ModelDisk:
+    on = folders.ModelDisk(tmp_path / "root")
     on.ensure_layout()
     return on
 
 
 def test_adopt_normalises_like_a_promotion_and_writes_the_manifest(
-    root: disk.ModelDisk, tmp_path: Path
+    root: folders.ModelDisk, tmp_path: Path
 ) -> None:
     folder = kserve_folder(root)
     os.chmod(folder / "weights.bin", 0o4777)
@@ -291,7 +292,7 @@ def test_adopt_normalises_like_a_promotion_and_writes_the_manifest(
 
 
 def test_adopt_tolerates_modes_it_cannot_change(
-    root: disk.ModelDisk, monkeypatch: pytest.MonkeyPatch
+    root: folders.ModelDisk, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     folder = kserve_folder(root)
     os.chmod(folder / "weights.bin", 0o600)
@@ -310,7 +311,7 @@ def test_adopt_tolerates_modes_it_cannot_change(
 
 
 def test_adopt_refuses_what_it_cannot_clean(
-    root: disk.ModelDisk, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    root: folders.ModelDisk, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     folder = kserve_folder(root)
     (folder / "escape").symlink_to(tmp_path)
@@ -329,7 +330,7 @@ def test_adopt_refuses_what_it_cannot_clean(
 
 
 def test_promote_still_fails_on_an_entry_it_cannot_remove(
-    root: disk.ModelDisk, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    root: folders.ModelDisk, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`tree.normalise` now reports instead of raising; promotion keeps failing for it."""
     staging = root.prepare_staging(KEY, "lmd-job")
@@ -350,7 +351,7 @@ def test_promote_still_fails_on_an_entry_it_cannot_remove(
 
 
 def test_adopt_refuses_an_unreadable_directory(
-    root: disk.ModelDisk, monkeypatch: pytest.MonkeyPatch
+    root: folders.ModelDisk, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     folder = kserve_folder(root)
     scandir = os.scandir
@@ -368,7 +369,9 @@ def test_adopt_refuses_an_unreadable_directory(
 
 
 @pytest.mark.parametrize("case", ["missing", "symlink", "file", "empty", "manifest", "record"])
-def test_adopt_refuses_and_writes_nothing(root: disk.ModelDisk, tmp_path: Path, case: str) -> None:
+def test_adopt_refuses_and_writes_nothing(
+    root: folders.ModelDisk, tmp_path: Path, case: str
+) -> None:
     folder = root.models / KEY
     if case == "symlink":
         (tmp_path / "real").mkdir()
@@ -398,7 +401,7 @@ def test_manifests_of_earlier_versions_read_as_not_adopted() -> None:
 
 
 def test_adopted_manifest_is_reused_by_its_scope_only() -> None:
-    units = plan.units(
+    units = downloads.units(
         [
             _info("open"),
             _info("private", serviceAccountName="sa", namespace="team"),
@@ -414,7 +417,7 @@ def test_adopted_manifest_is_reused_by_its_scope_only() -> None:
 
 
 def test_job_live_reads_the_storage_key_from_job_names() -> None:
-    [unit] = plan.units([_info("iris")], node_name=NODE, job_namespace=NS)
+    [unit] = downloads.units([_info("iris")], node_name=NODE, job_namespace=NS)
     name = f"{unit.tag}-0-abcdefgh"
     assert adoption.job_live(KEY, [name])
     assert not adoption.job_live(OTHER_KEY, [name])

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from localcache.agent import tree
+from localcache.agent.disk import tree
 from tests.unit.agent.test_reconciler import World
 
 KEY = "0123456789abcdef"

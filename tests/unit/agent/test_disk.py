@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from localcache.agent import disk, layout
+from localcache.agent.disk import folders, layout, tree
 
 KEY = "0123456789abcdef"
 OTHER = "fedcba9876543210"
@@ -29,7 +29,7 @@ def _manifest(job: str = JOB, *, key: str = KEY, uri: str = URI, size: int = 11)
     )
 
 
-def _download(d: disk.ModelDisk, job: str = JOB, *, key: str = KEY) -> Path:
+def _download(d: folders.ModelDisk, job: str = JOB, *, key: str = KEY) -> Path:
     staging = d.prepare_staging(key, job)
     (staging / "weights").mkdir()
     (staging / "weights" / "model.bin").write_bytes(b"x" * 7)
@@ -37,7 +37,7 @@ def _download(d: disk.ModelDisk, job: str = JOB, *, key: str = KEY) -> Path:
     return staging
 
 
-def _promote_crashing_at(monkeypatch: pytest.MonkeyPatch, d: disk.ModelDisk, step: str) -> Path:
+def _promote_crashing_at(monkeypatch: pytest.MonkeyPatch, d: folders.ModelDisk, step: str) -> Path:
     """Download, then promote with the process dying at checkpoint `step`; returns the staging
     folder. Later checkpoints pass again (the "restarted" process)."""
     staging = _download(d)
@@ -46,14 +46,14 @@ def _promote_crashing_at(monkeypatch: pytest.MonkeyPatch, d: disk.ModelDisk, ste
         if reached == step:
             raise Crash(step)
 
-    monkeypatch.setattr(disk, "_checkpoint", checkpoint)
+    monkeypatch.setattr(folders, "_checkpoint", checkpoint)
     with pytest.raises(Crash):
         d.promote(staging, KEY, _manifest())
-    monkeypatch.setattr(disk, "_checkpoint", lambda _step: None)
+    monkeypatch.setattr(folders, "_checkpoint", lambda _step: None)
     return staging
 
 
-def _assert_promoted(d: disk.ModelDisk, *, job: str = JOB) -> None:
+def _assert_promoted(d: folders.ModelDisk, *, job: str = JOB) -> None:
     assert d.is_complete(KEY)
     assert (d.model_path(KEY) / "weights" / "model.bin").read_bytes() == b"x" * 7
     assert d.manifest(KEY) == _manifest(job)
@@ -63,7 +63,7 @@ def _assert_promoted(d: disk.ModelDisk, *, job: str = JOB) -> None:
 
 
 def test_layout_matches_what_kserve_pod_mutator_mounts(tmp_path: Path) -> None:
-    d = disk.ModelDisk(tmp_path)
+    d = folders.ModelDisk(tmp_path)
     assert d.model_path(KEY) == tmp_path / "models" / KEY
     assert layout.model_subpath(KEY) == f"models/{KEY}"
     assert layout.staging_subpath(KEY, JOB) == f".staging/{KEY}-{JOB}"
@@ -72,7 +72,7 @@ def test_layout_matches_what_kserve_pod_mutator_mounts(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("bad", ["", "0123456789ABCDEF", "0123456789abcde", "../../etc", "x" * 16])
 def test_paths_refuse_names_that_are_not_storage_keys(tmp_path: Path, bad: str) -> None:
-    d = disk.ModelDisk(tmp_path)
+    d = folders.ModelDisk(tmp_path)
     with pytest.raises(layout.DiskError, match="not a storage key"):
         d.model_path(bad)
     with pytest.raises(layout.DiskError):
@@ -81,11 +81,11 @@ def test_paths_refuse_names_that_are_not_storage_keys(tmp_path: Path, bad: str) 
 
 def test_staging_refuses_a_job_name_that_could_escape_the_folder(tmp_path: Path) -> None:
     with pytest.raises(layout.DiskError, match="job name"):
-        disk.ModelDisk(tmp_path).staging_path(KEY, "../x")
+        folders.ModelDisk(tmp_path).staging_path(KEY, "../x")
 
 
 def test_promote_moves_the_download_into_place_and_records_the_manifest(tmp_path: Path) -> None:
-    d = disk.ModelDisk(tmp_path)
+    d = folders.ModelDisk(tmp_path)
     staging = _download(d)
     assert not d.is_complete(KEY)
 
@@ -105,7 +105,7 @@ def test_promote_moves_the_download_into_place_and_records_the_manifest(tmp_path
 
 
 def test_manifest_is_kept_outside_the_model_folder(tmp_path: Path) -> None:
-    d = disk.ModelDisk(tmp_path)
+    d = folders.ModelDisk(tmp_path)
     d.promote(_download(d), KEY, _manifest())
     assert sorted(p.name for p in d.model_path(KEY).iterdir()) == ["config.json", "weights"]
 
@@ -113,7 +113,7 @@ def test_manifest_is_kept_outside_the_model_folder(tmp_path: Path) -> None:
 def test_promote_keeps_an_existing_complete_folder_and_discards_the_new_download(
     tmp_path: Path,
 ) -> None:
-    d = disk.ModelDisk(tmp_path)
+    d = folders.ModelDisk(tmp_path)
     d.promote(_download(d), KEY, _manifest())
     second = _download(d, "iris-node-1-0123456789abcdef-1")
 
@@ -125,7 +125,7 @@ def test_promote_keeps_an_existing_complete_folder_and_discards_the_new_download
 
 
 def test_promote_replaces_a_folder_that_has_no_manifest(tmp_path: Path) -> None:
-    d = disk.ModelDisk(tmp_path)
+    d = folders.ModelDisk(tmp_path)
     partial = d.model_path(KEY)
     partial.mkdir(parents=True)
     (partial / "half.bin").write_bytes(b"?")
@@ -137,7 +137,7 @@ def test_promote_replaces_a_folder_that_has_no_manifest(tmp_path: Path) -> None:
 
 
 def test_promote_refuses_a_manifest_for_another_key_or_a_foreign_folder(tmp_path: Path) -> None:
-    d = disk.ModelDisk(tmp_path)
+    d = folders.ModelDisk(tmp_path)
     staging = _download(d)
     with pytest.raises(layout.DiskError, match="manifest is for"):
         d.promote(staging, KEY, _manifest(key=OTHER))
@@ -151,7 +151,7 @@ def test_promote_refuses_a_manifest_for_another_key_or_a_foreign_folder(tmp_path
 
 
 def test_promote_refuses_a_different_uri_under_the_same_key(tmp_path: Path) -> None:
-    d = disk.ModelDisk(tmp_path)
+    d = folders.ModelDisk(tmp_path)
     d.promote(_download(d), KEY, _manifest())
     with pytest.raises(layout.DiskError, match="already holds"):
         d.promote(_download(d, "other"), KEY, _manifest("other", uri="gs://other"))
@@ -163,9 +163,9 @@ def test_promote_refuses_a_different_uri_under_the_same_key(tmp_path: Path) -> N
 def test_a_crash_at_any_step_of_promote_converges_on_recover(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, step: str
 ) -> None:
-    _promote_crashing_at(monkeypatch, disk.ModelDisk(tmp_path), step)
+    _promote_crashing_at(monkeypatch, folders.ModelDisk(tmp_path), step)
 
-    restarted = disk.ModelDisk(tmp_path)
+    restarted = folders.ModelDisk(tmp_path)
     recovered = restarted.recover()
 
     _assert_promoted(restarted)
@@ -179,11 +179,11 @@ def test_a_crash_at_any_step_of_promote_converges_on_recover(
 def test_a_crash_after_moving_an_incomplete_folder_aside_converges(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    d = disk.ModelDisk(tmp_path)
+    d = folders.ModelDisk(tmp_path)
     d.model_path(KEY).mkdir(parents=True)
     _promote_crashing_at(monkeypatch, d, "old-moved-aside")
 
-    restarted = disk.ModelDisk(tmp_path)
+    restarted = folders.ModelDisk(tmp_path)
     assert [r.outcome for r in restarted.recover()] == ["promoted"]
     _assert_promoted(restarted)
 
@@ -195,8 +195,8 @@ def test_a_crash_after_moving_an_incomplete_folder_aside_converges(
 def test_recover_reports_how_each_interrupted_promotion_ended(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, step: str, outcome: layout.Outcome
 ) -> None:
-    staging = _promote_crashing_at(monkeypatch, disk.ModelDisk(tmp_path), step)
-    assert disk.ModelDisk(tmp_path).recover() == [
+    staging = _promote_crashing_at(monkeypatch, folders.ModelDisk(tmp_path), step)
+    assert folders.ModelDisk(tmp_path).recover() == [
         layout.Recovered(storage_key=KEY, staging=staging.name, outcome=outcome)
     ]
 
@@ -205,13 +205,13 @@ def test_recover_reports_how_each_interrupted_promotion_ended(
 def test_a_folder_is_never_complete_before_its_manifest_is_written(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, step: str
 ) -> None:
-    d = disk.ModelDisk(tmp_path)
+    d = folders.ModelDisk(tmp_path)
     _promote_crashing_at(monkeypatch, d, step)
     assert not d.is_complete(KEY)
 
 
 def test_recover_abandons_a_promotion_whose_download_is_gone(tmp_path: Path) -> None:
-    d = disk.ModelDisk(tmp_path)
+    d = folders.ModelDisk(tmp_path)
     d.ensure_layout()
     record = {"staging": f"{KEY}-{JOB}", "manifest": _manifest().to_json()}
     (d.manifests / f"{KEY}.promoting.json").write_text(json.dumps(record))
@@ -233,7 +233,7 @@ def test_recover_abandons_a_promotion_whose_download_is_gone(tmp_path: Path) -> 
     ],
 )
 def test_recover_drops_unreadable_or_inconsistent_records(tmp_path: Path, content: str) -> None:
-    d = disk.ModelDisk(tmp_path)
+    d = folders.ModelDisk(tmp_path)
     d.ensure_layout()
     (d.manifests / f"{KEY}.promoting.json").write_text(content)
     (d.manifests / ".leftover.json.abc.tmp").write_text("{")
@@ -243,7 +243,7 @@ def test_recover_drops_unreadable_or_inconsistent_records(tmp_path: Path, conten
 
 
 def test_incomplete_states_are_never_reported_complete(tmp_path: Path) -> None:
-    d = disk.ModelDisk(tmp_path)
+    d = folders.ModelDisk(tmp_path)
     d.ensure_layout()
     assert not d.is_complete(KEY)  # nothing at all
     d.model_path(KEY).mkdir()
@@ -259,7 +259,7 @@ def test_incomplete_states_are_never_reported_complete(tmp_path: Path) -> None:
 
 
 def test_list_model_folders_only_returns_storage_key_shaped_directories(tmp_path: Path) -> None:
-    d = disk.ModelDisk(tmp_path)
+    d = folders.ModelDisk(tmp_path)
     assert d.list_model_folders() == []  # missing root
     d.ensure_layout()
     for name in (KEY, OTHER, "iris", "ABCDEF0123456789", "0123456789abcdef0"):
@@ -269,7 +269,7 @@ def test_list_model_folders_only_returns_storage_key_shaped_directories(tmp_path
 
 
 def test_delete_unreferenced_keeps_referenced_and_foreign_folders(tmp_path: Path) -> None:
-    d = disk.ModelDisk(tmp_path)
+    d = folders.ModelDisk(tmp_path)
     d.promote(_download(d), KEY, _manifest())
     d.promote(_download(d, key=OTHER), OTHER, _manifest(key=OTHER, uri="gs://other"))
     (d.models / "abc123def456").mkdir()  # KServe's pre-#4887 model-name folder: not ours
@@ -287,7 +287,7 @@ def test_delete_unreferenced_keeps_referenced_and_foreign_folders(tmp_path: Path
 
 
 def test_delete_unreferenced_cleans_stale_staging_folders(tmp_path: Path) -> None:
-    d = disk.ModelDisk(tmp_path)
+    d = folders.ModelDisk(tmp_path)
     running = d.prepare_staging(KEY, "running-job")
     finished_job_gone = d.prepare_staging(KEY, "old-job")
     unreferenced = d.prepare_staging(OTHER, "running-other")
@@ -308,14 +308,14 @@ def test_delete_unreferenced_cleans_stale_staging_folders(tmp_path: Path) -> Non
 def test_delete_unreferenced_spares_a_staging_folder_awaiting_promotion(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    d = disk.ModelDisk(tmp_path)
+    d = folders.ModelDisk(tmp_path)
     staging = _promote_crashing_at(monkeypatch, d, "record-written")
     d.delete_unreferenced({KEY}, live_jobs=set())  # the Job has been TTL-deleted
     assert staging.exists()
 
 
 def test_delete_unreferenced_drops_orphan_manifests_of_unreferenced_keys(tmp_path: Path) -> None:
-    d = disk.ModelDisk(tmp_path)
+    d = folders.ModelDisk(tmp_path)
     d.ensure_layout()
     (d.manifests / f"{OTHER}.json").write_text(json.dumps(_manifest(key=OTHER).to_json()))
     (d.manifests / f"{KEY}.json").write_text(json.dumps(_manifest().to_json()))
@@ -336,7 +336,7 @@ def test_deletion_never_touches_referenced_or_foreign_names(
 ) -> None:
     referenced = data.draw(st.sets(st.sampled_from(sorted(names)))) if names else set()
     with tempfile.TemporaryDirectory() as tmp:
-        d = disk.ModelDisk(Path(tmp))
+        d = folders.ModelDisk(Path(tmp))
         d.ensure_layout()
         for name in names:
             (d.models / name).mkdir()
@@ -358,12 +358,12 @@ def test_folder_bytes_counts_regular_files_without_following_symlinks(tmp_path: 
     outside.mkdir()
     (outside / "big").write_bytes(b"4" * 1000)
     (tmp_path / "link").symlink_to(outside)
-    assert disk.folder_bytes(tmp_path) == 60
-    assert disk.folder_bytes(tmp_path / "missing") == 0
+    assert tree.folder_bytes(tmp_path) == 60
+    assert tree.folder_bytes(tmp_path / "missing") == 0
 
 
 def test_prepare_staging_makes_an_empty_folder_not_world_writable(tmp_path: Path) -> None:
-    d = disk.ModelDisk(tmp_path)
+    d = folders.ModelDisk(tmp_path)
     path = d.prepare_staging(KEY, JOB)
     assert path.is_dir()
     assert path.stat().st_mode & 0o7777 == layout.STAGING_MODE
@@ -376,7 +376,7 @@ def test_a_fifo_in_a_download_does_not_hang_promotion(tmp_path: Path) -> None:
     """Issue 13: the agent fsynced every file with a blocking open; a FIFO hung it for good."""
     import concurrent.futures
 
-    d = disk.ModelDisk(tmp_path)
+    d = folders.ModelDisk(tmp_path)
     staging = _download(d)
     os.mkfifo(staging / "weights" / "pipe")
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
@@ -396,7 +396,7 @@ def test_a_scratch_directory_replaced_by_a_symlink_is_repaired_and_deletes_nothi
 ) -> None:
     """Issue 13: `.trash` linked to `models` made one normal pass delete every model. Now the
     link is removed without being followed, the directory recreated, and the pass goes on."""
-    d = disk.ModelDisk(tmp_path)
+    d = folders.ModelDisk(tmp_path)
     d.promote(_download(d), KEY, _manifest())
     d.promote(_download(d, key=OTHER), OTHER, _manifest(key=OTHER))
     target = tmp_path / linked
@@ -419,7 +419,7 @@ def test_a_models_or_manifests_directory_replaced_by_a_symlink_is_refused(
 ) -> None:
     """`models` and `.manifests` hold the node's models and their records: never repaired
     by the agent, every pass refuses to move or delete anything."""
-    d = disk.ModelDisk(tmp_path)
+    d = folders.ModelDisk(tmp_path)
     d.promote(_download(d), KEY, _manifest())
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()

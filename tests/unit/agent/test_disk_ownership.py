@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from localcache.agent import disk, layout
+from localcache.agent.disk import folders, layout, trash
 
 KEY = "0123456789abcdef"
 OTHER = "fedcba9876543210"
@@ -92,7 +92,7 @@ def _write_download(staging: Path, *, uid: int) -> None:
             os.lchown(os.path.join(dirpath, name), uid, DOWNLOAD_GROUP)
 
 
-def _promoted_by_a_pod(d: disk.ModelDisk, key: str, *, uid: int) -> None:
+def _promoted_by_a_pod(d: folders.ModelDisk, key: str, *, uid: int) -> None:
     """The agent prepares the staging folder, a pod running as `uid` downloads, the agent
     promotes (call as root)."""
     with _as_agent():
@@ -106,7 +106,7 @@ def _promoted_by_a_pod(d: disk.ModelDisk, key: str, *, uid: int) -> None:
 
 
 def test_staging_folder_is_writable_by_owner_and_group_only(tmp_path: Path) -> None:
-    d = disk.ModelDisk(tmp_path)
+    d = folders.ModelDisk(tmp_path)
     path = d.prepare_staging(KEY, JOB, group=DOWNLOAD_GROUP)
     assert _mode(path) & 0o777 == 0o770
     assert os.lstat(path).st_gid == DOWNLOAD_GROUP or os.geteuid() != 0
@@ -114,7 +114,7 @@ def test_staging_folder_is_writable_by_owner_and_group_only(tmp_path: Path) -> N
 
 
 def test_promoted_folders_are_0755_and_files_0644(tmp_path: Path) -> None:
-    d = disk.ModelDisk(tmp_path)
+    d = folders.ModelDisk(tmp_path)
     staging = d.prepare_staging(KEY, JOB)
     (staging / "sub" / "deeper").mkdir(parents=True, mode=0o777)
     (staging / "sub").chmod(0o2777)
@@ -137,7 +137,7 @@ def test_promoted_folders_are_0755_and_files_0644(tmp_path: Path) -> None:
 
 
 def test_promotion_drops_special_files_and_symlinks_leading_out(tmp_path: Path) -> None:
-    d = disk.ModelDisk(tmp_path)
+    d = folders.ModelDisk(tmp_path)
     staging = d.prepare_staging(KEY, JOB)
     (staging / "weights").mkdir()
     (staging / "weights" / "model.bin").write_bytes(b"x")
@@ -163,9 +163,9 @@ def test_download_pods_run_as_the_agents_uid_unless_the_agent_is_root(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(os, "geteuid", lambda: AGENT_UID)
-    assert disk.ModelDisk(tmp_path).download_uid == AGENT_UID
+    assert folders.ModelDisk(tmp_path).download_uid == AGENT_UID
     monkeypatch.setattr(os, "geteuid", lambda: 0)
-    assert disk.ModelDisk(tmp_path).download_uid is None
+    assert folders.ModelDisk(tmp_path).download_uid is None
 
 
 # ---- bug 4: deletion ----------------------------------------------------------------------
@@ -175,7 +175,7 @@ def test_download_pods_run_as_the_agents_uid_unless_the_agent_is_root(
 def test_the_agent_deletes_a_folder_its_download_pod_wrote(node_root: Path) -> None:
     """The download pod runs as the agent's uid (jobs.build_job's runAsUser): even a read-only
     folder inside the download is removed, and the key is reported deleted."""
-    d = disk.ModelDisk(node_root)
+    d = folders.ModelDisk(node_root)
     d.download_uid = AGENT_UID
     _promoted_by_a_pod(d, KEY, uid=AGENT_UID)
     _promoted_by_a_pod(d, OTHER, uid=AGENT_UID)
@@ -194,7 +194,7 @@ def test_a_folder_the_agent_cannot_delete_is_reported_not_hidden(node_root: Path
     emptied by uid 65532: it is not reported deleted, the failure names the folder and the
     error once, and it is retried with backoff until it succeeds."""
     clock = FakeMonotonic()
-    d = disk.ModelDisk(node_root, monotonic=clock)
+    d = folders.ModelDisk(node_root, monotonic=clock)
     _promoted_by_a_pod(d, KEY, uid=STORAGE_INITIALIZER_UID)
     with _as_agent():
         assert d.delete_unreferenced(set()) == []
@@ -203,7 +203,7 @@ def test_a_folder_the_agent_cannot_delete_is_reported_not_hidden(node_root: Path
     assert failure.storage_key == KEY
     assert "Permission denied" in failure.error
     assert failure.attempts == 1
-    assert failure.retry_in == disk.DELETE_RETRY_S
+    assert failure.retry_in == trash.DELETE_RETRY_S
     assert "could not delete models/" in failure.message
     assert not d.model_path(KEY).exists()  # no longer served
     (left,) = os.listdir(d.trash)
@@ -213,17 +213,17 @@ def test_a_folder_the_agent_cannot_delete_is_reported_not_hidden(node_root: Path
         clock.now += 1  # within the backoff: not retried
         d.delete_unreferenced(set())
         assert [f.attempts for f in d.deletion_failures()] == [1]
-        clock.now += disk.DELETE_RETRY_S
+        clock.now += trash.DELETE_RETRY_S
         d.delete_unreferenced(set())
         (again,) = d.deletion_failures()
         assert again.attempts == 2
-        assert again.retry_in == 2 * disk.DELETE_RETRY_S
+        assert again.retry_in == 2 * trash.DELETE_RETRY_S
         assert d.take_new_deletion_failures() == []  # same error: reported once
     for dirpath, dirnames, filenames in os.walk(d.trash):  # e.g. re-owned by the init container
         for name in [*dirnames, *filenames]:
             os.lchown(os.path.join(dirpath, name), AGENT_UID, DOWNLOAD_GROUP)
     with _as_agent():
-        clock.now += 2 * disk.DELETE_RETRY_S
+        clock.now += 2 * trash.DELETE_RETRY_S
         d.delete_unreferenced(set())
         assert d.deletion_failures() == []
     assert os.listdir(d.trash) == []
@@ -233,7 +233,7 @@ def test_a_folder_the_agent_cannot_delete_is_reported_not_hidden(node_root: Path
 def test_a_folder_the_agent_cannot_even_move_is_reported(node_root: Path) -> None:
     """A legacy folder owned by another uid cannot be moved into `.trash` (moving a directory
     needs write access to it): the rest of the pass goes on and the failure is reported."""
-    d = disk.ModelDisk(node_root)
+    d = folders.ModelDisk(node_root)
     _promoted_by_a_pod(d, OTHER, uid=AGENT_UID)
     legacy = d.model_path(KEY)
     legacy.mkdir()
@@ -248,7 +248,7 @@ def test_a_folder_the_agent_cannot_even_move_is_reported(node_root: Path) -> Non
 
 @needs_root
 def test_a_stuck_folder_wanted_again_is_no_longer_reported(node_root: Path) -> None:
-    d = disk.ModelDisk(node_root)
+    d = folders.ModelDisk(node_root)
     legacy = d.model_path(KEY)
     with _as_agent():
         d.ensure_layout()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from localcache.agent import jobs
+from localcache.agent.jobs import jobs
 from localcache.api import modelnode, nodegroup
 from localcache.caching import config, credentials, keys
 

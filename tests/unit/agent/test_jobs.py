@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from localcache.agent import jobs, layout
+from localcache.agent.disk import layout
+from localcache.agent.jobs import jobs
 from localcache.api import modelnode, nodegroup, storage
 from localcache.caching import config, credentials, keys, names
 

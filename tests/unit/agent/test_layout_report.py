@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from localcache.agent import layout
+from localcache.agent.disk import layout
 from localcache.runtime import errors
 from tests.unit.agent.test_reconciler import World
 

@@ -14,7 +14,9 @@ from typing import Any
 
 import pytest
 
-from localcache.agent import disk, launcher, plan, reconciler, report, roots
+from localcache.agent import downloads, plan, reconciler, report
+from localcache.agent.disk import folders, roots
+from localcache.agent.jobs import launcher
 from localcache.caching import keys
 from localcache.runtime import clock, errors, kube, metrics, store
 from localcache.runtime import keys as rkeys
@@ -82,6 +84,16 @@ class FakeApi:
         assert found is not None
         return found
 
+    async def patch(
+        self, res: kube.Resource, name: str, patch: kube.Patch, *, namespace: str | None = None
+    ) -> Obj:
+        """Events only: a repeated Event's count bump."""
+        assert res.plural == "events", res
+        assert isinstance(patch, dict), patch
+        (event,) = (e for e in self.events() if e["metadata"]["name"] == name)
+        event.update(patch)
+        return event
+
     async def patch_status(
         self, res: kube.Resource, name: str, patch: kube.Patch, *, namespace: str | None = None
     ) -> Obj:
@@ -124,7 +136,7 @@ class World:
     ) -> None:
         self.stores = {name: store.Store() for name in reconciler.Stores.__dataclass_fields__}
         self.api = FakeApi(self.stores["nodes"])
-        self.disks = disks or roots.Disks([disk.ModelDisk(root)])
+        self.disks = disks or roots.Disks([folders.ModelDisk(root)])
         self.disk = self.disks.all[0]
         self.now = T0
         self.clock = clock.FakeClock()
@@ -430,7 +442,7 @@ async def test_already_exists_is_someone_elses_job_and_another_name_is_used(
 ) -> None:
     world = World(tmp_path, suffixes=["squat001", "mine0002"])
     world.models(_entry(nodeGroup="gpu"))
-    tag = plan.unit_tag(storage_key=KEY, node_name=NODE, scope=None)
+    tag = downloads.unit_tag(storage_key=KEY, node_name=NODE, scope=None)
     world.api.taken.add(f"{tag}-0-squat001")
     await world.reconcile()
     [job] = world.api.jobs()

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from localcache import cli
-from localcache.agent import rootdir
+from localcache.agent.disk import rootdir
 
 
 def _owner_and_mode(path: Path) -> tuple[int, int, int]:

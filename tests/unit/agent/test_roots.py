@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from localcache import cli, settings
-from localcache.agent import disk, layout, roots
+from localcache.agent.disk import folders, layout, roots
 from tests.unit.agent.test_reconciler import KEY, World, _entry
 
 Obj = dict[str, Any]
@@ -38,8 +38,8 @@ def test_models_roots_flag_refuses_relative_or_repeated_paths(text: str) -> None
 
 
 def test_group_is_served_on_the_root_whose_host_path_is_its_pv_path(tmp_path: Path) -> None:
-    a = disk.ModelDisk(tmp_path / "a", host_path="/mnt/models")
-    b = disk.ModelDisk(tmp_path / "b", host_path="/models")
+    a = folders.ModelDisk(tmp_path / "a", host_path="/mnt/models")
+    b = folders.ModelDisk(tmp_path / "b", host_path="/models")
     disks = roots.Disks([a, b])
     assert disks.for_path("/models/") is b
     assert disks.for_path("/mnt/models") is a
@@ -47,7 +47,7 @@ def test_group_is_served_on_the_root_whose_host_path_is_its_pv_path(tmp_path: Pa
 
 
 def test_unmounted_pv_path_names_the_mounted_roots_and_how_to_add_one(tmp_path: Path) -> None:
-    disks = roots.Disks([disk.ModelDisk(tmp_path / "a", host_path="/mnt/models")])
+    disks = roots.Disks([folders.ModelDisk(tmp_path / "a", host_path="/mnt/models")])
     with pytest.raises(layout.RootMismatch) as info:
         disks.for_path("/models")
     message = str(info.value)
@@ -81,8 +81,8 @@ A, B = "/mnt/models", "/models"
 def two(tmp_path: Path) -> World:
     disks = roots.Disks(
         [
-            disk.ModelDisk(tmp_path / "a", host_path=A),
-            disk.ModelDisk(tmp_path / "b", host_path=B),
+            folders.ModelDisk(tmp_path / "a", host_path=A),
+            folders.ModelDisk(tmp_path / "b", host_path=B),
         ]
     )
     return World(tmp_path, disks=disks)
@@ -93,12 +93,12 @@ def world(tmp_path: Path) -> World:
     return World(tmp_path)
 
 
-def _finish(world: World, job: Obj, on: disk.ModelDisk) -> None:
+def _finish(world: World, job: Obj, on: folders.ModelDisk) -> None:
     (on.staging_path(KEY, job["metadata"]["name"]) / "m.bin").write_bytes(b"12345")
     world.job_seen(job, conditions=[{"type": "Complete", "status": "True"}])
 
 
-async def _downloaded_on_a(world: World) -> disk.ModelDisk:
+async def _downloaded_on_a(world: World) -> folders.ModelDisk:
     a = world.disks.for_path(A)
     world.models(_entry(nodeGroup="gpu"))
     await world.reconcile()
@@ -233,8 +233,9 @@ def test_each_profile_mounts_and_prepares_every_root_it_serves(
     parser = argparse.ArgumentParser()
     settings.add_arguments(parser, "agent")
     parsed = settings.from_args(parser.parse_args(agent["args"]), "agent", {"NODE_NAME": "n"})
-    agent_settings = roots.Root(str(parsed.host_models_root), parsed.models_root)
-    mounted = list(parsed.models_roots) or [agent_settings]
+    served_by = parsed.agent
+    agent_settings = settings.RootMount(str(served_by.host_models_root), served_by.models_root)
+    mounted = list(parsed.agent.models_roots) or [agent_settings]
     assert [r.host_path for r in mounted] == served
     volumes = {v["name"]: v for v in pod["volumes"]}
     for container in (agent, init):
@@ -265,11 +266,11 @@ def _agent_settings(args: list[str], env: dict[str, str]) -> settings.Settings:
 def test_models_roots_come_from_the_flag_or_the_environment() -> None:
     env = {"LOCALCACHE_MODELS_ROOTS": "/mnt/models=/mnt/models,/models=/mnt/kserve-models"}
     parsed = _agent_settings([], env)
-    assert [r.host_path for r in parsed.models_roots] == ["/mnt/models", "/models"]
-    assert _agent_settings(["--models-roots", "/data=/mnt/data"], env).models_roots == (
-        roots.Root("/data", Path("/mnt/data")),
+    assert [r.host_path for r in parsed.agent.models_roots] == ["/mnt/models", "/models"]
+    assert _agent_settings(["--models-roots", "/data=/mnt/data"], env).agent.models_roots == (
+        settings.RootMount("/data", Path("/mnt/data")),
     )
-    assert _agent_settings([], {}).models_roots == ()  # the single-root flags apply
+    assert _agent_settings([], {}).agent.models_roots == ()  # the single-root flags apply
 
 
 def test_a_bad_models_roots_value_is_a_settings_error() -> None:

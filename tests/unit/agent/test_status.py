@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from localcache.agent import status
 from localcache.api import modelnode
+from localcache.runtime import patch as patch_mod
 
 Progress = modelnode.ModelProgress
 S = modelnode.ModelStatus
@@ -40,12 +41,12 @@ _objects = st.dictionaries(st.text(max_size=3), _json, max_size=4)
 
 @given(_objects, _objects)
 def test_merge_patch_turns_current_into_desired(current: Any, desired: Any) -> None:
-    assert _apply(current, status.merge_patch(current, desired)) == desired
+    assert _apply(current, patch_mod.merge_patch(current, desired)) == desired
 
 
 @given(_objects)
 def test_no_patch_when_nothing_changed(current: Any) -> None:
-    assert status.merge_patch(current, copy.deepcopy(current)) == {}
+    assert patch_mod.merge_patch(current, copy.deepcopy(current)) == {}
 
 
 def test_removed_status_keys_become_null_and_changed_fields_are_diffed() -> None:
@@ -57,7 +58,7 @@ def test_removed_status_keys_become_null_and_changed_fields_are_diffed() -> None
         "modelStatus": {"iris": "ModelDownloaded"},
         "modelProgress": {"iris": {"bytesOnDisk": 9}},
     }
-    assert status.merge_patch(current, desired) == {
+    assert patch_mod.merge_patch(current, desired) == {
         "modelStatus": {"iris": "ModelDownloaded", "gone": None},
         "modelProgress": {"iris": {"bytesOnDisk": 9, "message": None}},
     }
@@ -138,6 +139,5 @@ def test_job_records_are_an_owned_field_and_leave_when_empty() -> None:
             "attempt": 0,
         }
     ]
-    assert (
-        status.merge_patch(status.owned(desired), status.desired_status({}))["downloadJobs"] is None
-    )
+    patched = patch_mod.merge_patch(status.owned(desired), status.desired_status({}))
+    assert patched["downloadJobs"] is None

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from localcache.agent import trust
+from localcache.agent.jobs import trust
 from localcache.api import modelnode
 
 Obj = dict[str, Any]

@@ -10,13 +10,13 @@ from tests.unit.app.test_settings import _parse
 
 
 def test_lease_timings_default_to_client_go_s_and_are_settable() -> None:
-    s = _parse("controller", [], {})
+    s = _parse("controller", [], {}).leadership
     assert (s.lease_duration, s.renew_deadline, s.retry_period) == (15.0, 10.0, 2.0)
     s = _parse(
         "controller",
         ["--leader-elect-lease-duration", "8", "--leader-elect-renew-deadline", "6"],
         {"LOCALCACHE_RETRY_PERIOD": "1"},
-    )
+    ).leadership
     assert (s.lease_duration, s.renew_deadline, s.retry_period) == (8.0, 6.0, 1.0)
 
 

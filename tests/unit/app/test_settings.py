@@ -4,6 +4,7 @@ reported naming the flag and its variable."""
 from __future__ import annotations
 
 import argparse
+import re
 from pathlib import Path
 
 import pytest
@@ -19,24 +20,64 @@ def _parse(command: str, argv: list[str], env: dict[str, str]) -> settings.Setti
 
 def test_defaults_apply_without_flags_or_environment() -> None:
     s = _parse("controller", [], {})
-    assert s.metrics_port == 8080
-    assert s.webhook_port == 9443
-    assert s.leader_elect is True
-    assert s.config_namespace == "kserve"
-    assert s.models_root == Path("/mnt/models")
-    assert s.identity  # the hostname
+    assert s.serving.metrics_port == 8080
+    assert s.webhook.port == 9443
+    assert s.leadership.elect is True
+    assert s.config.namespace == "kserve"
+    assert s.config.kserve is None
+    assert s.agent.models_root == Path("/mnt/models")
+    assert s.leadership.identity  # the hostname
+    assert s.given == frozenset()
 
 
 def test_environment_overrides_defaults_and_flags_override_environment() -> None:
     env = {"POD_NAMESPACE": "ops", "LOCALCACHE_WORKERS": "4", "NODE_NAME": "n1"}
     s = _parse("agent", ["--models-root", "/data"], env)
-    assert s.config_namespace == "ops"
-    assert s.workers == 4
-    assert s.node_name == "n1"
-    assert s.models_root == Path("/data")
-    assert s.host_models_root == Path("/data")
+    assert s.config.namespace == "ops"
+    assert s.controller.workers == 4
+    assert s.agent.node_name == "n1"
+    assert s.agent.models_root == Path("/data")
+    assert s.agent.host_models_root == Path("/data")
     s = _parse("controller", ["--config-namespace", "mine"], env)
-    assert s.config_namespace == "mine"
+    assert s.config.namespace == "mine"
+
+
+def test_given_lists_what_the_user_set_by_flag_or_environment_even_at_the_default() -> None:
+    s = _parse(
+        "run",
+        ["--metrics-port", "8080", "--bind-address", "0.0.0.0"],
+        {"LOCALCACHE_WEBHOOK_PORT": "9443", "LOCALCACHE_WORKERS": ""},
+    )
+    assert s.given == {"metrics_port", "bind_address", "webhook_port"}  # empty: not given
+    assert (s.serving.metrics_port, s.webhook.port) == (8080, 9443)
+
+
+def test_kserve_config_is_parsed_once_into_an_object_key() -> None:
+    s = _parse("controller", ["--kserve-config", "kserve/inferenceservice-config"], {})
+    assert s.config.kserve == ("kserve", "inferenceservice-config")
+    with pytest.raises(settings.SettingsError, match="--kserve-config: want namespace/name"):
+        _parse("controller", ["--kserve-config", "a/b/c"], {})
+
+
+def test_models_roots_parse_into_settings_own_mounts() -> None:
+    s = _parse("agent", ["--models-roots", "/mnt/models=/roots/a,/models/"], {"NODE_NAME": "n"})
+    assert s.agent.models_roots == (
+        settings.RootMount("/mnt/models", Path("/roots/a")),
+        settings.RootMount("/models", Path("/models/")),
+    )
+
+
+@pytest.mark.parametrize(
+    ("roots", "message"),
+    [
+        ("models=/roots/a", "want <host path>=<container path>, both absolute, got 'models=/r"),
+        ("/a=/r,/a/=/s", "host path given twice: /a"),
+        ("/a=/r,/b=/r/", "container path given twice: /r"),
+    ],
+)
+def test_bad_models_roots_are_refused_naming_the_part(roots: str, message: str) -> None:
+    with pytest.raises(settings.SettingsError, match=f"--models-roots: {re.escape(message)}"):
+        _parse("agent", ["--models-roots", roots], {"NODE_NAME": "n"})
 
 
 def test_agent_requires_a_node_name() -> None:
@@ -81,7 +122,7 @@ def test_readme_carries_the_generated_flag_table() -> None:
 
 
 def test_default_lease_identities_differ_between_processes_on_one_host() -> None:
-    first = _parse("controller", [], {}).identity
-    second = _parse("controller", [], {}).identity
+    first = _parse("controller", [], {}).leadership.identity
+    second = _parse("controller", [], {}).leadership.identity
     assert first != second
-    assert _parse("controller", [], {"POD_NAME": "ctl-0"}).identity == "ctl-0"
+    assert _parse("controller", [], {"POD_NAME": "ctl-0"}).leadership.identity == "ctl-0"

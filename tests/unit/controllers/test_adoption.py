@@ -10,7 +10,14 @@ import pytest
 
 from localcache.api import modelcache, nodegroup
 from localcache.caching import conditions
-from localcache.controllers import adoption, clustercache, namespacecache, state, volumes
+from localcache.controllers import (
+    adoption,
+    clustercache,
+    namespacecache,
+    state,
+    volumeplan,
+    volumes,
+)
 from localcache.runtime import errors, kube, store
 from localcache.runtime.keys import ObjectKey
 
@@ -100,7 +107,7 @@ def _claims(*pvcs: Obj) -> store.Reader:
 
 
 def _cluster_pairs(serving: tuple[tuple[str, str], ...] = (("prod", "gpu1"),)) -> list[Any]:
-    return volumes.plan(
+    return volumeplan.plan(
         clustercache.SCOPE, CLUSTER, groups={"gpu1": GROUP}, serving=serving, job_namespace=JOBS
     )
 
@@ -176,7 +183,7 @@ def test_a_cluster_cache_pv_owned_by_its_uid_is_adopted_and_another_uid_is_taken
 
 
 def _ns_serving() -> Any:
-    return volumes.plan(
+    return volumeplan.plan(
         namespacecache.SCOPE,
         NAMESPACED,
         groups={"gpu1": GROUP},
@@ -259,7 +266,7 @@ def test_kserves_download_pv_bound_to_its_claim_in_kserves_job_namespace_is_stal
 def test_kserves_namespace_cache_download_pv_is_taken_its_claim_proves_nothing() -> None:
     """KServe's namespace-cache download PV has no owner and is bound to an ownerless PVC in
     KServe's job namespace: nothing proves whose it is (reported, never deleted)."""
-    download = volumes.plan(
+    download = volumeplan.plan(
         namespacecache.SCOPE, NAMESPACED, groups={"gpu1": GROUP}, serving=(), job_namespace=JOBS
     )[0]
     claim = (KSERVE_JOBS, "iris-gpu1-team-download", "k1")
@@ -290,7 +297,7 @@ def test_the_adoption_patch_adds_our_marks_only_guarded_by_resource_version() ->
     assert set(serving.pv["metadata"]["annotations"]) == {
         state.OWNER_ANNOTATION,
         state.ROLE_ANNOTATION,
-        volumes.STORAGE_KEY_ANNOTATION,
+        volumeplan.STORAGE_KEY_ANNOTATION,
     }
 
 

@@ -5,17 +5,18 @@ from __future__ import annotations
 from typing import Any, cast
 
 from localcache.controllers import clustercache, state, status
+from localcache.runtime import patch as patch_mod
 
 
 def test_equal_status_gives_an_empty_patch() -> None:
     same = {"nodeStatus": {"a": "NodeDownloaded"}, "copies": {"total": 1}, "conditions": []}
-    assert status.merge_diff(same, same) == {}
+    assert patch_mod.merge_patch_of_keys(same, same) == {}
 
 
 def test_changed_and_removed_map_keys() -> None:
     old = {"nodeStatus": {"a": "NodeDownloaded", "gone": "NodeNotReady"}, "copies": {"total": 2}}
     new = {"nodeStatus": {"a": "NodeDownloading"}, "copies": {"total": 1}}
-    assert status.merge_diff(old, new) == {
+    assert patch_mod.merge_patch_of_keys(old, new) == {
         "nodeStatus": {"a": "NodeDownloading", "gone": None},
         "copies": {"total": 1},
     }
@@ -24,11 +25,11 @@ def test_changed_and_removed_map_keys() -> None:
 def test_lists_are_replaced_whole_and_unowned_fields_left_alone() -> None:
     old = {"inferenceServices": [{"name": "a"}], "llmInferenceServices": [{"name": "x"}]}
     new = {"inferenceServices": [{"name": "b"}]}
-    assert status.merge_diff(old, new) == {"inferenceServices": [{"name": "b"}]}
+    assert patch_mod.merge_patch_of_keys(old, new) == {"inferenceServices": [{"name": "b"}]}
 
 
 def test_missing_old_fields_are_written() -> None:
-    assert status.merge_diff({}, {"nodeStatus": {}}) == {"nodeStatus": {}}
+    assert patch_mod.merge_patch_of_keys({}, {"nodeStatus": {}}) == {"nodeStatus": {}}
 
 
 class _RecordingApi:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any, cast
 
 from localcache.api import modelcache, nodegroup
-from localcache.controllers import clustercache, state, volumes
+from localcache.controllers import clustercache, state, volumeplan, volumes
 from localcache.runtime import errors, kube, store
 
 Obj = dict[str, Any]
@@ -63,7 +63,7 @@ async def test_refused_writes_are_returned_with_the_apiservers_words_and_others_
             "spec": {"sourceModelUri": "s3://b/m", "modelSize": "1Gi", "nodeGroups": ["gpu1"]},
         }
     )
-    download, serving = volumes.plan(
+    download, serving = volumeplan.plan(
         clustercache.SCOPE, cache, groups={"gpu1": GROUP}, serving=[("prod", "gpu1")],
         job_namespace="jobs",
     )  # fmt: skip

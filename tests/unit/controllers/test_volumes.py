@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from localcache.api import modelcache, nodegroup
 from localcache.caching import keys
-from localcache.controllers import clustercache, namespacecache, state, volumes
+from localcache.controllers import clustercache, namespacecache, state, volumeplan, volumes
 
 GROUP = nodegroup.LocalModelNodeGroup.from_dict(
     {
@@ -26,7 +26,7 @@ def test_cluster_cache_plan_owns_everything_and_pre_binds_each_pv() -> None:
     cache = modelcache.LocalModelCache.from_dict(
         {"metadata": {"name": "iris", "uid": "u1"}, "spec": SPEC}
     )
-    pairs = volumes.plan(
+    pairs = volumeplan.plan(
         clustercache.SCOPE,
         cache,
         groups={"gpu1": GROUP},
@@ -49,7 +49,7 @@ def test_cluster_cache_plan_owns_everything_and_pre_binds_each_pv() -> None:
     assert download.pvc["metadata"]["annotations"] == {
         state.OWNER_ANNOTATION: "LocalModelCache/iris",
         state.ROLE_ANNOTATION: "download",
-        volumes.STORAGE_KEY_ANNOTATION: keys.storage_key("s3://b/m"),
+        volumeplan.STORAGE_KEY_ANNOTATION: keys.storage_key("s3://b/m"),
     }
     assert download.pv["metadata"]["annotations"] == download.pvc["metadata"]["annotations"]
     assert "claimRef" not in GROUP.spec.persistent_volume_spec, "the template is not mutated"
@@ -59,7 +59,7 @@ def test_namespace_cache_plan_keeps_pvs_ownerless_and_pvcs_in_its_namespace() ->
     cache = modelcache.LocalModelNamespaceCache.from_dict(
         {"metadata": {"name": "iris", "namespace": "team", "uid": "u2"}, "spec": SPEC}
     )
-    pairs = volumes.plan(
+    pairs = volumeplan.plan(
         namespacecache.SCOPE,
         cache,
         groups={"gpu1": GROUP},

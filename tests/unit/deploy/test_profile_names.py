@@ -110,13 +110,13 @@ def test_container_args_parse_into_the_names_the_profile_ships(profile: str) -> 
         settings.add_arguments(parser, command)
         env = {"POD_NAMESPACE": "localcache", "NODE_NAME": "node-1"}
         parsed = settings.from_args(parser.parse_args(manager["args"]), command, env)
-        assert ("ConfigMap", parsed.config_map) in names
+        assert ("ConfigMap", parsed.config.name) in names
         want = "kserve/inferenceservice-config" if profile == "with-kserve" else ""
-        assert parsed.kserve_config == want
+        assert str(parsed.config.kserve or "") == want
         if command == "controller":
-            assert ("Service", parsed.webhook_service) in names
-            assert ("MutatingWebhookConfiguration", parsed.mutating_webhook_configuration) in names
+            assert ("Service", parsed.webhook.service) in names
+            assert ("MutatingWebhookConfiguration", parsed.webhook.mutating_configuration) in names
             assert (
                 "ValidatingWebhookConfiguration",
-                parsed.validating_webhook_configuration,
+                parsed.webhook.validating_configuration,
             ) in names

@@ -64,7 +64,25 @@ def _kubernetes_asyncio(i: Import) -> bool:
 
 
 def _prometheus_client(i: Import) -> bool:
-    return i.parts[0] == "prometheus_client" and i.module != "localcache/runtime/metrics.py"
+    return i.parts[0] == "prometheus_client" and not i.module.startswith(
+        "localcache/runtime/metrics/"
+    )
+
+
+#: Where aiohttp may be imported: the framework's serving side and its transport, and the
+#: download program (`localcache download`, inside Jobs).
+AIOHTTP_HOMES = (
+    "localcache/runtime/serving/",
+    "localcache/runtime/transport.py",
+    "localcache/download/",
+    "localcache/downloader.py",
+    "localcache/httpfetch.py",
+)
+
+
+def _aiohttp(i: Import) -> bool:
+    """HTTP serving and client code stays in its homes; the domain speaks through them."""
+    return i.parts[0] == "aiohttp" and not i.module.startswith(AIOHTTP_HOMES)
 
 
 def _runtime(i: Import) -> bool:
@@ -114,15 +132,36 @@ def _settings(i: Import) -> bool:
     )
 
 
+#: What the download program (`localcache download`, inside download Jobs) may import from
+#: localcache: itself, the durable writes it shares with the agent, and three leaf modules.
+DOWNLOAD_NEEDS = (
+    "localcache.download",
+    "localcache.runtime.durable",
+    "localcache.runtime.clock",
+    "localcache.runtime.errors",
+    "localcache.api.quantity",
+)
+
+
+def _download(i: Import) -> bool:
+    """A download Job's pod needs no agent, controller, webhook or devenv: `download/` imports
+    only what `DOWNLOAD_NEEDS` lists (and the packages on the way to it)."""
+    if not i.module.startswith("localcache/download/") or i.parts[0] != "localcache":
+        return False
+    return not any(i.of(needed) or needed.startswith(i.name + ".") for needed in DOWNLOAD_NEEDS)
+
+
 RULES: dict[str, Callable[[Import], bool]] = {
     "kubernetes_asyncio": _kubernetes_asyncio,
     "prometheus_client": _prometheus_client,
+    "aiohttp": _aiohttp,
     "runtime": _runtime,
     "isolated": _isolated,
     "tests": _tests,
     "devenv": _devenv,
     "devenv_needs_no_pytest": _devenv_needs_no_pytest,
     "settings": _settings,
+    "download": _download,
 }
 
 
@@ -150,10 +189,29 @@ def test_the_boundary_check_sees_the_package() -> None:
         ("localcache/runtime/x.py", "from localcache.devenv import waiting", "runtime"),
         ("localcache/settings.py", "from localcache.agent import roots", "settings"),
         ("localcache/devenv/x.py", "import pytest", "devenv_needs_no_pytest"),
+        ("localcache/download/x.py", "from localcache.agent.disk import tree", "download"),
+        ("localcache/download/x.py", "from localcache.runtime import kube", "download"),
+        ("localcache/webhooks/isvc.py", "from aiohttp import web", "aiohttp"),
+        ("localcache/runtime/informer.py", "import aiohttp", "aiohttp"),
+        ("localcache/runtime/informer.py", "import prometheus_client", "prometheus_client"),
+        ("localcache/runtime/apiverbs.py", "import kubernetes_asyncio", "kubernetes_asyncio"),
     ],
 )
 def test_each_rule_catches_what_it_forbids(module: str, source: str, rule: str) -> None:
     assert any(RULES[rule](i) for i in _imports_in(source, module))
+
+
+@pytest.mark.parametrize(
+    ("module", "source", "rule"),
+    [
+        ("localcache/runtime/metrics/families.py", "import prometheus_client", "prometheus_client"),
+        ("localcache/runtime/serving/tls.py", "from aiohttp import web", "aiohttp"),
+        ("localcache/runtime/transport.py", "import aiohttp", "aiohttp"),
+        ("localcache/download/fetch.py", "import aiohttp", "aiohttp"),
+    ],
+)
+def test_each_rule_allows_its_homes(module: str, source: str, rule: str) -> None:
+    assert not any(RULES[rule](i) for i in _imports_in(source, module))
 
 
 def test_a_lazy_devenv_import_in_cli_is_allowed() -> None:
@@ -161,3 +219,15 @@ def test_a_lazy_devenv_import_in_cli_is_allowed() -> None:
     imports = list(_imports_in(source, "localcache/cli.py"))
     assert imports
     assert not any(_devenv(i) for i in imports)
+
+
+def test_the_download_program_may_import_what_it_needs() -> None:
+    source = (
+        "from localcache.runtime import durable\n"
+        "from localcache.runtime import clock as clock_mod\n"
+        "from localcache.api import quantity\n"
+        "from localcache.download import http\n"
+    )
+    imports = list(_imports_in(source, "localcache/download/program.py"))
+    assert imports
+    assert not any(_download(i) for i in imports)

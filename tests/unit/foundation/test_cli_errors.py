@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from localcache.devenv.controlplane import free_port
+from localcache.devenv.assets import free_port
 
 
 def _localcache(*args: str, home: Path) -> subprocess.CompletedProcess[str]:

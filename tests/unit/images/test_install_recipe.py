@@ -2,7 +2,8 @@
 
 Both image builds run hack/install-localcache.sh: the Dockerfile's builder stage, and
 hack/build-images.sh in a chroot. When the local image for the current sources is in the image
-cache, its venv is checked against constraints.txt and its config against the Dockerfile.
+cache, its venv is checked against constraints.txt and its config against the Dockerfile, and
+its packages are listed: no development environment (localcache.devenv) and no test tools.
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ SCRIPT = "hack/install-localcache.sh"
 SITE_PACKAGES = re.compile(
     r"opt/localcache/lib/python3\.\d+/site-packages/([^/]+)\.dist-info/METADATA"
 )
+PACKAGE_INIT = re.compile(r"opt/localcache/lib/python3\.\d+/site-packages/(.+)/__init__\.py")
+# Never in the image: the development environment and the test tools.
+NOT_SHIPPED = ("localcache.devenv", "tests", "pytest", "_pytest", "boto3", "botocore", "moto")
 # Put into every venv by `python3 -m venv` (ensurepip of the base Python), not by the recipe.
 VENV_BOOTSTRAP = frozenset({"pip", "setuptools"})
 
@@ -103,6 +107,7 @@ def test_local_image_recipe_runs_the_same_script_on_the_same_sources() -> None:
 class LocalImage:
     config: dict[str, Any]
     dist_versions: dict[str, str]  # PEP 503 name -> version, from the venv's *.dist-info
+    python_packages: frozenset[str]  # import packages in site-packages, dotted: localcache.agent
 
 
 def _local_image_tarball() -> Path | None:
@@ -120,18 +125,24 @@ def _local_image_tarball() -> Path | None:
 def _read_image(path: Path) -> LocalImage:
     headers = email.parser.HeaderParser()
     versions: dict[str, str] = {}
+    packages: set[str] = set()
     with tarfile.open(path) as image:
         (manifest,) = json.load(_member(image, "manifest.json"))
         config = json.load(_member(image, manifest["Config"]))
         (layer_name,) = manifest["Layers"]
         with tarfile.open(fileobj=_member(image, layer_name), mode="r|gz") as layer:
             for entry in layer:
+                package = PACKAGE_INIT.fullmatch(entry.name)
+                if package is not None:
+                    packages.add(package.group(1).replace("/", "."))
                 if SITE_PACKAGES.fullmatch(entry.name):
                     f = layer.extractfile(entry)
                     assert f is not None
                     metadata = headers.parsestr(f.read().decode())
                     versions[_normalise(metadata["Name"])] = metadata["Version"]
-    return LocalImage(config=config["config"], dist_versions=versions)
+    return LocalImage(
+        config=config["config"], dist_versions=versions, python_packages=frozenset(packages)
+    )
 
 
 def _member(tar: tarfile.TarFile, name: str) -> Any:
@@ -188,3 +199,15 @@ def test_local_image_runs_like_the_dockerfile_image(local_image: LocalImage) -> 
             assert env["PATH"].startswith(value.removesuffix("$PATH"))
         else:
             assert env[key] == value
+
+
+def _shipped(packages: frozenset[str], name: str) -> bool:
+    return any(p == name or p.startswith(name + ".") for p in packages)
+
+
+def test_local_image_holds_no_development_environment_and_no_test_tools(
+    local_image: LocalImage,
+) -> None:
+    packages = local_image.python_packages
+    assert {"localcache", "localcache.agent", "localcache.runtime"} <= packages, sorted(packages)
+    assert [name for name in NOT_SHIPPED if _shipped(packages, name)] == []

@@ -1,4 +1,4 @@
-"""A scripted `reflector.ListerWatcher` for unit tests (no network).
+"""A scripted `listwatch.ListerWatcher` for unit tests (no network).
 
 Each LIST pops the next scripted answer (an `ObjList` or an exception); each WATCH pops the
 next scripted stream: an exception raised when opening, or a list of steps played in order

@@ -12,7 +12,9 @@ from typing import Any
 import pytest
 from aiohttp import test_utils
 
-from localcache.runtime import admission, metrics
+from localcache.runtime import metrics
+from localcache.runtime.serving import admission
+from localcache.runtime.serving import review as review_mod
 
 PATH = "/validate-things"
 
@@ -78,8 +80,8 @@ async def serve(
         await client.close()
 
 
-async def _allow(req: admission.Request) -> admission.Response:
-    return admission.allowed()
+async def _allow(req: review_mod.Request) -> review_mod.Response:
+    return review_mod.allowed()
 
 
 async def _post(client: Client, body: Any) -> tuple[int, Any]:
@@ -103,18 +105,18 @@ async def test_response_echoes_the_request_uid(serve: Any) -> None:
 
 
 async def test_handler_sees_every_request_field(serve: Any) -> None:
-    seen: list[admission.Request] = []
+    seen: list[review_mod.Request] = []
 
-    async def capture(req: admission.Request) -> admission.Response:
+    async def capture(req: review_mod.Request) -> review_mod.Response:
         seen.append(req)
-        return admission.allowed()
+        return review_mod.allowed()
 
     client, _ = await serve(capture)
     old = {"metadata": {"name": "cm1", "labels": {"a": "b"}}}
     await _post(client, review(operation="UPDATE", old=old, dry_run=True))
     (req,) = seen
     assert (req.namespace, req.name, req.operation, req.dry_run) == ("ns1", "cm1", "UPDATE", True)
-    assert req.kind == admission.GroupVersionKind("", "v1", "ConfigMap")
+    assert req.kind == review_mod.GroupVersionKind("", "v1", "ConfigMap")
     assert req.resource.resource == "configmaps"
     assert (req.user.username, req.user.groups, dict(req.user.extra)) == (
         "alice",
@@ -126,8 +128,8 @@ async def test_handler_sees_every_request_field(serve: Any) -> None:
 
 
 async def test_denial_names_the_field_with_code_and_cause(serve: Any) -> None:
-    async def deny(req: admission.Request) -> admission.Response:
-        return admission.denied("must be unique, LocalModelCache b has it", field="spec.uri")
+    async def deny(req: review_mod.Request) -> review_mod.Response:
+        return review_mod.denied("must be unique, LocalModelCache b has it", field="spec.uri")
 
     client, _ = await serve(deny)
     status, body = await _post(client, review())
@@ -143,8 +145,8 @@ async def test_denial_names_the_field_with_code_and_cause(serve: Any) -> None:
 async def test_patch_is_base64_jsonpatch_with_warnings(serve: Any) -> None:
     ops = [{"op": "add", "path": "/metadata/labels", "value": {"x": "y"}}]
 
-    async def mutate(req: admission.Request) -> admission.Response:
-        return admission.patched(ops, warnings=["no copy downloaded yet"])
+    async def mutate(req: review_mod.Request) -> review_mod.Response:
+        return review_mod.patched(ops, warnings=["no copy downloaded yet"])
 
     client, _ = await serve(mutate)
     _, body = await _post(client, review())
@@ -156,8 +158,8 @@ async def test_patch_is_base64_jsonpatch_with_warnings(serve: Any) -> None:
 
 
 async def test_an_empty_patch_is_a_plain_allow(serve: Any) -> None:
-    async def mutate(req: admission.Request) -> admission.Response:
-        return admission.patched([])
+    async def mutate(req: review_mod.Request) -> review_mod.Response:
+        return review_mod.patched([])
 
     client, _ = await serve(mutate)
     _, body = await _post(client, review())
@@ -177,11 +179,11 @@ async def test_an_empty_patch_is_a_plain_allow(serve: Any) -> None:
 async def test_malformed_reviews_get_400_and_never_reach_the_handler(
     serve: Any, payload: bytes | str, fragment: str
 ) -> None:
-    called: list[admission.Request] = []
+    called: list[review_mod.Request] = []
 
-    async def record(req: admission.Request) -> admission.Response:
+    async def record(req: review_mod.Request) -> review_mod.Response:
         called.append(req)
-        return admission.allowed()
+        return review_mod.allowed()
 
     client, server = await serve(record)
     resp = await client.post(PATH, data=payload, headers={"Content-Type": "application/json"})
@@ -232,7 +234,7 @@ async def test_a_body_under_the_limit_is_served(serve: Any) -> None:
     assert status == 200
 
 
-async def _hang(req: admission.Request) -> admission.Response:
+async def _hang(req: review_mod.Request) -> review_mod.Response:
     await asyncio.Event().wait()
     raise AssertionError("unreachable")
 
@@ -255,7 +257,7 @@ async def test_a_handler_timeout_in_error_mode_answers_504(serve: Any) -> None:
 
 
 async def test_a_failing_handler_is_denied_with_500(serve: Any) -> None:
-    async def boom(req: admission.Request) -> admission.Response:
+    async def boom(req: review_mod.Request) -> review_mod.Response:
         raise RuntimeError("secret detail")
 
     client, server = await serve(boom)
@@ -270,11 +272,11 @@ async def test_a_failing_handler_is_denied_with_500(serve: Any) -> None:
 async def test_metrics_count_requests_results_and_latency(
     serve: Any, registry: metrics.Metrics
 ) -> None:
-    async def deny_b(req: admission.Request) -> admission.Response:
+    async def deny_b(req: review_mod.Request) -> review_mod.Response:
         obj = req.object or {}
         if obj.get("metadata", {}).get("name") == "b":
-            return admission.denied("no b", field="metadata.name")
-        return admission.allowed()
+            return review_mod.denied("no b", field="metadata.name")
+        return review_mod.allowed()
 
     client, server = await serve(deny_b)
     await _post(client, review(obj={"metadata": {"name": "a"}}))
@@ -322,7 +324,7 @@ def _apply(doc: dict[str, Any], ops: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def test_escape_pointer_escapes_tilde_before_slash() -> None:
-    assert admission.escape_pointer("a~/b") == "a~0~1b"
+    assert review_mod.escape_pointer("a~/b") == "a~0~1b"
 
 
 def test_metadata_patch_adds_replaces_and_removes_with_escaped_keys() -> None:
@@ -332,7 +334,7 @@ def test_metadata_patch_adds_replaces_and_removes_with_escaped_keys() -> None:
             "annotations": {"stale/key": "v"},
         }
     }
-    ops = admission.metadata_patch(
+    ops = review_mod.metadata_patch(
         obj,
         labels={"internal.serving.kserve.io/localmodel": "new", "a~b": "1", "gone": None},
         annotations={"stale/key": None, "x/y": "z"},
@@ -348,12 +350,12 @@ def test_metadata_patch_adds_replaces_and_removes_with_escaped_keys() -> None:
 
 
 def test_metadata_patch_creates_missing_maps_and_metadata() -> None:
-    ops = admission.metadata_patch({}, labels={"a/b": "1"}, annotations={"gone": None})
+    ops = review_mod.metadata_patch({}, labels={"a/b": "1"}, annotations={"gone": None})
     assert _apply({}, ops) == {"metadata": {"labels": {"a/b": "1"}}}
 
 
 def test_metadata_patch_is_empty_when_nothing_differs() -> None:
     obj = {"metadata": {"labels": {"a": "1"}}}
     assert (
-        admission.metadata_patch(obj, labels={"a": "1", "b": None}, annotations={"c": None}) == []
+        review_mod.metadata_patch(obj, labels={"a": "1", "b": None}, annotations={"c": None}) == []
     )

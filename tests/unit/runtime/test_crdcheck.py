@@ -8,7 +8,8 @@ from typing import Any
 
 import structlog
 
-from localcache.runtime import crdcheck, errors, keys, kube, metrics, schemadiff, store
+from localcache.runtime import errors, keys, kube, metrics, store
+from localcache.runtime.crds import crdcheck, schemadiff
 from tests import kserveshape
 
 Obj = dict[str, Any]

@@ -8,8 +8,9 @@ from typing import Any, cast
 
 import pytest
 
-from localcache.runtime import crdwait, errors
+from localcache.runtime import errors
 from localcache.runtime import kube as kube_mod
+from localcache.runtime.crds import crdwait
 
 Obj = dict[str, Any]
 WANTED = [("a.example.io", "v1"), ("b.example.io", "v1")]

@@ -37,7 +37,7 @@ def cm(name: str, rv: str, **labels: str) -> Obj:
 
 
 class FakeClient:
-    """A `reflector.ListWatchClient` without network: every LIST answers `objects` of the
+    """A `listwatch.ListWatchClient` without network: every LIST answers `objects` of the
     resource, every WATCH streams what `push()` sends; calls are counted per target."""
 
     def __init__(self, objects: dict[str, list[Obj]] | None = None) -> None:

@@ -16,7 +16,8 @@ import pytest
 from aiohttp import test_utils, web
 
 from localcache.devenv.waiting import wait_until
-from localcache.runtime import httpserver, metrics
+from localcache.runtime import metrics
+from localcache.runtime.serving import httpserver
 
 Client = test_utils.TestClient[web.Request, web.Application]
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from localcache.devenv.controlplane import free_port
+from localcache.devenv.assets import free_port
 from localcache.runtime import errors, kube, metrics
 
 

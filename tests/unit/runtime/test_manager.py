@@ -14,7 +14,6 @@ from localcache.devenv.waiting import wait_until
 from localcache.runtime import (
     clock,
     controller,
-    httpserver,
     informer,
     keys,
     manager,
@@ -22,6 +21,7 @@ from localcache.runtime import (
     reconcile,
     workqueue,
 )
+from localcache.runtime.serving import httpserver
 from tests.unit.runtime.fake_source import HANG, FakeSource, page
 
 

@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from localcache.devenv.waiting import wait_until
-from localcache.runtime import clock, factory, informer, keys, kube, manager, optional, reflector
+from localcache.runtime import clock, factory, informer, keys, kube, listwatch, manager
+from localcache.runtime.crds import optional
 from tests.unit.runtime.test_factory import FakeClient
 
 Obj = dict[str, Any]
@@ -61,7 +62,7 @@ def test_the_crd_summary_keeps_what_serving_depends_on_and_drops_the_schema() ->
 
 
 def _crd_informer(client: FakeClient) -> informer.Informer:
-    source = reflector.ListWatch(client, optional.CRDS)
+    source = listwatch.ListWatch(client, optional.CRDS)
     return informer.Informer(source, transform=optional.crd_summary)
 
 

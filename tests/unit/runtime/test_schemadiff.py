@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from localcache.runtime import schemadiff
+from localcache.runtime.crds import schemadiff
 from tests import kserveshape
 from tests.support import schemastrip
 

@@ -14,14 +14,15 @@ from pathlib import Path
 import pytest
 
 from localcache.devenv import certs
-from localcache.runtime import admission, httpserver, metrics, tls
+from localcache.runtime import metrics
+from localcache.runtime.serving import admission, httpserver, review, tls
 
 LIMITS = httpserver.ServerLimits(handshake_timeout_s=0.5, idle_timeout_s=0.5, body_timeout_s=0.5)
 DEADLINE_S = 5.0
 
 
-async def _allowed(req: admission.Request) -> admission.Response:
-    return admission.allowed()
+async def _allowed(req: review.Request) -> review.Response:
+    return review.allowed()
 
 
 class Endpoint:

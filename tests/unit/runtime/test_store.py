@@ -93,3 +93,22 @@ def test_cluster_scoped_objects_have_an_empty_namespace() -> None:
     s.upsert({"metadata": {"name": "node-1", "resourceVersion": "1"}})
     assert s.keys() == [keys.ObjectKey("", "node-1")]
     assert len(s.list("")) == 1
+
+
+def test_a_write_overlay_stands_in_for_the_store_until_the_store_moves_on() -> None:
+    overlay: store.WriteOverlay[str, dict[str, str]] = store.WriteOverlay()
+    overlay.wrote("n1", replaced="5", value={"rv": "6"})
+    assert overlay.get("n1", stored_version="5") == {"rv": "6"}, "the store still shows rv 5"
+    assert overlay.get("n1", stored_version="6") is None, "the store caught up"
+    assert overlay.get("n1", stored_version="5") is None, "and the entry is gone"
+    overlay.wrote("created", replaced="", value={"rv": "1"})
+    assert overlay.get("created", stored_version="") == {"rv": "1"}, "a create: no copy yet"
+    overlay.forget("created")
+    assert list(overlay.keys()) == []
+
+
+def test_a_write_overlay_forgets_the_least_recently_written_first() -> None:
+    overlay: store.WriteOverlay[str, int] = store.WriteOverlay(limit=2)
+    for name in ("a", "b", "a", "c"):
+        overlay.wrote(name, replaced="1", value=0)
+    assert sorted(overlay.keys()) == ["a", "c"]

@@ -11,7 +11,7 @@ from cryptography import x509
 
 from localcache.devenv import certs
 from localcache.runtime import clock
-from localcache.runtime import tls as tls_mod
+from localcache.runtime.serving import tls as tls_mod
 
 
 def _handshake_serial(server_ctx: ssl.SSLContext, ca_pem: bytes) -> int:

@@ -9,7 +9,8 @@ import pytest
 
 from localcache.api import inferenceservice as isvc_api
 from localcache.api import modelcache
-from localcache.runtime import admission, store
+from localcache.runtime import store
+from localcache.runtime.serving import review
 from localcache.webhooks import isvc
 
 LABEL = isvc_api.LOCAL_MODEL_LABEL
@@ -263,17 +264,15 @@ def test_the_warning_names_a_namespace_cache_with_its_namespace() -> None:
 
 def request(
     obj: dict[str, Any] | None, *, operation: str = "CREATE", namespace: str = "default"
-) -> admission.Request:
-    return admission.Request(
+) -> review.Request:
+    return review.Request(
         uid="uid-1",
-        kind=admission.GroupVersionKind("serving.kserve.io", "v1beta1", "InferenceService"),
-        resource=admission.GroupVersionResource(
-            "serving.kserve.io", "v1beta1", "inferenceservices"
-        ),
+        kind=review.GroupVersionKind("serving.kserve.io", "v1beta1", "InferenceService"),
+        resource=review.GroupVersionResource("serving.kserve.io", "v1beta1", "inferenceservices"),
         namespace=namespace,
         name="foo",
         operation=operation,  # type: ignore[arg-type]
-        user=admission.UserInfo(),
+        user=review.UserInfo(),
         object=obj,
         old_object=None,
     )

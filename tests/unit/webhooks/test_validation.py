@@ -10,8 +10,9 @@ import pytest
 from localcache.api import inferenceservice as isvc_api
 from localcache.api import modelcache, nodegroup
 from localcache.caching import indexes
-from localcache.runtime import admission, store
+from localcache.runtime import store
 from localcache.runtime.keys import ObjectKey
+from localcache.runtime.serving import review
 from localcache.webhooks import validation
 
 DELETING = "2026-01-01T00:00:00Z"
@@ -369,16 +370,16 @@ def request(
     obj: dict[str, Any] | None = None,
     old: dict[str, Any] | None = None,
     namespace: str = "",
-) -> admission.Request:
+) -> review.Request:
     kind = (obj or old or {}).get("kind", "LocalModelCache")
-    return admission.Request(
+    return review.Request(
         uid="uid-1",
-        kind=admission.GroupVersionKind("serving.kserve.io", "v1alpha1", kind),
-        resource=admission.GroupVersionResource("serving.kserve.io", "v1alpha1", "caches"),
+        kind=review.GroupVersionKind("serving.kserve.io", "v1alpha1", kind),
+        resource=review.GroupVersionResource("serving.kserve.io", "v1alpha1", "caches"),
         namespace=namespace,
         name=str(((obj or old or {}).get("metadata") or {}).get("name", "")),
         operation=operation,  # type: ignore[arg-type]
-        user=admission.UserInfo(),
+        user=review.UserInfo(),
         object=obj,
         old_object=old,
     )

@@ -7,7 +7,8 @@ from typing import Any
 
 import yaml
 
-from localcache.webhooks import certgen, certs
+from localcache.runtime.serving import certgen
+from localcache.webhooks import setup as webhooks_setup
 
 ROOT = Path(__file__).resolve().parents[3] / "manifests" / "webhook"
 
@@ -24,7 +25,7 @@ def _hooks(name: str) -> dict[str, dict[str, Any]]:
 
 def test_isvc_mutation_ignores_failures_and_matches_create_and_update() -> None:
     config = _load("mutating.yaml")
-    assert config["metadata"]["name"] == certs.MUTATING_CONFIGURATION
+    assert config["metadata"]["name"] == webhooks_setup.MUTATING_CONFIGURATION
     hook = _hooks("mutating.yaml")["/mutate-serving-kserve-io-v1beta1-inferenceservice"]
     assert hook["failurePolicy"] == "Ignore"
     assert hook["rules"] == [
@@ -40,7 +41,7 @@ def test_isvc_mutation_ignores_failures_and_matches_create_and_update() -> None:
 
 def test_both_cache_kinds_are_validated_and_failures_reject() -> None:
     config = _load("validating.yaml")
-    assert config["metadata"]["name"] == certs.VALIDATING_CONFIGURATION
+    assert config["metadata"]["name"] == webhooks_setup.VALIDATING_CONFIGURATION
     hooks = _hooks("validating.yaml")
     cluster = hooks["/validate-serving-kserve-io-v1alpha1-localmodelcache"]
     namespaced = hooks["/validate-serving-kserve-io-v1alpha1-localmodelnamespacecache"]
@@ -65,15 +66,15 @@ def test_every_webhook_is_side_effect_free_v1_with_a_timeout_and_our_service() -
             assert "caBundle" not in hook["clientConfig"]  # CertManager or cert-manager fills it
             service = hook["clientConfig"]["service"]
             assert (service["namespace"], service["name"]) == (
-                certs.DEFAULT_NAMESPACE,
-                certs.DEFAULT_SERVICE_NAME,
+                webhooks_setup.DEFAULT_NAMESPACE,
+                webhooks_setup.DEFAULT_SERVICE_NAME,
             )
 
 
 def test_the_service_fronts_the_webhook_port() -> None:
     service = _load("service.yaml")
-    assert service["metadata"]["name"] == certs.DEFAULT_SERVICE_NAME
-    assert service["metadata"]["namespace"] == certs.DEFAULT_NAMESPACE
+    assert service["metadata"]["name"] == webhooks_setup.DEFAULT_SERVICE_NAME
+    assert service["metadata"]["namespace"] == webhooks_setup.DEFAULT_NAMESPACE
     assert service["spec"]["ports"][0]["port"] == 443
 
 
@@ -90,14 +91,17 @@ def test_kustomization_lists_every_manifest() -> None:
 
 def test_cert_manager_component_targets_our_secret_and_injects_into_both_configurations() -> None:
     cert = _load("cert-manager/certificate.yaml")
-    assert cert["spec"]["secretName"] == certs.DEFAULT_SECRET_NAME
+    assert cert["spec"]["secretName"] == webhooks_setup.DEFAULT_SECRET_NAME
     assert cert["spec"]["dnsNames"] == certgen.service_dns_names(
-        certs.DEFAULT_SERVICE_NAME, certs.DEFAULT_NAMESPACE
+        webhooks_setup.DEFAULT_SERVICE_NAME, webhooks_setup.DEFAULT_NAMESPACE
     )
-    wanted = f"{certs.DEFAULT_NAMESPACE}/{cert['metadata']['name']}"
+    wanted = f"{webhooks_setup.DEFAULT_NAMESPACE}/{cert['metadata']['name']}"
     patched = set()
     for name in ("inject-ca-mutating.yaml", "inject-ca-validating.yaml"):
         patch = _load(f"cert-manager/{name}")
         assert patch["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == wanted
         patched.add(patch["metadata"]["name"])
-    assert patched == {certs.MUTATING_CONFIGURATION, certs.VALIDATING_CONFIGURATION}
+    assert patched == {
+        webhooks_setup.MUTATING_CONFIGURATION,
+        webhooks_setup.VALIDATING_CONFIGURATION,
+    }

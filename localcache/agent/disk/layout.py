@@ -1,0 +1,175 @@
+"""Names and records of the model-folder protocol on a node's models root. Pure: no I/O.
+
+Layout under `root` (the agent's mount of the node group's PV, default `/mnt/models`):
+
+    <root>/models/<storage key>/          final model folder; KServe's pod mutator mounts
+                                          `models/<storage key>` from the serving PV (ref §2.1)
+    <root>/.staging/<storage key>-<job>/  where a download Job writes (its volume subPath)
+    <root>/.manifests/<storage key>.json  manifest of a complete folder (kept OUTSIDE the folder)
+    <root>/.manifests/<storage key>.promoting.json  intent record of an unfinished promotion
+    <root>/.trash/                        folders on their way out
+
+This module names those paths (`staging_name`, `staging_subpath`, `model_subpath`), says which
+names are storage keys (`is_storage_key`), and defines the records: `Manifest` (JSON shape of a
+complete folder's manifest) and `Recovered` (what `folders.ModelDisk.recover()` did with one
+unfinished promotion). The operations on the filesystem are `agent.disk.folders`.
+
+Modes (spec §9, issue 13 risk 2): a staging folder is `STAGING_MODE` (owner and group only:
+the download pod runs as the agent's uid with the node group's fsGroup); a promoted folder's
+directories are `DIR_MODE` and its regular files `FILE_MODE`, nothing setuid, setgid or
+world-writable.
+
+Contract: a name that is not a storage key (16 lowercase hex) or a staging name that is not
+`<storage key>-<job name>` raises `DiskError`; nothing else is validated here.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+DEFAULT_ROOT = Path("/mnt/models")
+MODELS_DIR = "models"
+STAGING_DIR = ".staging"
+MANIFESTS_DIR = ".manifests"
+TRASH_DIR = ".trash"
+MANIFEST_SUFFIX = ".json"
+RECORD_SUFFIX = ".promoting.json"
+STAGING_MODE = 0o2770
+"""A staging folder: owner and group may write (setgid keeps the download group), others not."""
+DIR_MODE = 0o755
+FILE_MODE = 0o644
+
+_KEY_RE = re.compile(r"[0-9a-f]{16}")
+STAGING_RE = re.compile(r"(?P<key>[0-9a-f]{16})-(?P<job>[a-z0-9]([-a-z0-9.]*[a-z0-9])?)")
+"""A staging folder's name; groups `key` (the storage key) and `job` (the download Job)."""
+
+
+Outcome = Literal["promoted", "manifest-written", "finished", "kept-existing", "abandoned"]
+
+
+class DiskError(Exception):
+    """A model-folder operation that cannot proceed; the message says why."""
+
+
+class RootMismatch(DiskError):
+    """The node group's PV path is not the directory the agent sees as its models root."""
+
+
+def is_storage_key(name: str) -> bool:
+    """True for names shaped like a storage key: exactly 16 lowercase hex characters."""
+    return _KEY_RE.fullmatch(name) is not None
+
+
+def require_key(storage_key: str) -> None:
+    """Raise `DiskError` unless `storage_key` is shaped like a storage key."""
+    if not is_storage_key(storage_key):
+        raise DiskError(f"not a storage key: {storage_key!r}")
+
+
+def staging_name(storage_key: str, job_name: str) -> str:
+    """The staging folder's name for a download Job: `<storage key>-<job name>`."""
+    require_key(storage_key)
+    name = f"{storage_key}-{job_name}"
+    if STAGING_RE.fullmatch(name) is None:
+        raise DiskError(f"not a valid job name for a staging folder: {job_name!r}")
+    return name
+
+
+def staging_subpath(storage_key: str, job_name: str) -> str:
+    """The staging folder relative to the PV root: the download Job's volume `subPath`."""
+    return f"{STAGING_DIR}/{staging_name(storage_key, job_name)}"
+
+
+def model_subpath(storage_key: str) -> str:
+    """The final folder relative to the PV root, as KServe's pod mutator mounts it."""
+    require_key(storage_key)
+    return f"{MODELS_DIR}/{storage_key}"
+
+
+@dataclass(frozen=True, slots=True)
+class Manifest:
+    """What is recorded about a complete model folder.
+
+    `job` is the download Job that wrote it; for a folder the agent adopted (downloaded by
+    KServe's add-on, which writes no manifest: `agent.adoption`), `adopted` is set and `job`
+    is the bare tag (`lmd-<storage key>-<digest>`) of the download unit it was adopted for,
+    since no Job of ours ran. `adopted` is written only when set, so manifests of earlier
+    versions read as not adopted and earlier versions read adopted ones (ignoring the field;
+    they do not reuse them, as the bare tag is no Job name of theirs)."""
+
+    storage_key: str
+    uri: str
+    bytes: int
+    completed_at: str  # RFC 3339, UTC
+    job: str
+    adopted: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        data = {json_name: getattr(self, attr) for attr, json_name in _MANIFEST_JSON.items()}
+        if self.adopted:
+            data["adopted"] = True
+        return data
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Manifest:
+        try:
+            return cls(
+                storage_key=str(data["storageKey"]), uri=str(data["uri"]),
+                bytes=int(data["bytes"]), completed_at=str(data["completedAt"]),
+                job=str(data["job"]), adopted=data.get("adopted") is True,
+            )  # fmt: skip
+        except (KeyError, TypeError, ValueError) as exc:
+            raise DiskError(f"malformed manifest: {exc}") from exc
+
+
+_MANIFEST_JSON = {
+    "storage_key": "storageKey", "uri": "uri", "bytes": "bytes",
+    "completed_at": "completedAt", "job": "job",
+}  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class Recovered:
+    """One unfinished promotion that `folders.ModelDisk.recover()` settled; `outcome` says how."""
+
+    storage_key: str
+    staging: str
+    # "promoted": moved and recorded; "manifest-written": was moved, manifest added;
+    # "finished": only the record was left; "kept-existing": another download of the same URI
+    # was already complete, this one was discarded; "abandoned": staging and folder both gone.
+    outcome: Outcome
+
+
+@dataclass(frozen=True, slots=True)
+class Adoption:
+    """What `folders.ModelDisk.adopt` did: the manifest it wrote, or `refused` saying why not;
+    `modes_not_fixed` lists the paths whose mode it could not change (another uid's)."""
+
+    manifest: Manifest | None = None
+    refused: str = ""
+    modes_not_fixed: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class DeletionFailure:
+    """A folder the agent could not delete: it stays in `.trash` and is retried with backoff.
+
+    `folder` is where it was (`models/<key>`, `.staging/<name>`) or, after a restart, where it
+    is (`.trash/<name>`); `storage_key` is set for model folders; `retry_in` is seconds."""
+
+    folder: str
+    storage_key: str | None
+    error: str
+    attempts: int
+    retry_in: float
+
+    @property
+    def message(self) -> str:
+        return (
+            f"could not delete {self.folder}: {self.error} (attempt {self.attempts}, "
+            f"retrying in {self.retry_in:.0f}s; its bytes stay on the node until then)"
+        )

@@ -1,0 +1,9 @@
+"""The agent's download Jobs: what one looks like, creating and deleting them, and which
+ones the agent trusts.
+
+- `jobs`: the download Job's spec, a pure function of entry, node, node group, config and
+  credentials (names, labels, pod shape);
+- `launcher`: `JobLauncher`, the only part of the agent that creates or deletes Jobs (and
+  reads the credentials and the failed pods' messages they need);
+- `trust`: the records of the Jobs the agent created, by uid: the only Jobs it trusts.
+"""

@@ -1,0 +1,252 @@
+"""Download Job construction: pure functions from entry, node, node group, config and
+credentials to a batch/v1 Job in Kubernetes JSON (reference §4.4, spec §5 "Job shape").
+
+Contract:
+- `job_name` is `lmd-<storage key>-<tag>-<attempt>-<random suffix>`: the tag (64 bits of a
+  hash of node and credential scope) says which scope the Job downloads in; the suffix makes
+  each name new, so a Job someone else created first never blocks a download. The agent
+  finds its Jobs again by the uids it records (`agent.jobs.trust`), never by name.
+- The container's `terminationMessagePolicy` is always `File`: no pod log lines ever become
+  the termination message the agent reports.
+- The Job runs in the entry's namespace (namespace cache) or `jobNamespace` (cluster cache),
+  mounts the entry's download PVC with `subPath` = its staging folder (`layout.staging_subpath`)
+  at `/mnt/models`, and downloads `[uri, /mnt/models]`; the agent promotes the staging folder
+  after success. The pod sees only its staging folder, never other models.
+- The pod is pinned with `nodeSelector` `kubernetes.io/hostname`, gets `fsGroup`, the node
+  group's tolerations, `storageInitializer` resources (unless a ClusterStorageContainer sets
+  its own), the injected credentials (env and volumes appended to the container's own), the
+  named ServiceAccount, `restartPolicy: Never`, `ttlSecondsAfterFinished`, and a controller
+  ownerReference to the LocalModelNode.
+- Labels `model`, `node`, `modelNamespace` (namespace entries) and `storageKey` are valid label
+  values whatever the names' length: longer than 63 characters they are cut and suffixed with
+  a hash (`label_value`), so selectors must use `label_value` too.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import re
+import secrets
+from collections.abc import Hashable, Sequence
+from typing import Any, Final
+
+from localcache.agent.disk import layout
+from localcache.api import groupversion, modelnode, nodegroup, storage
+from localcache.caching import config, credentials, names
+
+CONTAINER_NAME: Final = "kserve-localmodel-download"
+VOLUME_NAME: Final = "kserve-pvc-source"
+MOUNT_PATH: Final = "/mnt/models"
+HOSTNAME_LABEL: Final = "kubernetes.io/hostname"
+LABEL_MODEL: Final = "model"
+LABEL_NODE: Final = "node"
+LABEL_MODEL_NAMESPACE: Final = "modelNamespace"
+LABEL_STORAGE_KEY: Final = "storageKey"
+_MAX_LABEL: Final = 63
+_NAME_PREFIX: Final = "lmd"
+TAG_LENGTH: Final = 16
+"""Hex characters of the scope tag in Job names (64 bits)."""
+SUFFIX_LENGTH: Final = 8
+_SUFFIX_ALPHABET: Final = "abcdefghijklmnopqrstuvwxyz0123456789"
+_SUFFIX = re.compile(rf"[a-z0-9]{{{SUFFIX_LENGTH}}}")
+_NON_LABEL = re.compile(r"[^-A-Za-z0-9_.]")
+_LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")
+
+
+class JobError(Exception):
+    """The Job cannot be built (e.g. a ClusterStorageContainer with a bad regex)."""
+
+
+def _digest(text: str, length: int = 8) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:length]
+
+
+def label_value(value: str) -> str:
+    """`value` as a valid label value: unchanged when it already is one, else cut to fit 63
+    characters with a hash of the full value appended (distinct values stay distinct)."""
+    if len(value) <= _MAX_LABEL and _LABEL_VALUE.fullmatch(value):
+        return value
+    head = _NON_LABEL.sub("-", value)[: _MAX_LABEL - 9].strip("-_.")
+    return f"{head}-{_digest(value)}" if head else _digest(value)
+
+
+def job_name(
+    *, storage_key: str, node_name: str, attempt: int, scope: Hashable | None, suffix: str
+) -> str:
+    """`lmd-<storage key>-<tag>-<attempt>-<suffix>`, where the tag is 64 bits of a hash of
+    node and scope and `suffix` is random (`name_suffix`): a name nobody can take first."""
+    if attempt < 0:
+        raise ValueError(f"attempt must be >= 0, got {attempt}")
+    if not _SUFFIX.fullmatch(suffix):
+        raise ValueError(f"suffix must be {SUFFIX_LENGTH} of [a-z0-9], got {suffix!r}")
+    return (
+        f"{job_tag(storage_key=storage_key, node_name=node_name, scope=scope)}-{attempt}-{suffix}"
+    )
+
+
+def job_tag(*, storage_key: str, node_name: str, scope: Hashable | None) -> str:
+    """`lmd-<storage key>-<tag>`: the Job names of one download unit without attempt and
+    suffix."""
+    return f"{_NAME_PREFIX}-{storage_key}-{_digest(f'{node_name}|{scope!r}', TAG_LENGTH)}"
+
+
+def name_suffix() -> str:
+    """A random Job-name suffix (`SUFFIX_LENGTH` characters of [a-z0-9])."""
+    return "".join(secrets.choice(_SUFFIX_ALPHABET) for _ in range(SUFFIX_LENGTH))
+
+
+def job_namespace(entry: modelnode.LocalModelInfo, local_model: config.LocalModelConfig) -> str:
+    """A namespace entry's Job runs in its namespace; a cluster entry's in `jobNamespace`."""
+    return entry.namespace or local_model.job_namespace
+
+
+def download_pvc_name(entry: modelnode.LocalModelInfo, node_group: str) -> str:
+    """The download PVC the controller creates for this entry (spec §3, reference §2.2):
+    `{cache}-{group}` in jobNamespace, `{cache}-{group}-download` in a namespace cache's
+    namespace; hash-shortened like the controller's (`caching.names`)."""
+    return names.download_pvc(entry.model_name, node_group, namespaced=bool(entry.namespace))
+
+
+def job_labels(
+    entry: modelnode.LocalModelInfo, *, node_name: str, storage_key: str
+) -> dict[str, str]:
+    """The labels that identify a download Job (and select it, with `label_value`)."""
+    labels = {
+        LABEL_MODEL: label_value(entry.model_name),
+        LABEL_NODE: label_value(node_name),
+        LABEL_STORAGE_KEY: storage_key,
+    }
+    if entry.namespace:
+        labels[LABEL_MODEL_NAMESPACE] = label_value(entry.namespace)
+    return labels
+
+
+def select_container(
+    uri: str,
+    storage_containers: Sequence[storage.ClusterStorageContainer],
+    storage_initializer: config.StorageInitializerConfig,
+) -> dict[str, Any]:
+    """The download container template: the first enabled ClusterStorageContainer (by name)
+    with `workloadType: localModelDownloadJob` that supports `uri`, else one from
+    `storageInitializer` (its image and resources)."""
+    for csc in sorted(storage_containers, key=lambda c: c.name):
+        if csc.is_disabled or csc.workload_type != storage.WORKLOAD_LOCAL_MODEL_DOWNLOAD_JOB:
+            continue
+        try:
+            supported = csc.supports_uri(uri)
+        except ValueError as exc:
+            raise JobError(str(exc)) from exc
+        if supported:
+            container = copy.deepcopy(csc.spec.container)
+            container.setdefault("name", CONTAINER_NAME)
+            if not container.get("resources"):
+                container["resources"] = storage_initializer.resources()
+            return container
+    return {
+        "name": CONTAINER_NAME,
+        "image": storage_initializer.image,
+        "resources": storage_initializer.resources(),
+    }
+
+
+def build_job(
+    *,
+    entry: modelnode.LocalModelInfo,
+    node: modelnode.LocalModelNode,
+    node_group: nodegroup.LocalModelNodeGroup,
+    storage_key: str,
+    attempt: int,
+    container: dict[str, Any],
+    injection: credentials.Injection,
+    local_model: config.LocalModelConfig,
+    scope: Hashable | None = None,
+    backoff_limit: int | None = None,
+    suffix: str,
+    run_as_user: int | None = None,
+) -> dict[str, Any]:
+    """The download Job for `entry` on `node` (see the module contract). `container` comes
+    from `select_container`, `injection` from `credentials.resolve`, `scope` from
+    `credentials.credential_scope`."""
+    node_name = node.name
+    name = job_name(
+        storage_key=storage_key, node_name=node_name, attempt=attempt, scope=scope, suffix=suffix
+    )
+    labels = job_labels(entry, node_name=node_name, storage_key=storage_key)
+    main = copy.deepcopy(container)
+    main["args"] = [injection.uri, MOUNT_PATH]
+    main["env"] = [*(main.get("env") or []), *copy.deepcopy(list(injection.env))]
+    main["volumeMounts"] = [
+        {
+            "name": VOLUME_NAME,
+            "mountPath": MOUNT_PATH,
+            "readOnly": False,
+            "subPath": layout.staging_subpath(storage_key, name),
+        },
+        *copy.deepcopy(list(injection.volume_mounts)),
+    ]
+    # Never FallbackToLogsOnError: the agent copies termination messages into the
+    # cluster-scoped LocalModelNode status and Events, and a tenant's pod logs must not go there.
+    main["terminationMessagePolicy"] = "File"
+    if not main["env"]:
+        del main["env"]
+    claim = download_pvc_name(entry, node_group.name)
+    pod_spec: dict[str, Any] = {
+        "nodeSelector": {HOSTNAME_LABEL: node_name},
+        "restartPolicy": "Never",
+        "containers": [main],
+        "volumes": [
+            {"name": VOLUME_NAME, "persistentVolumeClaim": {"claimName": claim}},
+            *copy.deepcopy(list(injection.volumes)),
+        ],
+    }
+    if local_model.fs_group is not None:
+        pod_spec["securityContext"] = {"fsGroup": local_model.fs_group}
+    if run_as_user is not None:
+        # The agent's uid (issue 13 bug 4): the agent owns what the pod writes, so it can set
+        # the promoted modes and delete the folder later. HOME is made writable for images
+        # (KServe's storage initializer) whose user has a home only under their own uid.
+        # A ClusterStorageContainer's own runAsUser/runAsGroup would win over the pod's, and
+        # leave folders the agent cannot delete: the container gets the same identity.
+        identity: dict[str, Any] = {"runAsUser": run_as_user, "runAsNonRoot": True}
+        if local_model.fs_group is not None:
+            identity["runAsGroup"] = local_model.fs_group
+        pod_spec.setdefault("securityContext", {}).update(identity)
+        main_context = main.get("securityContext")
+        if isinstance(main_context, dict):
+            main_context.update(identity)
+        if not any(e.get("name") == "HOME" for e in main.get("env") or []):
+            main["env"] = [*(main.get("env") or []), {"name": "HOME", "value": "/tmp"}]
+    if node_group.spec.tolerations:
+        pod_spec["tolerations"] = [t.to_dict() for t in node_group.spec.tolerations]
+    if injection.service_account_name:
+        pod_spec["serviceAccountName"] = injection.service_account_name
+    job_spec: dict[str, Any] = {
+        "ttlSecondsAfterFinished": local_model.job_ttl_seconds_after_finished,
+        "template": {
+            "metadata": {"labels": {**labels, **injection.pod_labels}},
+            "spec": pod_spec,
+        },
+    }
+    if backoff_limit is not None:
+        job_spec["backoffLimit"] = backoff_limit
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": name,
+            "namespace": job_namespace(entry, local_model),
+            "labels": labels,
+            "ownerReferences": [
+                {
+                    "apiVersion": groupversion.LOCAL_MODEL_NODE.api_version,
+                    "kind": groupversion.LOCAL_MODEL_NODE.kind,
+                    "name": node_name,
+                    "uid": node.metadata.uid or "",
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ],
+        },
+        "spec": job_spec,
+    }

@@ -1,0 +1,122 @@
+"""Gathering one download unit's inputs to `plan.decide`: the observing half of a pass.
+
+`Observer.unit` reads, for one unit on the models root serving it: whether its folder is
+complete and its manifest, the adoption evidence naming it (`agent.adoption`), its trusted
+Jobs and, unless the folder alone decides (`plan.by_folder`), what its latest Job's phase
+makes relevant: running, the staging folder's size, the cache's `modelSize` and the failed
+pod's message when a pod failed; completed, whether the staging folder is a non-empty
+directory and its size; failed, the failed pod's message. It changes nothing (the pod
+messages it reads are cached by the launcher); the reconciler executes what `decide` answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import datetime
+from collections.abc import Mapping, Sequence
+
+from localcache.agent import adoption, downloads, plan
+from localcache.agent.disk import folders, tree
+from localcache.agent.jobs import launcher
+from localcache.api import modelnode
+from localcache.api import quantity as quantity_mod
+from localcache.caching import config
+from localcache.runtime import keys, store
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Pass:
+    """What the reconcile pass already read, shared by the units it observes."""
+
+    cfg: config.InferenceServiceConfig
+    now: datetime.datetime
+    jobs: Sequence[downloads.JobRef]
+    states: Mapping[str, str]
+    progress: Mapping[str, modelnode.ModelProgress]
+
+
+class Observer:
+    """Reads units' inputs from the disk, the launcher (pod messages), the adoption evidence
+    and the cache stores (`modelSize`)."""
+
+    def __init__(
+        self,
+        *,
+        jobs: launcher.JobLauncher,
+        adoptions: adoption.Adoptions,
+        caches: store.Reader,
+        namespace_caches: store.Reader,
+        progress_interval: float,
+    ) -> None:
+        self._jobs = jobs
+        self._adoptions = adoptions
+        self._caches = caches
+        self._namespace_caches = namespace_caches
+        self._progress_interval = progress_interval
+
+    async def unit(
+        self, unit: downloads.Unit, seen: Pass, disk: folders.ModelDisk, *, evidence: bool
+    ) -> plan.Observed:
+        """The unit's inputs to `plan.decide` on `disk`; the adoption evidence only when
+        `evidence` (not after a refused adoption)."""
+        key = unit.storage_key
+        complete = await asyncio.to_thread(disk.is_complete, key)
+        manifest = await asyncio.to_thread(disk.manifest, key) if complete else None
+        local = seen.cfg.local_model
+        observed = plan.Observed(
+            now=seen.now,
+            policy=plan.Policy(
+                backoff_s=local.download_retry_backoff_in_secs,
+                max_backoff_s=local.download_retry_max_backoff_in_secs,
+                progress_interval=self._progress_interval,
+            ),
+            models_root=str(disk.host_path or disk.root),
+            manifest=manifest,
+            claims=tuple(self._adoptions.claims(unit)) if evidence else (),
+            jobs=tuple(downloads.unit_jobs(unit, seen.jobs)),
+            states=seen.states,
+            progress=seen.progress,
+        )
+        if not observed.jobs or plan.by_folder(unit, observed) is not None:
+            return observed
+        facts = await self._job_facts(unit, observed.jobs[-1], disk)
+        return dataclasses.replace(observed, latest=facts)
+
+    async def _job_facts(
+        self, unit: downloads.Unit, latest: downloads.JobRef, disk: folders.ModelDisk
+    ) -> plan.JobFacts:
+        """What `plan.decide` reads about the latest Job, as its phase needs it."""
+        state = plan.job_state(latest.obj)
+        staging = disk.staging_path(unit.storage_key, latest.name)
+        if state.phase is plan.JobPhase.ACTIVE:
+            size = await asyncio.to_thread(tree.folder_bytes, staging)
+            failed = state.failed_pods
+            pod = await self._jobs.pod_message(latest, failed) if failed else ""
+            return plan.JobFacts(
+                staging, staging_bytes=size, model_size=self._model_size(unit), pod_message=pod
+            )
+        if state.phase is plan.JobPhase.COMPLETE:
+            if not await asyncio.to_thread(staging.is_dir):
+                return plan.JobFacts(staging)
+            if not await asyncio.to_thread(lambda: any(staging.iterdir())):
+                return plan.JobFacts(staging, staging_is_dir=True)
+            size = await asyncio.to_thread(tree.folder_bytes, staging)
+            return plan.JobFacts(
+                staging, staging_bytes=size, staging_is_dir=True, staging_empty=False
+            )
+        pod = await self._jobs.pod_message(latest, state.failed_pods)
+        return plan.JobFacts(staging, pod_message=pod)
+
+    def _model_size(self, unit: downloads.Unit) -> int | None:
+        """The cache's `modelSize` in bytes (first entry of the unit that has one)."""
+        for entry in unit.entries:
+            reader = self._namespace_caches if entry.namespace else self._caches
+            cache = reader.get(keys.ObjectKey(entry.namespace or "", entry.model_name))
+            size = ((cache or {}).get("spec") or {}).get("modelSize")
+            if size is not None:
+                try:
+                    return int(quantity_mod.Quantity(size))
+                except ValueError:
+                    continue
+        return None

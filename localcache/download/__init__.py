@@ -1,0 +1,12 @@
+"""The program that runs inside download Jobs: `localcache download <uri> <dest>`.
+
+- `program`: the command (arguments, limits, exit codes) and the atomic download of a
+  `file://` or `http(s)://` URI into a directory;
+- `http`: streaming one URL to a file with timeouts, retries, redirect checks and limits.
+
+A download Job's pod runs only this, so the package imports nothing of the operator: no
+agent, controllers, webhooks or development environment; from localcache only itself,
+`runtime.durable` (fsync and atomic writes, shared with the agent), `runtime.clock`,
+`runtime.errors` and `api.quantity` (`tests/unit/foundation/test_architecture.py`, rule
+`download`).
+"""

@@ -1,0 +1,159 @@
+"""Prometheus metrics on the operator's own registry; the only importer of prometheus_client.
+
+One `Metrics` object is built by the composition root and passed down; nothing here is
+global and the process-wide default registry is never touched. It holds:
+
+- controller-runtime's controller metrics (`controller_runtime_*`, label `controller`), via
+  `Metrics.controller(name)`, which returns the recorder a `Controller` reports to;
+- client-go/controller-runtime's work queue metrics (`workqueue_*`, labels `name` and
+  `controller`, both the controller name; `workqueue_depth` also carries `priority=""` as the
+  classic queue does), via `Metrics.workqueue(name)`;
+- `leader_election_master_status{name}`, via `Metrics.leader_election(name)`;
+- client-go's REST client metrics `rest_client_requests_total{code,method,host}` and
+  `rest_client_request_duration_seconds{verb,host}`, via `Metrics.rest_client()`, which
+  returns the recorder `transport.Transport` reports every API request to;
+- process and Python runtime collectors (`process_*`, `python_*`);
+- domain metrics made with `counter()`, `gauge()` and `histogram()`, so domain code never
+  imports prometheus_client.
+
+The package, by concern:
+- this module: `Metrics`, the registry and its process collectors, the recorders' factory and
+  the domain families' factory (`render()`, `value()` read it);
+- `families`: the framework series as plain numbers and the collector exposing them;
+- `controllers`: controller-runtime's controller, work queue and leader-election families
+  and recorders (controller-runtime v0.24 names, labels and buckets);
+- `restclient`: client-go's REST client families and recorder (client-go v0.36);
+- `domain`: the counter, gauge and histogram wrappers domain code is given.
+The `*_created` series that prometheus_client adds to counters and histograms are left out
+of `render()`, as Go has none.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+import prometheus_client
+from prometheus_client import exposition
+
+from localcache.runtime.metrics import controllers, domain, families, restclient
+
+# The bucket and label constants callers know as `metrics.X`.
+RECONCILE_TIME_BUCKETS = controllers.RECONCILE_TIME_BUCKETS
+WORKQUEUE_BUCKETS = controllers.WORKQUEUE_BUCKETS
+RECONCILE_RESULTS = controllers.RECONCILE_RESULTS
+REST_CLIENT_LATENCY_BUCKETS = restclient.REST_CLIENT_LATENCY_BUCKETS
+ControllerRecorder = controllers.ControllerRecorder
+WorkqueueRecorder = controllers.WorkqueueRecorder
+LeaderElectionRecorder = controllers.LeaderElectionRecorder
+RestClientRecorder = restclient.RestClientRecorder
+CounterFamily = domain.CounterFamily
+GaugeFamily = domain.GaugeFamily
+HistogramFamily = domain.HistogramFamily
+
+F = TypeVar("F")
+
+
+class Metrics:
+    """All metrics of one process, on a private `CollectorRegistry`."""
+
+    def __init__(self) -> None:
+        reg = self._registry = prometheus_client.CollectorRegistry()
+        self._exposed = families.WithoutCreated(reg)
+        prometheus_client.ProcessCollector(registry=reg)
+        prometheus_client.PlatformCollector(registry=reg)
+        prometheus_client.GCCollector(registry=reg)
+        self._framework = families.Framework((*controllers.FAMILIES, *restclient.FAMILIES))
+        reg.register(self._framework)
+        self._leader_status = prometheus_client.Gauge(
+            "leader_election_master_status",
+            "Gauge of if the reporting system is master of the relevant lease, 0 indicates "
+            "backup, 1 indicates master. 'name' is the string used to identify the lease.",
+            ("name",),
+            registry=reg,
+        )
+        self._families: dict[str, tuple[str, tuple[str, ...], Any]] = {}
+
+    # -- framework recorders -------------------------------------------------------------
+
+    def controller(self, name: str) -> ControllerRecorder:
+        """The recorder for controller `name`; call once per controller."""
+        return ControllerRecorder(self, name)
+
+    def workqueue(self, name: str) -> WorkqueueRecorder:
+        """The recorder for the work queue of controller `name`."""
+        return WorkqueueRecorder(self, name)
+
+    def rest_client(self) -> RestClientRecorder:
+        """The recorder of API requests (`kube.Kube.instrument` takes it)."""
+        return RestClientRecorder(self)
+
+    def leader_election(self, name: str) -> LeaderElectionRecorder:
+        """The recorder for the lease `name` (starts at 0: not leading)."""
+        return LeaderElectionRecorder(self, name)
+
+    # -- domain metrics ------------------------------------------------------------------
+
+    def _family(self, kind: str, name: str, labels: Sequence[str], make: Callable[[], F]) -> F:
+        """The family `name`, made on first request. Asking again with the same kind and
+        labels returns the same family (several components, e.g. two agents in one process,
+        may declare the same series); a different kind or label set is a programming error."""
+        wanted = tuple(labels)
+        known = self._families.get(name)
+        if known is not None:
+            if known[:2] != (kind, wanted):
+                raise ValueError(
+                    f"metric {name} already exists as a {known[0]} with labels {known[1]}"
+                )
+            family: F = known[2]
+            return family
+        created = make()
+        self._families[name] = (kind, wanted, created)
+        return created
+
+    def counter(self, name: str, help: str, *, labels: Sequence[str] = ()) -> CounterFamily:
+        """The counter `name` (made once); `name` should end in `_total`."""
+
+        def make() -> CounterFamily:
+            metric = prometheus_client.Counter(name, help, tuple(labels), registry=self._registry)
+            return CounterFamily(metric, bool(labels))
+
+        return self._family("counter", name, labels, make)
+
+    def gauge(self, name: str, help: str, *, labels: Sequence[str] = ()) -> GaugeFamily:
+        """The gauge `name` (made once)."""
+
+        def make() -> GaugeFamily:
+            metric = prometheus_client.Gauge(name, help, tuple(labels), registry=self._registry)
+            return GaugeFamily(metric, tuple(labels))
+
+        return self._family("gauge", name, labels, make)
+
+    def histogram(
+        self,
+        name: str,
+        help: str,
+        *,
+        labels: Sequence[str] = (),
+        buckets: Sequence[float] = prometheus_client.Histogram.DEFAULT_BUCKETS,
+    ) -> HistogramFamily:
+        """The histogram `name` (made once; the first call's buckets apply)."""
+
+        def make() -> HistogramFamily:
+            metric = prometheus_client.Histogram(
+                name, help, tuple(labels), buckets=tuple(buckets), registry=self._registry
+            )
+            return HistogramFamily(metric, bool(labels))
+
+        return self._family("histogram", name, labels, make)
+
+    # -- reading -------------------------------------------------------------------------
+
+    def render(self) -> tuple[bytes, str]:
+        """The text exposition of every metric, and its content type."""
+        return exposition.generate_latest(self._exposed), exposition.CONTENT_TYPE_PLAIN_0_0_4
+
+    def value(self, sample: str, /, **labels: str) -> float | None:
+        """One sample's current value (e.g. `value("workqueue_depth", name="x", ...)`), or
+        None when that series does not exist."""
+        return self._registry.get_sample_value(sample, labels)
