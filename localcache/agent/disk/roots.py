@@ -52,24 +52,6 @@ class Root:
     container_path: Path
 
 
-def parse_roots(text: str) -> list[Root]:
-    """`--models-roots`: comma-separated `<host path>=<container path>` (or a single path,
-    mounted at the same path). ValueError names the bad part."""
-    roots: list[Root] = []
-    for part in (p.strip() for p in text.split(",")):
-        if not part:
-            continue
-        host, sep, container = part.partition("=")
-        host, container = host.strip(), (container.strip() if sep else host.strip())
-        if not host.startswith("/") or not container.startswith("/"):
-            raise ValueError(
-                f"--models-roots: want <host path>=<container path>, both absolute, got {part!r}"
-            )
-        roots.append(Root(normalise(host), Path(container)))
-    check_unique(roots)
-    return roots
-
-
 def check_unique(roots: Sequence[Root]) -> None:
     """ValueError when two roots share a host path or a container path."""
     hosts = [r.host_path for r in roots]

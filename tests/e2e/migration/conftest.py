@@ -13,9 +13,7 @@ Where the machine cannot host real nodes, the tests skip with the reason; with
 
 from __future__ import annotations
 
-import tempfile
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
@@ -38,19 +36,9 @@ class MigrationBed:
 def migration_bed(shared_bed: e2ebed.SharedBed) -> MigrationBed:
     """The run's shared bed (`tests/e2e/conftest.py`), reset: nothing deployed yet."""
     shared_bed.reset()
-    bed = shared_bed.bed
-    plane = bed.control_plane
-    assert plane.kubectl_path is not None
-    work = Path(tempfile.mkdtemp(prefix="localcache-migration-", dir=shared_bed.work))
     return MigrationBed(
-        bed=bed,
-        cluster=Cluster(
-            kubeconfig=plane.kubeconfig_path,
-            kubectl_bin=plane.kubectl_path,
-            node_names=shared_bed.node_names,
-            node_models_dir=lambda name: bed.node(name).kserve_models_dir,
-            cache_dir=work,
-        ),
+        bed=shared_bed.bed,
+        cluster=Cluster.on_bed(shared_bed, package="migration", kserve_root=True),
         images=shared_bed.images,
         files=addon.ModelFiles(shared_bed.http_dir, shared_bed.http_base),
         model_server=shared_bed.http,

@@ -23,7 +23,6 @@ from __future__ import annotations
 import functools
 import json
 import os
-import tempfile
 from collections.abc import Collection, Generator
 from dataclasses import dataclass
 from pathlib import Path
@@ -367,22 +366,15 @@ def bed(request: pytest.FixtureRequest) -> ProfileBed:
     kserve.module_dir()
     shared: e2ebed.SharedBed = request.getfixturevalue("shared_bed")
     shared.reset()
-    real = shared.bed
-    plane = real.control_plane
+    cluster = Cluster.on_bed(shared, package="profiles")
+    plane = shared.bed.control_plane
     assert plane.kubectl_path is not None
-    cluster = Cluster(
-        kubeconfig=plane.kubeconfig_path,
-        kubectl_bin=plane.kubectl_path,
-        node_names=shared.node_names,
-        node_models_dir=lambda name: real.node(name).models_dir,
-        cache_dir=Path(tempfile.mkdtemp(prefix="localcache-profiles-", dir=shared.work)),
-    )
     images = installs.Images(
         localcache=cluster_mod.LOCALCACHE_IMAGE,
         storage_initializer=cluster_mod.STORAGE_INITIALIZER_IMAGE,
     )
     installer = installs.Installer(plane.kubectl_path, plane.kubeconfig_path, helm, images=images)
-    return ProfileBed(real, cluster, installer, shared.http, shared.http_dir)
+    return ProfileBed(shared.bed, cluster, installer, shared.http, shared.http_dir)
 
 
 @pytest.hookimpl(wrapper=True)

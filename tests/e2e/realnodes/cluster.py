@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import subprocess
+import tempfile
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ import yaml
 from localcache.api import groupversion
 from localcache.devenv import realnodes
 from localcache.devenv.waiting import wait_until_sync
+from tests.support import e2ebed
 
 T = TypeVar("T")
 Obj = dict[str, Any]
@@ -83,6 +85,34 @@ class Cluster:
     read_disk: Callable[[str, str], dict[str, str]] | None = None  # (node, rel) -> digests
     sources: Sources | None = None
     cache_dir: Path = field(default_factory=lambda: Path("/tmp"))
+
+    @classmethod
+    def on_bed(
+        cls,
+        shared: e2ebed.SharedBed,
+        *,
+        package: str,
+        kserve_root: bool = False,
+        sources: Sources | None = None,
+    ) -> Cluster:
+        """kubectl on the run's shared test bed for `package`; `node_models_dir` is each
+        node's `/mnt/models`, or with `kserve_root` its `/models` (KServe's root)."""
+        bed = shared.bed
+        plane = bed.control_plane
+        assert plane.kubectl_path is not None
+
+        def models_dir(name: str) -> Path:
+            real = bed.node(name)
+            return real.kserve_models_dir if kserve_root else real.models_dir
+
+        return cls(
+            kubeconfig=plane.kubeconfig_path,
+            kubectl_bin=plane.kubectl_path,
+            node_names=shared.node_names,
+            node_models_dir=models_dir,
+            sources=sources,
+            cache_dir=Path(tempfile.mkdtemp(prefix=f"localcache-{package}-", dir=shared.work)),
+        )
 
     # ---------------------------------------------------------------------- kubectl
 

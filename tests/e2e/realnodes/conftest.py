@@ -44,23 +44,14 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
 
 def _deployed(shared: e2ebed.SharedBed) -> Iterator[Cluster]:
     shared.reset()
-    bed = shared.bed
-    plane = bed.control_plane
-    assert plane.kubectl_path is not None
-    found = Cluster(
-        kubeconfig=plane.kubeconfig_path,
-        kubectl_bin=plane.kubectl_path,
-        node_names=shared.node_names,
-        node_models_dir=lambda name: bed.node(name).models_dir,
-        cache_dir=Path(tempfile.mkdtemp(prefix="localcache-realnodes-", dir=shared.work)),
-        sources=Sources(
-            http_base=shared.http_base,
-            add_file=_add_file(shared),
-            s3_endpoint_for_pods=shared.s3_endpoint_for_pods,
-            s3=shared.store,
-            slow_base=shared.slow_base,
-        ),
+    sources = Sources(
+        http_base=shared.http_base,
+        add_file=_add_file(shared),
+        s3_endpoint_for_pods=shared.s3_endpoint_for_pods,
+        s3=shared.store,
+        slow_base=shared.slow_base,
     )
+    found = Cluster.on_bed(shared, package="realnodes", sources=sources)
     realnodes.deploy(found.kubectl)
     yield found
 

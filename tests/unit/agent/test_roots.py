@@ -22,19 +22,20 @@ Obj = dict[str, Any]
 
 # ---- pure rules ---------------------------------------------------------------------------
 def test_models_roots_flag_parses_host_and_container_paths() -> None:
-    assert roots.parse_roots("/mnt/models=/mnt/models, /models/=/mnt/kserve-models") == [
-        roots.Root("/mnt/models", Path("/mnt/models")),
-        roots.Root("/models", Path("/mnt/kserve-models")),
-    ]
-    assert roots.parse_roots("/data") == [roots.Root("/data", Path("/data"))]
+    parsed = settings.parse_root_mounts("/mnt/models=/mnt/models, /models/=/mnt/kserve-models")
+    assert parsed == (
+        settings.RootMount("/mnt/models", Path("/mnt/models")),
+        settings.RootMount("/models", Path("/mnt/kserve-models")),
+    )
+    assert settings.parse_root_mounts("/data") == (settings.RootMount("/data", Path("/data")),)
 
 
 @pytest.mark.parametrize(
     "text", ["models=/mnt/models", "/a=/x,/a=/y", "/a=/x,/b=/x/", "/a=relative"]
 )
 def test_models_roots_flag_refuses_relative_or_repeated_paths(text: str) -> None:
-    with pytest.raises(ValueError, match="--models-roots"):
-        roots.parse_roots(text)
+    with pytest.raises(settings.SettingsError, match="--models-roots"):
+        settings.parse_root_mounts(text)
 
 
 def test_group_is_served_on_the_root_whose_host_path_is_its_pv_path(tmp_path: Path) -> None:

@@ -1,12 +1,7 @@
-"""The agent's status writes: owned fields, RFC 7386 diffs, summaries and transitions."""
+"""The agent's status writes: owned fields, their diffs, summaries and transitions (the diff
+itself is tested in tests/unit/runtime/test_patch.py)."""
 
 from __future__ import annotations
-
-import copy
-from typing import Any
-
-from hypothesis import given
-from hypothesis import strategies as st
 
 from localcache.agent import status
 from localcache.api import modelnode
@@ -14,39 +9,6 @@ from localcache.runtime import patch as patch_mod
 
 Progress = modelnode.ModelProgress
 S = modelnode.ModelStatus
-
-
-def _apply(target: Any, patch: Any) -> Any:
-    """RFC 7386 MergePatch, as the apiserver applies it."""
-    if not isinstance(patch, dict):
-        return patch
-    result = copy.deepcopy(target) if isinstance(target, dict) else {}
-    for key, value in patch.items():
-        if value is None:
-            result.pop(key, None)
-        else:
-            result[key] = _apply(result.get(key), value)
-    return result
-
-
-_json = st.recursive(
-    st.one_of(st.booleans(), st.integers(), st.text(max_size=5)),
-    lambda inner: st.one_of(
-        st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=3), inner, max_size=3)
-    ),
-    max_leaves=12,
-)
-_objects = st.dictionaries(st.text(max_size=3), _json, max_size=4)
-
-
-@given(_objects, _objects)
-def test_merge_patch_turns_current_into_desired(current: Any, desired: Any) -> None:
-    assert _apply(current, patch_mod.merge_patch(current, desired)) == desired
-
-
-@given(_objects)
-def test_no_patch_when_nothing_changed(current: Any) -> None:
-    assert patch_mod.merge_patch(current, copy.deepcopy(current)) == {}
 
 
 def test_removed_status_keys_become_null_and_changed_fields_are_diffed() -> None:
