@@ -75,8 +75,6 @@ AIOHTTP_HOMES = (
     "localcache/runtime/serving/",
     "localcache/runtime/transport.py",
     "localcache/download/",
-    "localcache/downloader.py",
-    "localcache/httpfetch.py",
 )
 
 

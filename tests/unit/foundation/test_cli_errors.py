@@ -119,3 +119,25 @@ def test_download_into_a_file_that_is_not_a_directory(tmp_path: Path) -> None:
     (tmp_path / "taken").write_text("")
     done = _localcache("download", source.as_uri(), str(tmp_path / "taken"), home=tmp_path)
     _assert_one_line(done, "localcache download: error: ", "is not a directory")
+
+
+def test_run_without_the_development_environment_says_so_in_one_line(tmp_path: Path) -> None:
+    """The image and the wheel hold no localcache.devenv: `localcache run` there ends with one
+    line naming what is missing and what to run instead."""
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("KUBECONFIG", "KUBERNETES_SERVICE_HOST")
+    }
+    env["HOME"] = str(tmp_path)
+    program = (
+        "import sys\n"
+        "sys.modules['localcache.devenv'] = None  # as where the package is not installed\n"
+        "from localcache import cli\n"
+        "sys.exit(cli.main(['run']))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", program],
+        capture_output=True, text=True, timeout=60, check=False, env=env, cwd=tmp_path,
+    )  # fmt: skip
+    _assert_one_line(
+        done, "localcache run: error:", "needs a clone", "localcache controller", "localcache agent"
+    )
