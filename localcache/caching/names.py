@@ -110,11 +110,3 @@ def download_pv(cache: str, group: str, namespace: str | None) -> str:
 def serving_pv(cache: str, group: str, namespace: str) -> str:
     """`{cache}-{group}-{ns}`: the serving PV for InferenceServices of `namespace`."""
     return _derive("serving-pv", (cache, group, namespace), words=(False, True, True), suffix="")
-
-
-def event_name(object_name: str, suffix: str) -> str:
-    """client-go's Event name `{object}.{suffix}`, with the object's name cut so the whole
-    stays a valid name (a 253-character cache name would otherwise make every Event fail);
-    `suffix` (random per Event) keeps the names distinct."""
-    head = object_name[: MAX_NAME - len(suffix) - 1].rstrip("-.")
-    return f"{head}.{suffix}"

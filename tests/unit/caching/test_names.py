@@ -9,6 +9,7 @@ import re
 import pytest
 
 from localcache.caching import names
+from localcache.runtime import events
 
 SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
@@ -128,8 +129,8 @@ def test_a_shortened_prefix_never_ends_in_a_dot_or_dash() -> None:
     assert valid(name), name
 
 
-def test_event_names_keep_client_gos_form_and_fit() -> None:
-    assert names.event_name("iris", "0123456789abcdef") == "iris.0123456789abcdef"
-    long = names.event_name("m" * 253, "0123456789abcdef")
+def test_event_names_of_long_cache_names_keep_client_gos_form_and_fit() -> None:
+    assert events.event_name("iris", "0123456789abcdef") == "iris.0123456789abcdef"
+    long = events.event_name("m" * 253, "0123456789abcdef")
     assert valid(long)
     assert long.endswith(".0123456789abcdef")
