@@ -22,7 +22,7 @@ import os
 import stat
 from pathlib import Path
 
-from localcache.agent.disk import layout
+from localcache.agent.disk import layout, tree
 
 ROOT_MODE = 0o2775
 
@@ -61,13 +61,11 @@ def _reown_trash(trash: Path, *, uid: int, gid: int) -> int:
     except FileNotFoundError:
         return 0
     count = 0
-    for dirpath, dirnames, filenames in os.walk(trash):  # never follows symlinks
-        for name in [*dirnames, *filenames]:
-            path = os.path.join(dirpath, name)
-            info = os.lstat(path)
-            if (info.st_uid, info.st_gid) != (uid, gid):
-                os.chown(path, uid, gid, follow_symlinks=False)
-                count += 1
+    for path, _ in tree.below(trash, skip_unlistable=True):  # any depth, never following symlinks
+        info = os.lstat(path)
+        if (info.st_uid, info.st_gid) != (uid, gid):
+            os.chown(path, uid, gid, follow_symlinks=False)
+            count += 1
     return count
 
 

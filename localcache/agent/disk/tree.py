@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import stat
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -155,13 +155,45 @@ def _grant_owner_access(path: Path) -> None:
         stack.extend(e.path for e in entries if e.is_dir(follow_symlinks=False))
 
 
+def below(top: Path, *, skip_unlistable: bool = False) -> Iterator[tuple[str, bool]]:
+    """Every entry below `top` as (path, is a directory), each directory after its children,
+    without recursion (a tenant's tree may be thousands of levels deep) and without following
+    symlinks. A directory that cannot be listed raises its OSError, or with `skip_unlistable`
+    is passed over (as `os.walk` does)."""
+    stack: list[tuple[str, bool]] = [(str(top), False)]
+    while stack:
+        current, listed = stack.pop()
+        if listed:
+            if current != str(top):
+                yield current, True
+            continue
+        stack.append((current, True))
+        try:
+            listing = os.scandir(current)
+        except OSError:
+            if not skip_unlistable:
+                raise
+            continue
+        with listing as entries:
+            for entry in entries:
+                if entry.is_dir(follow_symlinks=False):
+                    stack.append((entry.path, False))
+                else:
+                    yield entry.path, False
+
+
 def remove(path: Path) -> None:
-    """Remove one entry of `.trash` completely, or raise the first OSError."""
+    """Remove one entry of `.trash` completely, at any depth, or raise the first OSError."""
     if not stat.S_ISDIR(os.lstat(path).st_mode):
         os.unlink(path)
         return
     _grant_owner_access(path)
-    shutil.rmtree(path)
+    for entry, is_dir in below(path):
+        if is_dir:
+            os.rmdir(entry)
+        else:
+            os.unlink(entry)
+    os.rmdir(path)
 
 
 def describe_error(exc: OSError) -> str:
