@@ -107,7 +107,13 @@ async def holder(client: kube.Kube, namespace: str) -> str:
 async def exactly_one_leads_for(seconds: float, *members: Member) -> Member:
     """Observe the group for `seconds`: at every look exactly one member leads, the same one."""
     loop = asyncio.get_running_loop()
-    first = await wait_until(lambda: leaders(*members), timeout=30, what="a leader was elected")
+    # The elector says "leading" one loop turn before its manager starts the leader-only
+    # components, so the watch begins once a leader has also started.
+    first = await wait_until(
+        lambda: [m for m in leaders(*members) if m.mgr.started.is_set()],
+        timeout=30,
+        what="a leader was elected and started its controllers",
+    )
     leader = first[0]
     end = loop.time() + seconds
     while loop.time() < end:
