@@ -52,7 +52,7 @@ import structlog
 from localcache.api import quantity as quantity_mod
 from localcache.download import http
 from localcache.runtime import clock as clock_mod
-from localcache.runtime import durable
+from localcache.runtime import durable, fstree
 
 log = structlog.get_logger(__name__)
 
@@ -280,10 +280,8 @@ def _clean_up(staging: Path | None, created_dest: Path | None) -> None:
 
 
 def _remove(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path)
-    elif os.path.lexists(path):
-        path.unlink()
+    if os.path.lexists(path):
+        fstree.remove_tree(path)
 
 
 def _os_message(exc: OSError) -> str:

@@ -1,14 +1,15 @@
 """Durable writes on a local filesystem: what survives a crash once a call returns.
 
 Shared by the node agent (model folders, manifests, promotion records) and the download
-program inside download Jobs; it imports nothing of localcache.
+program inside download Jobs; it imports nothing of localcache but `runtime.fstree`.
 
 - `fsync_dir(path)` flushes a directory, so renames and creations in it are on disk; it
   raises `OSError` (e.g. `path` is missing or not a directory).
 - `fsync_tree(path)` is best effort: it flushes every regular file and directory under
   `path` and ignores what it cannot open. Files are opened non-blocking, without following
   symlinks, and only regular ones are flushed: a tree written by someone else may hold a
-  FIFO or a device node, whose blocking open would hang the caller.
+  FIFO or a device node, whose blocking open would hang the caller, or be deeper than the
+  interpreter's recursion limit (it walks with `runtime.fstree`).
 - `write_json_atomic(path, data)` writes `data` as JSON (sorted keys) to a hidden temporary
   file next to `path` (`.<name>.<random>.tmp`), fsyncs it, renames it over `path` and fsyncs
   the directory: readers see the old content or the new one, never a part. A crash may leave
@@ -23,6 +24,7 @@ write through these functions.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import stat
@@ -30,6 +32,8 @@ import uuid
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+from localcache.runtime import fstree
 
 
 def fsync_dir(path: Path) -> None:
@@ -42,18 +46,19 @@ def fsync_dir(path: Path) -> None:
 
 def fsync_tree(path: Path) -> None:
     """Best effort: flush every regular file and directory under `path` (module doc)."""
-    for dirpath, _dirnames, filenames in os.walk(path):
-        for name in filenames:
-            with contextlib.suppress(OSError):
-                flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY
-                fd = os.open(os.path.join(dirpath, name), flags)
-                try:
-                    if stat.S_ISREG(os.fstat(fd).st_mode):
-                        os.fsync(fd)
-                finally:
-                    os.close(fd)
+    entries = fstree.below(path, skip_unlistable=True)
+    for entry, is_dir in itertools.chain(entries, [(str(path), True)]):
         with contextlib.suppress(OSError):
-            fsync_dir(Path(dirpath))
+            if is_dir:
+                fsync_dir(Path(entry))
+                continue
+            flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY
+            fd = os.open(entry, flags)
+            try:
+                if stat.S_ISREG(os.fstat(fd).st_mode):
+                    os.fsync(fd)
+            finally:
+                os.close(fd)
 
 
 def write_json_atomic(path: Path, data: Mapping[str, Any]) -> None:

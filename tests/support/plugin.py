@@ -6,6 +6,9 @@ Fixtures:
 - `namespace` (function): a fresh namespace for the test, deleted afterwards.
 - `task_leak_guard` (function, autouse for async tests): fails tests that leak tasks.
 
+Every test is put in one of two pytest-xdist groups (`worker_group`), for `make test`'s two
+workers.
+
 Tests marked `kcm` are skipped when no kube-controller-manager binary is available (for
 example an envtest `KUBEBUILDER_ASSETS` directory).
 """
@@ -68,7 +71,20 @@ async def _async_task_leak_guard(request: pytest.FixtureRequest) -> AsyncIterato
     await leakguard.assert_no_leaked_tasks(before)
 
 
+#: The end-to-end packages on the run's one shared real-node test bed (tests/e2e/conftest.py).
+SHARED_BED_PACKAGES = ("tests/e2e/migration/", "tests/e2e/profiles/", "tests/e2e/realnodes/")
+
+
+def worker_group(path: str) -> str:
+    """The pytest-xdist group of a test file (`make test` runs two workers, `--dist loadgroup`):
+    the shared-bed packages on one worker, in order, everything else on the other, so that the
+    session control plane and the test bed each start once and their waits overlap."""
+    return "shared-bed" if any(p in path for p in SHARED_BED_PACKAGES) else "control-plane"
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        if "tests/integration" in str(item.path) or "tests/e2e" in str(item.path):
+        path = item.path.as_posix()
+        if "tests/integration" in path or "tests/e2e" in path:
             item.add_marker(pytest.mark.integration)
+        item.add_marker(pytest.mark.xdist_group(worker_group(path)))

@@ -22,7 +22,8 @@ import os
 import stat
 from pathlib import Path
 
-from localcache.agent.disk import layout, tree
+from localcache.agent.disk import layout
+from localcache.runtime import fstree
 
 ROOT_MODE = 0o2775
 
@@ -61,7 +62,7 @@ def _reown_trash(trash: Path, *, uid: int, gid: int) -> int:
     except FileNotFoundError:
         return 0
     count = 0
-    for path, _ in tree.below(trash, skip_unlistable=True):  # any depth, never following symlinks
+    for path, _ in fstree.below(trash, skip_unlistable=True):  # any depth, never following symlinks
         info = os.lstat(path)
         if (info.st_uid, info.st_gid) != (uid, gid):
             os.chown(path, uid, gid, follow_symlinks=False)

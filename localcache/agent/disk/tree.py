@@ -10,7 +10,8 @@ FIFO or device, or leave a world-writable or setuid file in a folder it serves:
   file of another uid), an entry it cannot remove and a directory it cannot read are logged
   and returned (`Normalised`), and the caller decides what they mean;
 - `remove` deletes a tree completely or raises the first `OSError`; directories this process
-  owns are made writable first (archives may unpack 0555 folders). It never ignores errors;
+  owns are made writable first (archives may unpack 0555 folders). It never ignores errors
+  and walks without recursion (`runtime.fstree`);
 - `plain_directory` makes a directory or raises `layout.DiskError` when something else (a
   symlink, a file) is there; `not_a_directory` says what is there instead; `listing` lists a
   directory, empty when it is missing.
@@ -22,13 +23,13 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import structlog
 
 from localcache.agent.disk import layout
+from localcache.runtime import fstree
 
 log = structlog.get_logger(__name__)
 
@@ -151,35 +152,8 @@ def _grant_owner_access(path: Path) -> None:
                 os.chmod(current, stat.S_IMODE(info.st_mode) | 0o700)
             entries = list(os.scandir(current))
         except OSError:
-            continue  # rmtree reports it
+            continue  # the removal reports it
         stack.extend(e.path for e in entries if e.is_dir(follow_symlinks=False))
-
-
-def below(top: Path, *, skip_unlistable: bool = False) -> Iterator[tuple[str, bool]]:
-    """Every entry below `top` as (path, is a directory), each directory after its children,
-    without recursion (a tenant's tree may be thousands of levels deep) and without following
-    symlinks. A directory that cannot be listed raises its OSError, or with `skip_unlistable`
-    is passed over (as `os.walk` does)."""
-    stack: list[tuple[str, bool]] = [(str(top), False)]
-    while stack:
-        current, listed = stack.pop()
-        if listed:
-            if current != str(top):
-                yield current, True
-            continue
-        stack.append((current, True))
-        try:
-            listing = os.scandir(current)
-        except OSError:
-            if not skip_unlistable:
-                raise
-            continue
-        with listing as entries:
-            for entry in entries:
-                if entry.is_dir(follow_symlinks=False):
-                    stack.append((entry.path, False))
-                else:
-                    yield entry.path, False
 
 
 def remove(path: Path) -> None:
@@ -188,12 +162,7 @@ def remove(path: Path) -> None:
         os.unlink(path)
         return
     _grant_owner_access(path)
-    for entry, is_dir in below(path):
-        if is_dir:
-            os.rmdir(entry)
-        else:
-            os.unlink(entry)
-    os.rmdir(path)
+    fstree.remove_tree(path)
 
 
 def describe_error(exc: OSError) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import tempfile
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from localcache.agent.disk import folders, layout, tree
+from tests.support.trees import deep_tree
 
 KEY = "0123456789abcdef"
 OTHER = "fedcba9876543210"
@@ -102,6 +104,17 @@ def test_promote_moves_the_download_into_place_and_records_the_manifest(tmp_path
         "job": JOB,
     }
     assert d.list_model_folders() == [KEY]
+
+
+def test_promote_publishes_a_download_deeper_than_the_recursion_limit(tmp_path: Path) -> None:
+    """Security review finding 4: a tenant's download of an 1100-level tree made the flush
+    before the rename raise RecursionError, on every pass of that node's agent."""
+    d = folders.ModelDisk(tmp_path)
+    staging = d.prepare_staging(KEY, JOB)
+    deep_tree(staging / "weights", sys.getrecursionlimit() + 100)
+    d.promote(staging, KEY, _manifest(size=1))
+    assert d.is_complete(KEY)
+    assert (d.model_path(KEY) / "weights" / "d").is_dir()
 
 
 def test_manifest_is_kept_outside_the_model_folder(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ import pytest
 
 from localcache import cli
 from localcache.agent.disk import rootdir, tree
+from tests.support.trees import deep_tree
 
 
 def _owner_and_mode(path: Path) -> tuple[int, int, int]:
@@ -92,25 +93,9 @@ def test_folders_left_in_trash_by_another_uid_are_given_to_the_agent(tmp_path: P
     assert not any("entries" in c for c in rootdir.prepare(root, uid=65532, gid=1000))
 
 
-def _deep_tree(top: Path, depth: int) -> Path:
-    """`top/d/d/.../d/model.bin`, `depth` levels (made without os.makedirs, which recurses)."""
-    os.mkdir(top)
-    current = str(top)
-    for _ in range(depth):
-        current = os.path.join(current, "d")
-        os.mkdir(current)
-    Path(current, "model.bin").write_bytes(b"x")
-    return top
-
-
-def test_a_tree_deeper_than_the_recursion_limit_is_walked_and_removed(tmp_path: Path) -> None:
+def test_a_tree_deeper_than_the_recursion_limit_is_removed(tmp_path: Path) -> None:
     """Security review finding 4: a tenant's 1100-level tree in `.trash` made os.walk and
     shutil.rmtree raise RecursionError on every pass."""
-    depth = sys.getrecursionlimit() + 100
-    deep = _deep_tree(tmp_path / "deep", depth)
-    found = list(tree.below(deep))
-    assert len(found) == depth + 1  # every directory and the file, children first
-    assert found[0][0].endswith("model.bin")
-    assert found[-1] == (str(deep / "d"), True)
+    deep = deep_tree(tmp_path / "deep", sys.getrecursionlimit() + 100)
     tree.remove(deep)
     assert not deep.exists()

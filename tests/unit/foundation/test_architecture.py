@@ -135,6 +135,7 @@ def _settings(i: Import) -> bool:
 DOWNLOAD_NEEDS = (
     "localcache.download",
     "localcache.runtime.durable",
+    "localcache.runtime.fstree",
     "localcache.runtime.clock",
     "localcache.runtime.errors",
     "localcache.api.quantity",

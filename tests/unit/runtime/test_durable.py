@@ -4,11 +4,13 @@ share."""
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
 
 from localcache.runtime import durable
+from tests.support.trees import deep_tree
 
 
 def test_an_atomic_json_write_replaces_the_file_and_leaves_no_temporary(tmp_path: Path) -> None:
@@ -45,3 +47,10 @@ def test_fsync_tree_never_opens_a_fifo_blocking(tmp_path: Path) -> None:
     os.symlink("/nonexistent", tmp_path / "link")
     durable.fsync_tree(tmp_path)
     durable.fsync_tree(tmp_path / "missing")  # best effort: nothing to flush
+
+
+def test_fsync_tree_flushes_a_tree_deeper_than_the_recursion_limit(tmp_path: Path) -> None:
+    """Security review finding 4: the agent flushes a download's tree before it promotes it;
+    with os.walk that raised RecursionError on a tenant's 1100-level tree, on every pass."""
+    deep = deep_tree(tmp_path / "deep", sys.getrecursionlimit() + 100)
+    durable.fsync_tree(deep)  # returns: nothing to compare, a flush changes no content
