@@ -78,16 +78,40 @@ class Limits:
         return DownloadError(f"{self.uri}: did not finish within {self.deadline:g} s (--deadline)")
 
 
+_NAT64_PREFIXES = (ipaddress.ip_network("64:ff9b::/96"), ipaddress.ip_network("64:ff9b:1::/48"))
+_IPV4_COMPATIBLE = ipaddress.ip_network("::/96")
+
+
+def _embedded_ipv4(ip: ipaddress.IPv6Address) -> list[ipaddress.IPv4Address]:
+    """The IPv4 addresses an IPv6 address carries to a gateway that unwraps them: mapped
+    (`::ffff:a.b.c.d`), IPv4-compatible (`::a.b.c.d`), NAT64 (`64:ff9b::a.b.c.d`, and the
+    local-use `64:ff9b:1::/48` with the address in its last 32 bits), 6to4 (`2002:AABB:CCDD::`)
+    and Teredo's client."""
+    last32 = ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
+    found = [a for a in (ip.ipv4_mapped, ip.sixtofour) if a is not None]
+    if ip.teredo is not None:
+        found.append(ip.teredo[1])
+    if any(ip in prefix for prefix in _NAT64_PREFIXES) or (
+        ip in _IPV4_COMPATIBLE and int(ip) > 1  # :: and ::1 are IPv6's own
+    ):
+        found.append(last32)
+    return found
+
+
 def is_internal_address(address: str) -> bool:
-    """True for loopback, link-local, unspecified and cloud-metadata IP addresses (IPv4-mapped
-    IPv6 included): where a redirect must not lead a download."""
+    """True for loopback, link-local, unspecified and cloud-metadata IP addresses, and IPv6
+    addresses that carry one (`_embedded_ipv4`): where a redirect must not lead a download."""
     try:
         ip = ipaddress.ip_address(address.split("%", 1)[0])
     except ValueError:
         return False
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    return ip.is_loopback or ip.is_link_local or ip.is_unspecified or ip in _METADATA_ADDRESSES
+    candidates: list[ipaddress.IPv4Address | ipaddress.IPv6Address] = [ip]
+    if isinstance(ip, ipaddress.IPv6Address):
+        candidates += _embedded_ipv4(ip)
+    return any(
+        a.is_loopback or a.is_link_local or a.is_unspecified or a in _METADATA_ADDRESSES
+        for a in candidates
+    )
 
 
 async def _addresses(host: str, port: int) -> list[str]:

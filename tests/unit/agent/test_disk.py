@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from localcache.agent.disk import folders, layout, tree
+from localcache.runtime import fstree
 from tests.support.trees import deep_tree
 
 KEY = "0123456789abcdef"
@@ -111,10 +112,11 @@ def test_promote_publishes_a_download_deeper_than_the_recursion_limit(tmp_path: 
     before the rename raise RecursionError, on every pass of that node's agent."""
     d = folders.ModelDisk(tmp_path)
     staging = d.prepare_staging(KEY, JOB)
-    deep_tree(staging / "weights", sys.getrecursionlimit() + 100)
-    d.promote(staging, KEY, _manifest(size=1))
-    assert d.is_complete(KEY)
-    assert (d.model_path(KEY) / "weights" / "d").is_dir()
+    with deep_tree(staging / "weights", sys.getrecursionlimit() + 100):
+        d.promote(staging, KEY, _manifest(size=1))
+        assert d.is_complete(KEY)
+        assert (d.model_path(KEY) / "weights" / "d").is_dir()
+    fstree.remove_tree(d.model_path(KEY))  # what pytest's clean-up could not remove
 
 
 def test_manifest_is_kept_outside_the_model_folder(tmp_path: Path) -> None:

@@ -96,6 +96,6 @@ def test_folders_left_in_trash_by_another_uid_are_given_to_the_agent(tmp_path: P
 def test_a_tree_deeper_than_the_recursion_limit_is_removed(tmp_path: Path) -> None:
     """Security review finding 4: a tenant's 1100-level tree in `.trash` made os.walk and
     shutil.rmtree raise RecursionError on every pass."""
-    deep = deep_tree(tmp_path / "deep", sys.getrecursionlimit() + 100)
-    tree.remove(deep)
-    assert not deep.exists()
+    with deep_tree(tmp_path / "deep", sys.getrecursionlimit() + 100) as deep:
+        tree.remove(deep)
+        assert not deep.exists()

@@ -205,6 +205,18 @@ async def test_a_redirect_to_an_internal_address_is_refused(
         ("::ffff:127.0.0.1", True),
         ("fd00:ec2::254", True),
         ("100.100.100.200", True),
+        # security review finding 13: IPv6 forms that a gateway unwraps to an IPv4 address
+        ("64:ff9b::127.0.0.1", True),
+        ("64:ff9b::a9fe:a9fe", True),  # NAT64 of 169.254.169.254
+        ("64:ff9b:1::7f00:1", True),
+        ("2002:7f00:1::", True),  # 6to4 of 127.0.0.1
+        ("2002:a9fe:a9fe::1", True),
+        ("::127.0.0.1", True),  # IPv4-compatible
+        ("::169.254.169.254", True),
+        ("2001:0:4136:e378:8000:63bf:80ff:fffe", True),  # Teredo, client 127.0.0.1
+        ("64:ff9b::93.184.216.34", False),
+        ("2002:5db8:d822::", False),
+        ("::93.184.216.34", False),
         ("10.0.0.1", False),
         ("93.184.216.34", False),
         ("2001:db8::1", False),

@@ -52,5 +52,5 @@ def test_fsync_tree_never_opens_a_fifo_blocking(tmp_path: Path) -> None:
 def test_fsync_tree_flushes_a_tree_deeper_than_the_recursion_limit(tmp_path: Path) -> None:
     """Security review finding 4: the agent flushes a download's tree before it promotes it;
     with os.walk that raised RecursionError on a tenant's 1100-level tree, on every pass."""
-    deep = deep_tree(tmp_path / "deep", sys.getrecursionlimit() + 100)
-    durable.fsync_tree(deep)  # returns: nothing to compare, a flush changes no content
+    with deep_tree(tmp_path / "deep", sys.getrecursionlimit() + 100) as deep:
+        durable.fsync_tree(deep)  # returns: nothing to compare, a flush changes no content

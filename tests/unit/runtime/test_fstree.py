@@ -18,16 +18,16 @@ DEPTH = sys.getrecursionlimit() + 100
 
 def test_the_standard_library_recurses_on_such_a_tree(tmp_path: Path) -> None:
     """What the module exists for (Python 3.11): a check that the test's tree is deep enough."""
-    deep = deep_tree(tmp_path / "deep", DEPTH)
-    with pytest.raises(RecursionError):
-        list(os.walk(deep))
-    with pytest.raises(RecursionError):
-        shutil.rmtree(deep)
+    with deep_tree(tmp_path / "deep", DEPTH) as deep:
+        with pytest.raises(RecursionError):
+            list(os.walk(deep))
+        with pytest.raises(RecursionError):
+            shutil.rmtree(deep)
 
 
 def test_below_yields_every_entry_children_first(tmp_path: Path) -> None:
-    deep = deep_tree(tmp_path / "deep", DEPTH)
-    found = list(fstree.below(deep))
+    with deep_tree(tmp_path / "deep", DEPTH) as deep:
+        found = list(fstree.below(deep))
     assert len(found) == DEPTH + 1  # every directory and the file
     assert found[0][0].endswith("model.bin")
     assert found[0][1] is False
@@ -55,9 +55,9 @@ def test_an_unlistable_directory_raises_or_is_passed_over(tmp_path: Path) -> Non
 
 
 def test_remove_tree_removes_a_deep_tree_a_file_and_a_dangling_link(tmp_path: Path) -> None:
-    deep = deep_tree(tmp_path / "deep", DEPTH)
-    fstree.remove_tree(deep)
-    assert not deep.exists()
+    with deep_tree(tmp_path / "deep", DEPTH) as deep:
+        fstree.remove_tree(deep)
+        assert not deep.exists()
     single = tmp_path / "file"
     single.write_text("x")
     fstree.remove_tree(single)
