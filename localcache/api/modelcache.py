@@ -16,6 +16,10 @@ from localcache.api.storage import LocalModelStorageSpec
 FINALIZER: Final = "localmodel.kserve.io/finalizer"
 NAMESPACE_CACHE_FINALIZER: Final = "localmodelnamespacecache.kserve.io/finalizer"
 
+MAX_SOURCE_URI_LENGTH: Final = 2048
+"""Characters of a `sourceModelUri` (`caching.uris.malformed` says why): room for an S3 or GCS
+key of 1024 bytes with its bucket and scheme, or a long https URL."""
+
 CONDITION_READY: Final = "Ready"
 CONDITION_DEGRADED: Final = "Degraded"
 
@@ -40,10 +44,13 @@ class LocalModelCacheSpec(meta.ApiModel):
             "InferenceServices whose storageUri equals it or lies under it use the cache. "
             "Immutable."
         ),
+        # maxLength in the CRDs only: an object stored before (KServe's CRDs set none) still
+        # parses, so it can be deleted; the controller leaves it out of LocalModelNodes
         json_schema_extra={
+            "maxLength": MAX_SOURCE_URI_LENGTH,
             "x-kubernetes-validations": [
                 {"rule": "self == oldSelf", "message": "StorageUri is immutable"}
-            ]
+            ],
         },
     )
     model_size: Quantity = Field(

@@ -15,7 +15,7 @@ from enum import StrEnum
 
 from pydantic import Field
 
-from localcache.api import groupversion, meta
+from localcache.api import groupversion, meta, modelcache
 from localcache.api.storage import LocalModelStorageSpec
 
 
@@ -32,7 +32,10 @@ class ModelStatus(StrEnum):
 class LocalModelInfo(meta.ApiModel):
     """One model the node must hold, for one cache. Identified by (namespace, modelName)."""
 
-    source_model_uri: str = Field(description="URI of the model to download.")
+    source_model_uri: str = Field(
+        description="URI of the model to download.",
+        json_schema_extra={"maxLength": modelcache.MAX_SOURCE_URI_LENGTH},
+    )
     model_name: str = Field(description="Name of the LocalModelCache or LocalModelNamespaceCache.")
     namespace: str | None = Field(
         default=None,

@@ -17,14 +17,21 @@ A URI is supported when it starts with one of `SUPPORTED_PREFIXES` followed by s
 when an enabled download-job ClusterStorageContainer's `supportedUriFormats` match it (a
 prefix, else a regular expression found anywhere, as the agent selects containers; a
 container whose regex does not compile supports nothing).
+
+A URI is refused before that when it is malformed (`malformed`): longer than `MAX_LENGTH`
+characters (the CRDs' `maxLength` too: a URI is copied into every LocalModelNode of its
+group, and etcd refuses an object over 1.5 MiB, so one tenant's long URIs would stop every
+cache reaching those nodes), holding whitespace or control characters, or not parsing as a
+URL (`http://[::1`, a port that is not a number, an http(s) URI with no host).
 """
 
 from __future__ import annotations
 
+import urllib.parse
 from collections.abc import Iterable
 from typing import Final
 
-from localcache.api import storage
+from localcache.api import modelcache, storage
 
 SUPPORTED_SCHEMES: Final = (
     "gs",
@@ -38,6 +45,7 @@ SUPPORTED_SCHEMES: Final = (
     "https",
 )
 SUPPORTED_PREFIXES: Final = tuple(f"{scheme}://" for scheme in SUPPORTED_SCHEMES)
+MAX_LENGTH: Final = modelcache.MAX_SOURCE_URI_LENGTH
 FILE_PREFIX: Final = "file://"
 """Refused unless allowed (demo nodes): in a real download pod it reads the pod's own files,
 such as its ServiceAccount token, into a model folder other tenants may read."""
@@ -81,3 +89,20 @@ def supported(
 def describe_supported(*, allow_file: bool = False) -> str:
     """The supported schemes for messages: `gs://, s3://, …`."""
     return ", ".join(_prefixes(allow_file))
+
+
+def malformed(uri: str) -> str | None:
+    """Why `uri` cannot be a model's source (module docstring), or None."""
+    if len(uri) > MAX_LENGTH:
+        return f"is {len(uri)} characters long, more than {MAX_LENGTH}"
+    bad = next((c for c in uri if c.isspace() or not c.isprintable()), None)
+    if bad is not None:
+        return f"holds {bad!r} at {uri.index(bad)}: percent-encode it"
+    try:
+        parts = urllib.parse.urlsplit(uri)
+        parts.port  # noqa: B018 (raises ValueError for a port that is not a number)
+    except ValueError as exc:
+        return f"does not parse as a URL: {exc}"
+    if parts.scheme.lower() in ("http", "https") and not parts.hostname:
+        return "names no host"
+    return None

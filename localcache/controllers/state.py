@@ -182,7 +182,14 @@ class _Memo:
     def __init__(self) -> None:
         self._parsed: dict[tuple[str, str], pydantic.BaseModel | None] = {}
 
-    def parse(self, objs: Iterable[Obj], model: type[M]) -> list[tuple[Obj, M]]:
+    def parse(
+        self,
+        objs: Iterable[Obj],
+        model: type[M],
+        refuse: Callable[[M], str | None] = lambda _: None,
+    ) -> list[tuple[Obj, M]]:
+        """The objects that parse as `model` and that `refuse` has nothing against; each
+        other one is logged once per resourceVersion, with its key, and left out."""
         kept: dict[tuple[str, str], pydantic.BaseModel | None] = {}
         out: list[tuple[Obj, M]] = []
         for obj in objs:
@@ -193,13 +200,16 @@ class _Memo:
             else:
                 try:
                     parsed = model.model_validate(obj)
+                    error = refuse(parsed)
                 except pydantic.ValidationError as exc:
+                    error = str(exc)
+                if error is not None:
                     _log.warning(
                         "invalid_object_ignored",
                         kind=obj.get("kind"),
                         name=meta.get("name"),
                         namespace=meta.get("namespace"),
-                        error=str(exc),
+                        error=error,
                     )
                     parsed = None
             kept[memo_key] = parsed
@@ -224,9 +234,11 @@ class StateReader:
 
     def caches(self) -> list[placement.PlacedCache]:
         """Every cache of both kinds, cluster caches first."""
-        cluster = self._caches.parse(self.stores.caches.list(), modelcache.LocalModelCache)
+        cluster = self._caches.parse(
+            self.stores.caches.list(), modelcache.LocalModelCache, _too_long_uri
+        )
         namespaced = self._namespace_caches.parse(
-            self.stores.namespace_caches.list(), modelcache.LocalModelNamespaceCache
+            self.stores.namespace_caches.list(), modelcache.LocalModelNamespaceCache, _too_long_uri
         )
         models: list[modelcache.LocalModelCache | modelcache.LocalModelNamespaceCache] = [
             m for _, m in cluster
@@ -245,6 +257,20 @@ class StateReader:
     def snapshot(self) -> placement.Snapshot:
         nodes = {name_of(obj): obj for obj in self.stores.nodes.list()}
         return placement.Snapshot(nodes=nodes, groups=self.groups(), caches=self.caches())
+
+
+def _too_long_uri(
+    cache: modelcache.LocalModelCache | modelcache.LocalModelNamespaceCache,
+) -> str | None:
+    """A URI that every LocalModelNode of its groups would carry past etcd's object size limit
+    (security review finding 5); the CRDs and the URI policy refuse it, KServe's CRDs do not."""
+    length = len(cache.spec.source_model_uri)
+    if length <= modelcache.MAX_SOURCE_URI_LENGTH:
+        return None
+    return (
+        f"spec.sourceModelUri is {length} characters long, more than "
+        f"{modelcache.MAX_SOURCE_URI_LENGTH}: left out of every LocalModelNode"
+    )
 
 
 def name_of(obj: Obj) -> str:

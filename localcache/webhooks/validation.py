@@ -136,9 +136,12 @@ def check_uri(
     allow_file: bool = False,
 ) -> list[Violation]:
     uri = cache.spec.source_model_uri
-    if (old is not None and old.spec.source_model_uri == uri) or uris.supported(
-        uri, storage_containers, allow_file=allow_file
-    ):
+    if old is not None and old.spec.source_model_uri == uri:
+        return []
+    reason = uris.malformed(uri)
+    if reason is not None:
+        return [Violation("spec.sourceModelUri", f"{uri[:200]!r} {reason}")]
+    if uris.supported(uri, storage_containers, allow_file=allow_file):
         return []
     return [
         Violation(
@@ -334,8 +337,10 @@ class CacheValidator:
             new = self._cache(request.object, request)
             old = self._cache(request.old_object, request)
         except pydantic.ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(part) for part in first["loc"])
             return review.denied(
-                f"expected a {self._model.__name__}: {exc.errors()[0]['msg']}",
+                f"expected a {self._model.__name__}: {where}: {first['msg']}",
                 code=400,
                 reason="BadRequest",
             )

@@ -133,6 +133,36 @@ def test_cache_with_empty_node_groups_is_rejected(
 
 
 @pytest.mark.parametrize("info", CACHE_KINDS, ids=lambda i: i.kind)
+def test_a_source_uri_over_the_length_limit_is_rejected(
+    control_plane: ControlPlane,
+    crds: list[str],
+    namespace: str,
+    info: groupversion.KindInfo,
+    cleanup: list[str],
+) -> None:
+    """Security review finding 5: a 900 KB URI is copied into every LocalModelNode of its
+    groups, which then pass etcd's size limit."""
+    limit = modelcache.MAX_SOURCE_URI_LENGTH
+    uri = "s3://bucket/" + "k" * 900_000
+    body = _cache(info, f"{namespace}-long", namespace, sourceModelUri=uri)
+    status, answer = _create(control_plane, info, body, namespace)
+    _rejected(status, answer, "spec.sourceModelUri", f"may not be more than {limit} bytes")
+    at_limit = "s3://bucket/" + "k" * (limit - len("s3://bucket/"))
+    body = _cache(info, f"{namespace}-edge", namespace, sourceModelUri=at_limit)
+    _must_create(control_plane, info, body, namespace)
+    cleanup.append(info.path(namespace=_ns(info, namespace), name=f"{namespace}-edge"))
+
+
+def test_a_node_entry_uri_over_the_length_limit_is_rejected(
+    control_plane: ControlPlane, crds: list[str]
+) -> None:
+    body = _node("long-uri-node")
+    body["spec"]["localModels"][0]["sourceModelUri"] = "s3://b/" + "k" * 5000
+    status, answer = _create(control_plane, LMN, body, "")
+    _rejected(status, answer, "sourceModelUri", "may not be more than")
+
+
+@pytest.mark.parametrize("info", CACHE_KINDS, ids=lambda i: i.kind)
 def test_changing_source_uri_is_rejected_as_immutable(
     control_plane: ControlPlane,
     crds: list[str],

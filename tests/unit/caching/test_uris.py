@@ -84,3 +84,37 @@ def test_disabled_init_container_and_broken_storage_containers_claim_nothing() -
 def test_the_message_lists_every_scheme() -> None:
     text = uris.describe_supported()
     assert all(f"{scheme}://" in text for scheme in uris.SUPPORTED_SCHEMES)
+
+
+@pytest.mark.parametrize(
+    ("uri", "reason"),
+    [
+        ("s3://bucket/" + "k" * uris.MAX_LENGTH, f"more than {uris.MAX_LENGTH}"),
+        ("http://[::1/model", "does not parse as a URL: Invalid IPv6 URL"),
+        ("https://host:port/model", "does not parse as a URL: Port could not be cast"),
+        ("https:///model", "names no host"),
+        ("gs://bucket/my model", "holds ' ' at 14: percent-encode it"),
+        ("hf://org/model\n", "holds '\\n' at 14"),
+        ("s3://bucket/\x00", "holds '\\x00' at 12"),
+    ],
+)
+def test_a_malformed_uri_says_why(uri: str, reason: str) -> None:
+    """Security review finding 5 (a 900 KB URI wedged every LocalModelNode of its groups) and
+    issue 20's URIs that do not parse."""
+    found = uris.malformed(uri)
+    assert found is not None
+    assert reason in found
+
+
+@pytest.mark.parametrize(
+    "uri",
+    [
+        "s3://bucket/" + "k" * (uris.MAX_LENGTH - len("s3://bucket/")),
+        "hf://org/model",
+        "https://[2001:db8::1]:8443/m",
+        "gs://bucket/a%20b",
+        "oci://registry.example/model:tag",
+    ],
+)
+def test_a_wellformed_uri_passes(uri: str) -> None:
+    assert uris.malformed(uri) is None

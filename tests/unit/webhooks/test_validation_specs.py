@@ -66,3 +66,19 @@ def test_an_update_to_a_non_positive_size_is_denied_but_an_unchanged_one_is_not(
     legacy = lmc("m", size="0")
     new = lmc("m", size="0", groups=("gpu1", "gpu2"))
     assert validation.validate_write(new, old=legacy, snapshot=snapshot(legacy)) == []
+
+
+@pytest.mark.parametrize(
+    ("uri", "says"),
+    [
+        ("s3://bucket/" + "k" * 900_000, "is 900012 characters long, more than 2048"),
+        ("http://[::1", "does not parse as a URL"),
+        ("gs://bucket/two words", "holds ' ' at 15"),
+    ],
+)
+def test_a_malformed_uri_is_denied_naming_the_field(uri: str, says: str) -> None:
+    for cache in (lmc("m", uri), lmnc("m", uri)):
+        found = validation.validate_write(cache, snapshot=snapshot())
+        assert [v.field for v in found] == ["spec.sourceModelUri"]
+        assert says in messages(found)[0]
+        assert len(messages(found)[0]) < 400  # the URI is quoted clipped, never whole
