@@ -45,7 +45,7 @@ test-integration: $(PY) control-plane ## integration tests on the real control p
 
 test: $(PY) control-plane ## the whole suite: lint, types, unit, integration, e2e
 	$(MAKE) lint typecheck
-	$(PY) -m pytest tests -n 2 --dist loadgroup --durations=15 $(PYTEST_ARGS)
+	$(PY) -m pytest tests -n 2 --durations=15 $(PYTEST_ARGS)
 
 bench: $(PY) control-plane ## benchmarks, each printed beside its baseline
 	$(PY) -m benchmarks

@@ -97,6 +97,8 @@ def clean_stale_runs() -> list[str]:
         try:
             state = json.loads((run_dir / "state.json").read_text())
         except (OSError, ValueError):
+            if run_dir.name.startswith("."):
+                continue  # a run being published (`TestBed.start`): its state is not written yet
             state = {}
         owner = int(state.get("owner_pid", 0))
         if owner and _start_time(owner) == state.get("owner_start"):
@@ -142,9 +144,12 @@ class TestBed:
         self.run_id = f"{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.run_dir = runs_root() / self.run_id
         self.log_dir = self.run_dir / "logs"
-        self.log_dir.mkdir(parents=True)
         self.cgroups = cgroups.CgroupTree.below_own(CGROUP_PREFIX + self.run_id)
-        (self.run_dir / "state.json").write_text(
+        # published with its state in one rename: another bed starting at the same time (a
+        # second pytest-xdist worker) never sees this run without its owner and removes it
+        staging = runs_root() / f".{self.run_id}"
+        (staging / "logs").mkdir(parents=True)
+        (staging / "state.json").write_text(
             json.dumps(
                 {
                     "owner_pid": os.getpid(),
@@ -153,6 +158,7 @@ class TestBed:
                 }
             )
         )
+        staging.rename(self.run_dir)
         self._forwarders: list[tuple[subprocess.Popen[str], list[int]]] = []
         try:
             self._start()

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from localcache.devenv import modelserver
+from localcache.devenv.waiting import wait_until_sync
 
 RATE = 100 * 1024
 BIG = 200 * 1024
@@ -68,7 +69,14 @@ def test_stats_count_requests_per_path(server: modelserver.ModelServer) -> None:
     stats = server.stats()
     assert stats.requests["/big.bin"] == before + 3
     assert "/_stats" not in stats.requests
-    assert stats.bytes_sent["/big.bin"] >= 2 * BIG
+
+    # the server counts a chunk once its write returns, which may be after the client read it
+    def all_bytes_counted() -> bool:
+        sent = server.stats().bytes_sent["/big.bin"]
+        assert sent >= 2 * BIG, f"{sent} bytes counted"
+        return True
+
+    wait_until_sync(all_bytes_counted, timeout=10, interval=0.05, what="both bodies counted")
 
 
 def test_throttle_makes_a_200kb_file_take_at_least_1_5s_at_100kb_per_s(models: Path) -> None:
