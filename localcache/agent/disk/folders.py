@@ -39,7 +39,7 @@ from pathlib import Path
 import structlog
 
 from localcache.agent.disk import layout, trash, tree
-from localcache.runtime import durable
+from localcache.runtime import durable, fstree
 
 log = structlog.get_logger(__name__)
 
@@ -268,8 +268,8 @@ class ModelDisk:
         manifest), as complete: normalise it as `promote` does (modes this uid cannot change
         are tolerated and returned), then write its manifest (`adopted` set, `bytes` counted
         here) atomically and fsynced. Refused, with nothing written, unless the folder is a
-        real non-empty directory without a manifest or promotion record, every directory in
-        it could be read and every entry normalisation drops could be removed."""
+        real directory holding a regular file, without a manifest or promotion record, every
+        directory in it could be read and every entry normalisation drops could be removed."""
         final = self.model_path(storage_key)
         kind = tree.not_a_directory(final)
         if kind is not None:
@@ -281,8 +281,10 @@ class ModelDisk:
         for what, path in records.items():
             if os.path.lexists(path):
                 return layout.Adoption(refused=f"{storage_key} has {what} ({path.name})")
-        if not any(final.iterdir()):
-            return layout.Adoption(refused=f"{final} is empty")
+        if not _holds_a_regular_file(final):
+            # empty, or a chain of empty directories such as the kubelet makes for a pod's
+            # subPath below a folder that does not exist yet (security review finding 14)
+            return layout.Adoption(refused=f"{final} holds no regular file")
         done = tree.normalise(final)
         if done.not_removed or done.unreadable:
             left = [*done.not_removed, *done.unreadable]
@@ -322,3 +324,12 @@ class ModelDisk:
     def remove_staging(self, storage_key: str, job_name: str) -> None:
         """Discard one staging folder (e.g. of a failed download before its retry)."""
         self._trash.remove_tree(self.staging_path(storage_key, job_name))
+
+
+def _holds_a_regular_file(folder: Path) -> bool:
+    """Whether some regular file lies below `folder` (symlinks not followed)."""
+    for path, is_dir in fstree.below(folder, skip_unlistable=True):
+        with contextlib.suppress(OSError):
+            if not is_dir and stat.S_ISREG(os.lstat(path).st_mode):
+                return True
+    return False

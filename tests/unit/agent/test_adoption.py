@@ -368,7 +368,9 @@ def test_adopt_refuses_an_unreadable_directory(
     assert root.manifest(KEY) is None
 
 
-@pytest.mark.parametrize("case", ["missing", "symlink", "file", "empty", "manifest", "record"])
+@pytest.mark.parametrize(
+    "case", ["missing", "symlink", "file", "empty", "empty-chain", "manifest", "record"]
+)
 def test_adopt_refuses_and_writes_nothing(
     root: folders.ModelDisk, tmp_path: Path, case: str
 ) -> None:
@@ -381,6 +383,8 @@ def test_adopt_refuses_and_writes_nothing(
         folder.write_bytes(b"x")
     elif case == "empty":
         folder.mkdir()
+    elif case == "empty-chain":  # what the kubelet makes for a subPath below a missing folder
+        (folder / "a" / "b").mkdir(parents=True)
     elif case != "missing":
         kserve_folder(root)
         suffix = layout.MANIFEST_SUFFIX if case == "manifest" else layout.RECORD_SUFFIX
