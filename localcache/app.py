@@ -182,7 +182,7 @@ async def _webhook_server(
     cert_dir = settings.webhook.cert_dir
     if cert_manager is not None:
         await cert_manager.ensure()
-    reloadable = tls.ReloadableTLS(cert_dir / "tls.crt", cert_dir / "tls.key")
+    reloadable = tls.ReloadableTLS(cert_dir / "tls.crt", cert_dir / "tls.key", settings.webhook.tls)
     if cert_manager is not None:
 
         def reload(_bundle: certgen.CertBundle) -> None:

@@ -2,15 +2,14 @@
 
 Every flag has an environment variable (`LOCALCACHE_*`, or the Kubernetes convention where one
 exists: `KUBECONFIG`, `NODE_NAME`, `POD_NAMESPACE`, `POD_NAME`); a flag wins over its
-variable, which wins over the default. The table in README.md is generated from `FLAGS` by
-`python -m localcache.settings --markdown`, so it cannot drift. `Settings` is an immutable
-value built once by the entry point and handed to the composition root; nothing reads it from
-globals. Its groups: `connection`, `logging`, `serving` (metrics/health server), `config`
-(the ConfigMaps; the namespace also holds the Lease and the webhook Secret), `leadership`,
-`controller`, `webhook`, `agent`; and `given`, the `dest`s of the flags the user gave (on the
-command line, or by a non-empty environment variable), so callers tell "left alone" from
-"chosen" whatever the value. Imports no domain package: `--models-roots` parses into
-settings' own `RootMount`, which the composition root converts for the agent.
+variable, which wins over the default. README.md's table is generated from `FLAGS` (`python -m
+localcache.settings --markdown`). `Settings` is an immutable value built once by the entry
+point and handed to the composition root. Its groups: `connection`, `logging`, `serving`
+(metrics/health server), `config` (the ConfigMaps; the namespace also holds the Lease and the
+webhook Secret), `leadership`, `controller`, `webhook`, `agent`; and `given`, the `dest`s of
+the flags the user gave (flag or non-empty variable), so callers tell "left alone" from
+"chosen" whatever the value. Imports no domain package (`--models-roots` parses into
+`RootMount`, which the composition root converts for the agent).
 """
 
 from __future__ import annotations
@@ -27,6 +26,7 @@ from pathlib import Path, PurePosixPath
 from typing import Literal
 
 from localcache.runtime import keys
+from localcache.runtime.serving import tlsoptions
 
 _ALL = ("controller", "agent", "run")
 _CONTROLLER = ("controller", "run")
@@ -35,9 +35,8 @@ _AGENT = ("agent", "run")
 
 @dataclass(frozen=True)
 class Flag:
-    """One setting: its flag, environment variable, default and help text. `dest` (the
-    argparse destination and the name in `Settings.given`) is the flag's name in snake case
-    unless given."""
+    """One setting: flag, environment variable, default and help text; `dest` (argparse's
+    destination, the name in `Settings.given`) defaults to the flag's name in snake case."""
 
     flag: str
     env: str
@@ -61,10 +60,8 @@ def _for(commands: tuple[str, ...], *flags: Flag) -> tuple[Flag, ...]:
 FLAGS: tuple[Flag, ...] = (
     Flag("--kubeconfig", "KUBECONFIG", "",
          "kubeconfig file; empty: in-cluster config, else ~/.kube/config"),
-    Flag("--log-level", "LOCALCACHE_LOG_LEVEL", "info",
-         "debug, info, warning or error"),
-    Flag("--log-format", "LOCALCACHE_LOG_FORMAT", "json",
-         "json or console"),
+    Flag("--log-level", "LOCALCACHE_LOG_LEVEL", "info", "debug, info, warning or error"),
+    Flag("--log-format", "LOCALCACHE_LOG_FORMAT", "json", "json or console"),
     Flag("--metrics-port", "LOCALCACHE_METRICS_PORT", "8080",
          "port of /metrics, /healthz and /readyz (0: a free port)", "int"),
     Flag("--bind-address", "LOCALCACHE_BIND_ADDRESS", "0.0.0.0",
@@ -116,6 +113,10 @@ FLAGS: tuple[Flag, ...] = (
         Flag("--self-managed-certs", "LOCALCACHE_SELF_MANAGED_CERTS", "true",
              "create/rotate certificates and patch caBundle (false: cert-manager mounts them)",
              "bool"),
+        Flag("--tls-min-version", "LOCALCACHE_TLS_MIN_VERSION", "VersionTLS12",
+             "lowest TLS version of the admission server: VersionTLS12 or VersionTLS13"),
+        Flag("--tls-cipher-suites", "LOCALCACHE_TLS_CIPHER_SUITES", "",
+             "its TLS 1.2 cipher suites, Go's names, comma-separated (empty: ECDHE with AEAD)"),
     ),
     *_for(("agent",),
         Flag("--node-name", "NODE_NAME", "",
@@ -189,6 +190,7 @@ class Webhook:
     validating_configuration: str
     self_managed_certs: bool
     allow_file_uris: bool
+    tls: tlsoptions.TLSOptions
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,7 +241,7 @@ def _parse_bool(text: str, flag: Flag) -> bool:
     raise SettingsError(f"{flag.flag} / {flag.env}: expected true or false, got {text!r}")
 
 
-def _normalise(path: str | Path) -> str:
+def _normalised(path: str | Path) -> str:
     return str(PurePosixPath(os.path.normpath(str(path))))
 
 
@@ -257,9 +259,9 @@ def parse_root_mounts(text: str) -> tuple[RootMount, ...]:
             raise SettingsError(
                 f"--models-roots: want <host path>=<container path>, both absolute, got {part!r}"
             )
-        mounts.append(RootMount(_normalise(host), Path(container)))
+        mounts.append(RootMount(_normalised(host), Path(container)))
     hosts = [m.host_path for m in mounts]
-    containers = [_normalise(m.container_path) for m in mounts]
+    containers = [_normalised(m.container_path) for m in mounts]
     for what, values in (("host path", hosts), ("container path", containers)):
         if dup := sorted({v for v in values if values.count(v) > 1}):
             raise SettingsError(f"--models-roots: {what} given twice: {', '.join(dup)}")
@@ -327,6 +329,10 @@ def from_args(
     kserve = s("kserve_config").split("/") if raw["kserve_config"] else None
     if kserve is not None and len(kserve) != 2:
         raise SettingsError(f"--kserve-config: want namespace/name, got {s('kserve_config')!r}")
+    try:
+        tls = tlsoptions.resolve(s("tls_min_version"), s("tls_cipher_suites"))
+    except ValueError as exc:
+        raise SettingsError(f"--tls-min-version / --tls-cipher-suites: {exc}") from exc
     hooks_text = s("webhook_configurations")
     hooks = hooks_text.split(",")
     if len(hooks) != 2 or not all(hooks):
@@ -366,6 +372,7 @@ def from_args(
             validating_configuration=hooks[1],
             self_managed_certs=bool(raw["self_managed_certs"]),
             allow_file_uris=bool(raw["allow_file_uris"]),
+            tls=tls,
         ),
         agent=Agent(
             node_name=s("node_name"),

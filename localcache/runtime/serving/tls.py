@@ -1,7 +1,7 @@
 """TLS serving for the admission webhook server: a hot-reloadable certificate and a TCP site.
 
 - `ReloadableTLS`: a server `ssl.SSLContext` whose certificate is swapped in place when the
-  files change (rotation without restart).
+  files change (rotation without restart), with the versions and ciphers of `tlsoptions`.
 - `serve()`: runs an aiohttp application on host:port until its block exits.
 
 Framework module: it knows files and sockets, nothing of AdmissionReview or LocalModel kinds.
@@ -22,7 +22,7 @@ import structlog
 from aiohttp import web
 
 from localcache.runtime import clock as clock_mod
-from localcache.runtime.serving import httpserver
+from localcache.runtime.serving import httpserver, tlsoptions
 
 log = structlog.get_logger(__name__)
 
@@ -35,8 +35,11 @@ class ReloadableTLS:
     restart. A failed reload (missing or mismatched files) keeps the previous certificate.
     """
 
-    def __init__(self, cert_path: Path, key_path: Path) -> None:
+    def __init__(
+        self, cert_path: Path, key_path: Path, options: tlsoptions.TLSOptions | None = None
+    ) -> None:
         self.cert_path, self.key_path = Path(cert_path), Path(key_path)
+        self.options = options or tlsoptions.TLSOptions()
         self._stamp = self._file_stamp()
         self._current = self._load()
         self.context = self._load()
@@ -44,7 +47,7 @@ class ReloadableTLS:
 
     def _load(self) -> ssl.SSLContext:
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+        self.options.apply(ctx)
         ctx.load_cert_chain(self.cert_path, self.key_path)
         return ctx
 
