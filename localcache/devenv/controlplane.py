@@ -48,6 +48,7 @@ KCM_CONTROLLERS = (
     "persistentvolume-protection-controller",
     "persistentvolumeclaim-protection-controller",
     "pod-garbage-collector-controller",
+    "clusterrole-aggregation-controller",  # tenant roles aggregate into edit/view
 )
 
 
