@@ -185,7 +185,9 @@ class ModelDisk:
         return in_force
 
     def recover(self) -> list[layout.Recovered]:
-        """Finish every promotion interrupted by a crash (call at start-up, before reconciling)."""
+        """Finish every promotion interrupted by a crash (call at start-up, before reconciling);
+        a record that cannot be settled is renamed `<key>.promoting.json.quarantined`, logged
+        and returned as "quarantined" with the error, and never read again."""
         done: list[layout.Recovered] = []
         for tmp in tree.listing(self.manifests):
             if tmp.name.startswith(".") and tmp.name.endswith(".tmp"):
@@ -207,7 +209,17 @@ class ModelDisk:
                 log.warning("promotion_record_dropped", path=str(path), error=str(exc))
                 path.unlink(missing_ok=True)
                 continue
-            outcome, _ = self._settle(storage_key, staging, manifest)
+            try:
+                outcome, _ = self._settle(storage_key, staging, manifest)
+            except (layout.DiskError, OSError) as exc:
+                # one promotion that cannot finish (a storage-key collision, content that
+                # cannot be removed) must not stop every pass of the agent (security review
+                # finding 8): its record is set aside, the others recover
+                error = str(exc) if isinstance(exc, layout.DiskError) else tree.describe_error(exc)
+                path.replace(path.with_name(path.name + layout.QUARANTINE_SUFFIX))
+                log.warning("promotion_record_quarantined", storage_key=storage_key, error=error)
+                done.append(layout.Recovered(storage_key, staging, "quarantined", error))
+                continue
             log.info("promotion_recovered", storage_key=storage_key, outcome=outcome)
             done.append(layout.Recovered(storage_key=storage_key, staging=staging, outcome=outcome))
         return done

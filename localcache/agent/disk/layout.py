@@ -38,6 +38,7 @@ MANIFESTS_DIR = ".manifests"
 TRASH_DIR = ".trash"
 MANIFEST_SUFFIX = ".json"
 RECORD_SUFFIX = ".promoting.json"
+QUARANTINE_SUFFIX = ".quarantined"  # appended to a record recovery could not settle
 STAGING_MODE = 0o2770
 """A staging folder: owner and group may write (setgid keeps the download group), others not."""
 DIR_MODE = 0o755
@@ -48,7 +49,9 @@ STAGING_RE = re.compile(r"(?P<key>[0-9a-f]{16})-(?P<job>[a-z0-9]([-a-z0-9.]*[a-z
 """A staging folder's name; groups `key` (the storage key) and `job` (the download Job)."""
 
 
-Outcome = Literal["promoted", "manifest-written", "finished", "kept-existing", "abandoned"]
+Outcome = Literal[
+    "promoted", "manifest-written", "finished", "kept-existing", "abandoned", "quarantined"
+]
 
 
 class DiskError(Exception):
@@ -140,8 +143,10 @@ class Recovered:
     staging: str
     # "promoted": moved and recorded; "manifest-written": was moved, manifest added;
     # "finished": only the record was left; "kept-existing": another download of the same URI
-    # was already complete, this one was discarded; "abandoned": staging and folder both gone.
+    # was already complete, this one was discarded; "abandoned": staging and folder both gone;
+    # "quarantined": it could not be settled (`error`), its record was set aside.
     outcome: Outcome
+    error: str = ""
 
 
 @dataclass(frozen=True, slots=True)

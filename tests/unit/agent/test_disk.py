@@ -445,3 +445,29 @@ def test_a_models_or_manifests_directory_replaced_by_a_symlink_is_refused(
         d.ensure_layout()
     assert target.is_symlink()
     assert (tmp_path / f"{linked}.moved-aside").is_dir()
+
+
+def test_a_record_that_cannot_be_settled_is_quarantined_and_the_others_recover(
+    tmp_path: Path,
+) -> None:
+    """Security review finding 8: a promotion that raises (here a storage-key collision) made
+    recover() raise on every pass, so that node's agent never reconciled again."""
+    d = folders.ModelDisk(tmp_path)
+    d.promote(_download(d), KEY, _manifest())  # KEY holds URI
+    clash = _download(d, "other")
+    record = {"staging": clash.name, "manifest": _manifest("other", uri="gs://other").to_json()}
+    (d.manifests / f"{KEY}{layout.RECORD_SUFFIX}").write_text(json.dumps(record))
+    fine = _download(d, key=OTHER)
+    record = {"staging": fine.name, "manifest": _manifest(key=OTHER).to_json()}
+    (d.manifests / f"{OTHER}{layout.RECORD_SUFFIX}").write_text(json.dumps(record))
+
+    recovered = {r.storage_key: r for r in d.recover()}
+
+    assert recovered[KEY].outcome == "quarantined"
+    assert "already holds" in recovered[KEY].error
+    assert recovered[OTHER].outcome == "promoted"
+    assert d.is_complete(OTHER)
+    assert d.manifest(KEY) == _manifest()  # the folder in place is untouched
+    quarantined = d.manifests / f"{KEY}{layout.RECORD_SUFFIX}{layout.QUARANTINE_SUFFIX}"
+    assert quarantined.is_file()
+    assert d.recover() == []  # never read again
