@@ -142,7 +142,11 @@ class Scope:
         return runtime_keys.ObjectKey(namespace, name)
 
     def isvcs_of(self, stores: state.Stores, cache: CacheModel) -> list[Obj]:
-        """The InferenceServices that use `cache` (none when ISVCs are not watched)."""
+        """The InferenceServices that use `cache` (none when ISVCs are not watched): labelled
+        with it, and whose storage URI it serves. The label alone proves nothing: with the
+        webhook down (failurePolicy Ignore) a tenant may label an ISVC with any cluster
+        cache's name, and would get a serving claim of that model (security review finding
+        12)."""
         if stores.inference_services is None:
             return []
         own = runtime_keys.ObjectKey(cache.namespace, cache.name)
@@ -150,4 +154,9 @@ class Scope:
             isvc
             for isvc in stores.inference_services.by_index(state.BY_CACHE_LABEL, cache.name)
             if self.cache_key_of_isvc(isvc) == own
+            and _serves(cache.spec.source_model_uri, state.isvc_storage_uri(isvc))
         ]
+
+
+def _serves(cache_uri: str, storage_uri: str | None) -> bool:
+    return storage_uri is not None and keys.match_storage_uri(cache_uri, storage_uri)

@@ -357,8 +357,15 @@ class CacheValidator:
         return review.denied("; ".join(str(v) for v in violations), field=violations[0].field)
 
     def _users(self, cache: AnyCache) -> list[runtime_keys.ObjectKey]:
+        """The live InferenceServices labelled for `cache` whose storage URI it serves: a
+        label alone is no use (a tenant could label one with any cluster cache's name and
+        so block its deletion)."""
         key = cache_keys.status_key(cache.name, cache.namespace or None)
-        return [runtime_keys.ObjectKey.of(o) for o in self._isvcs.by_index(USED_CACHE_INDEX, key)]
+        return [
+            runtime_keys.ObjectKey.of(o)
+            for o in self._isvcs.by_index(USED_CACHE_INDEX, key)
+            if _serves(cache.spec.source_model_uri, o)
+        ]
 
     def _snapshot(self, cache: AnyCache, old: AnyCache | None) -> Snapshot:
         groups = dict.fromkeys([*cache.spec.node_groups, *(old.spec.node_groups if old else [])])
@@ -396,3 +403,11 @@ class CacheValidator:
 def _collect(into: dict[runtime_keys.ObjectKey, Obj], objs: Iterable[Obj]) -> None:
     for obj in objs:
         into[runtime_keys.ObjectKey.of(obj)] = obj
+
+
+def _serves(cache_uri: str, isvc_obj: Obj) -> bool:
+    try:
+        storage_uri = isvc_api.InferenceService.model_validate(isvc_obj).storage_uri
+    except pydantic.ValidationError:
+        return False
+    return storage_uri is not None and cache_keys.match_storage_uri(cache_uri, storage_uri)

@@ -284,11 +284,13 @@ class Env:
         cache: str,
         cache_namespace: str | None = None,
         node_group: str | None = None,
+        uri: str = URI,
     ) -> Obj:
+        """An InferenceService of `uri`, labelled (as the webhook would) with `cache`."""
         labels = {inferenceservice.LOCAL_MODEL_LABEL: cache}
         if cache_namespace:
             labels[inferenceservice.LOCAL_MODEL_NAMESPACE_LABEL] = cache_namespace
-        annotations = {inferenceservice.LOCAL_MODEL_SOURCE_URI_ANNOTATION: URI}
+        annotations = {inferenceservice.LOCAL_MODEL_SOURCE_URI_ANNOTATION: uri}
         if node_group:
             annotations[inferenceservice.NODE_GROUP_ANNOTATION] = node_group
         body = {
@@ -300,7 +302,7 @@ class Env:
                 "labels": labels,
                 "annotations": annotations,
             },
-            "spec": {"predictor": {"model": {"storageUri": URI}}},
+            "spec": {"predictor": {"model": {"storageUri": uri}}},
         }
         return await self.api.create(state.INFERENCE_SERVICES, body)
 

@@ -8,6 +8,7 @@ import pytest
 
 from localcache.api import inferenceservice, modelcache
 from localcache.controllers import clustercache, namespacecache, reconciler, state
+from localcache.runtime import store
 from localcache.runtime.keys import ObjectKey
 
 SPEC = {"sourceModelUri": "s3://b/m", "modelSize": "1Gi", "nodeGroups": ["gpu1", "gpu2"]}
@@ -170,3 +171,39 @@ def test_serving_pairs_use_the_annotated_group_or_the_first() -> None:
         _isvc("c", {}, **{inferenceservice.NODE_GROUP_ANNOTATION: "unknown"}),
     ]
     assert reconciler.serving_pairs(cache, isvcs) == {("a", "gpu1"), ("b", "gpu2")}
+
+
+def _isvc_of(name: str, uri: str | None) -> dict[str, Any]:
+    obj = _isvc("prod", {inferenceservice.LOCAL_MODEL_LABEL: "iris"})
+    obj["metadata"]["name"] = name
+    obj["metadata"]["uid"] = f"u-{name}"
+    model = {"modelFormat": {"name": "onnx"}, **({"storageUri": uri} if uri else {})}
+    obj["spec"] = {"predictor": {"model": model}}
+    return obj
+
+
+def test_a_label_is_no_use_of_a_cache_unless_the_cache_serves_the_isvcs_uri() -> None:
+    """Security review finding 12: with the webhook down, a tenant labelled its ISVC with any
+    cluster cache's name and the controller planned a serving claim of that model for it."""
+    isvcs = store.Store(indexers=state.ISVC_INDEXERS)
+    for obj in (
+        _isvc_of("exact", "s3://b/m"),
+        _isvc_of("below", "s3://b/m/v2/weights"),
+        _isvc_of("forged", "s3://attacker/bucket"),
+        _isvc_of("prefix-only", "s3://b/model"),
+        _isvc_of("no-uri", None),
+    ):
+        isvcs.upsert(obj)
+    empty = store.Store().view()
+    stores = state.Stores(
+        caches=empty,
+        namespace_caches=empty,
+        nodes=empty,
+        local_model_nodes=empty,
+        node_groups=empty,
+        persistent_volumes=empty,
+        persistent_volume_claims=empty,
+        inference_services=isvcs.view(),
+    )
+    used = clustercache.SCOPE.isvcs_of(stores, _cluster())
+    assert sorted(o["metadata"]["name"] for o in used) == ["below", "exact"]

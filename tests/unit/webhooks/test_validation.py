@@ -385,8 +385,13 @@ def request(
     )
 
 
-def isvc_obj(name: str, namespace: str, labels: dict[str, str]) -> dict[str, Any]:
-    return {"metadata": {"name": name, "namespace": namespace, "labels": labels}}
+def isvc_obj(
+    name: str, namespace: str, labels: dict[str, str], uri: str = "gs://bucket/model/v1"
+) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "namespace": namespace, "labels": labels},
+        "spec": {"predictor": {"model": {"modelFormat": {"name": "onnx"}, "storageUri": uri}}},
+    }
 
 
 async def test_the_handler_denies_deleting_a_cache_a_live_isvc_is_labelled_for() -> None:
@@ -412,6 +417,18 @@ async def test_the_handler_allows_deleting_when_listed_isvcs_are_gone_or_relabel
     stores.isvcs.upsert(isvc_obj("ns-user", "t", ns_labels))
     answer = await stores.validator(namespaced=False)(request("DELETE", old=cache))
     assert answer.allowed
+
+
+async def test_a_label_on_an_isvc_of_another_uri_does_not_block_deletion() -> None:
+    """Security review finding 12's twin: a tenant labels its ISVC with a cluster cache's
+    name (the webhook down, or the label added later); that is no use of the cache."""
+    stores = Stores()
+    cache = cache_obj("foo")
+    labels = {isvc_api.LOCAL_MODEL_LABEL: "foo"}
+    stores.isvcs.upsert(isvc_obj("forged", "tenant", labels, uri="s3://attacker/model"))
+    stores.isvcs.upsert(isvc_obj("no-uri", "tenant", labels, uri=""))
+    answer = await stores.validator(namespaced=False)(request("DELETE", old=cache))
+    assert answer.allowed, answer.message
 
 
 async def test_the_handler_checks_namespace_cache_users_by_both_labels() -> None:
