@@ -89,11 +89,18 @@ def unavailable_reason() -> str | None:
 
 def clean_stale_runs() -> list[str]:
     """Remove what test beds whose owner process is gone left behind; returns their names."""
+    cleaned, known = clean_stale_run_dirs(runs_root())
+    return cleaned + _clean_orphan_cgroups(known, cleaned)
+
+
+def clean_stale_run_dirs(root: Path) -> tuple[list[str], set[str]]:
+    """Remove the run directories under `root` whose owner process is gone, with their
+    cgroups; returns their names and the names of every run found (a run being published is
+    named `.<run>`, and found as `<run>`)."""
     cleaned: list[str] = []
-    root = runs_root()
     known: set[str] = set()
     for run_dir in sorted(root.glob("*")) if root.is_dir() else []:
-        known.add(run_dir.name)
+        known.add(run_dir.name.removeprefix("."))
         try:
             state = json.loads((run_dir / "state.json").read_text())
         except (OSError, ValueError):
@@ -109,7 +116,13 @@ def clean_stale_runs() -> list[str]:
             tree.remove()
         shutil.rmtree(run_dir, ignore_errors=True)
         cleaned.append(run_dir.name)
-    # cgroups whose run directory is already gone (a crash in the middle of clean-up)
+    return cleaned, known
+
+
+def _clean_orphan_cgroups(known: set[str], cleaned: list[str]) -> list[str]:
+    """Kill and remove the cgroups of runs whose directory is gone (a crash in the middle of
+    clean-up); returns their names."""
+    found: list[str] = []
     probe = cgroups.CgroupTree.below_own("probe")
     parent = probe.root.rsplit("/", 1)[0]
     first = probe.hierarchies[0]
@@ -121,8 +134,8 @@ def clean_stale_runs() -> list[str]:
         tree = cgroups.CgroupTree(probe.hierarchies, f"{parent}/{entry.name}")
         tree.kill_all()
         tree.remove()
-        cleaned.append(run_name)
-    return cleaned
+        found.append(run_name)
+    return found
 
 
 @dataclass
