@@ -30,7 +30,7 @@ from typing import Final
 
 from localcache.agent import reconciler, report
 from localcache.agent.disk import folders, layout, roots
-from localcache.agent.jobs import jobs
+from localcache.agent.jobs import jobs, trust
 from localcache.api import groupversion
 from localcache.caching import config, liveconfig
 from localcache.runtime import clock as clock_mod
@@ -108,7 +108,9 @@ def setup(
 
     nodes = watch(groupversion.LOCAL_MODEL_NODE.api, field_selector=f"metadata.name={node}")
     job_informer = watch(
-        kube_mod.JOBS, label_selector=f"{jobs.LABEL_NODE}={jobs.label_value(node)}"
+        kube_mod.JOBS,
+        label_selector=f"{jobs.LABEL_NODE}={jobs.label_value(node)}",
+        transform=trust.observed,
     )
     groups = watch(groupversion.LOCAL_MODEL_NODE_GROUP.api)
     config_maps = watch(

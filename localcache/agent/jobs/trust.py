@@ -11,6 +11,12 @@ proof of access, never as Active, Complete or Failed, never deleted.
 
 Records are dropped when their Job is gone (`sort_jobs` returns those still alive), so a
 Job deleted and replaced under the same name is never trusted again. Pure: no I/O.
+
+`observed` is the transform of the agent's Job informer: of every Job labelled for its node
+(which anyone may create, with a megabyte of env each) it keeps only what the agent reads,
+bounded: identity, labels, a few ownerReferences and the status counts and conditions, with
+condition texts clipped. The pod template is never held (security review finding 6: 310 such
+Jobs held whole took the agent to 420 MB against its 384 MiB limit).
 """
 
 from __future__ import annotations
@@ -20,6 +26,15 @@ from dataclasses import dataclass
 
 from localcache.agent import downloads
 from localcache.api import modelnode
+from localcache.runtime import informer
+
+_KEPT_METADATA = (
+    "name", "namespace", "uid", "resourceVersion", "generation", "creationTimestamp",
+    "deletionTimestamp",
+)  # fmt: skip
+_KEPT_STATUS = ("active", "ready", "failed", "succeeded", "startTime", "completionTime")
+_KEPT_CONDITION = ("type", "status", "reason", "message", "lastTransitionTime")
+MAX_OWNERS, MAX_CONDITIONS, MAX_LABELS, MAX_TEXT = 4, 8, 16, 2048
 
 Obj = downloads.Obj
 Ident = tuple[str, str]
@@ -33,6 +48,34 @@ def ident_of(obj: Obj) -> Ident:
 
 def uid_of(obj: Obj) -> str:
     return str((obj.get("metadata") or {}).get("uid") or "")
+
+
+def observed(obj: Obj) -> Obj:
+    """What the agent keeps of a Job (module doc)."""
+    meta = _mapping(obj.get("metadata"))
+    status = _mapping(obj.get("status"))
+    kept: Obj = {k: meta[k] for k in _KEPT_METADATA if k in meta}
+    labels = _mapping(meta.get("labels"))
+    kept["labels"] = {str(k): str(v)[:MAX_TEXT] for k, v in list(labels.items())[:MAX_LABELS]}
+    owners = [o for o in meta.get("ownerReferences") or [] if isinstance(o, dict)]
+    kept["ownerReferences"] = [
+        {k: o[k] for k in ("apiVersion", "kind", "name", "uid", "controller") if k in o}
+        for o in owners[:MAX_OWNERS]
+    ]
+    conditions = [c for c in status.get("conditions") or [] if isinstance(c, dict)]
+    job_status: Obj = {k: status[k] for k in _KEPT_STATUS if k in status}
+    job_status["conditions"] = [
+        {k: str(c[k])[:MAX_TEXT] for k in _KEPT_CONDITION if k in c}
+        for c in conditions[:MAX_CONDITIONS]
+    ]
+    return informer.compact(
+        {"apiVersion": obj.get("apiVersion"), "kind": obj.get("kind"), "metadata": kept,
+         "status": job_status}
+    )  # fmt: skip
+
+
+def _mapping(value: object) -> Obj:
+    return value if isinstance(value, dict) else {}
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,8 +3,10 @@ created them (issue 13, bug 1)."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
+from localcache.agent import plan
 from localcache.agent.jobs import trust
 from localcache.api import modelnode
 
@@ -88,3 +90,61 @@ def test_records_merge_by_uid_and_parse_leniently() -> None:
     assert trust.parse_records(status) == [a]
     assert trust.parse_records(None) == []
     assert trust.parse_records({"downloadJobs": "nonsense"}) == []
+
+
+def _hostile_job() -> dict[str, Any]:
+    """A Job labelled for the node as a tenant can make it: 1 MiB of env, many labels and
+    owners, long condition texts (security review finding 6)."""
+    env = [{"name": f"E{i}", "value": "x" * 1024} for i in range(1024)]
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": "squat", "namespace": "team-a", "uid": "u-1", "resourceVersion": "9",
+            "labels": {"node": "node-1", **{f"k{i}": "v" for i in range(500)}},
+            "annotations": {"big": "y" * 200_000},
+            "ownerReferences": [
+                {"apiVersion": "v1", "kind": "X", "name": f"o{i}", "uid": f"{i}",
+                 "controller": i == 0}
+                for i in range(100)
+            ],
+            "managedFields": [{"manager": "kubectl", "fieldsV1": {"f:spec": {}}}],
+        },
+        "spec": {"template": {"spec": {"containers": [{"name": "c", "image": "i", "env": env}]}}},
+        "status": {
+            "failed": 1, "startTime": "2026-01-01T00:00:00Z",
+            "conditions": [
+                {"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded",
+                 "message": "m" * 100_000, "lastTransitionTime": "2026-01-01T00:01:00Z"}
+            ] * 50,
+        },
+    }  # fmt: skip
+
+
+def test_the_agent_keeps_a_bounded_slice_of_each_job_it_sees() -> None:
+    job = _hostile_job()
+    kept = trust.observed(job)
+    assert len(json.dumps(job)) > 1_000_000
+    assert len(json.dumps(kept)) < 40_000
+    assert "spec" not in kept
+    assert "annotations" not in kept["metadata"]
+    assert "managedFields" not in kept["metadata"]
+    assert (trust.ident_of(kept), trust.uid_of(kept)) == (("team-a", "squat"), "u-1")
+    assert kept["metadata"]["ownerReferences"][0]["controller"] is True
+    assert len(kept["metadata"]["ownerReferences"]) == trust.MAX_OWNERS
+    assert len(kept["status"]["conditions"]) == trust.MAX_CONDITIONS
+    assert plan.job_state(kept).phase == plan.job_state(job).phase == plan.JobPhase.FAILED
+
+
+def test_what_the_agent_reads_of_its_own_job_survives_the_slice() -> None:
+    job: dict[str, Any] = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": "lmd-a", "namespace": "jobs", "uid": "u", "resourceVersion": "3",
+                     "labels": {"node": "node-1", "storageKey": "k"},
+                     "deletionTimestamp": "2026-01-01T00:00:00Z"},
+        "status": {"active": 1, "ready": 1, "startTime": "2026-01-01T00:00:00Z"},
+    }  # fmt: skip
+    kept = trust.observed(job)
+    assert kept["metadata"] == {**job["metadata"], "ownerReferences": []}
+    assert plan.job_state(kept) == plan.job_state(job)
