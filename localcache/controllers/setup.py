@@ -35,8 +35,8 @@ kind starts or stops being watched.
 
 Shapes in the caches (what sharing consumers must agree on): full objects compacted
 (`informer.compact`) for everything but Nodes (`_slim_node`: name, labels and the Ready
-condition, read only here) and InferenceServices (`informer.metadata_only`: the controllers
-read only their labels and annotations, like the webhooks). Stores are shared: the
+condition, read only here) and InferenceServices (`caching.indexes.isvc_use`: the controllers
+read only their metadata and storage URI, like the webhooks). Stores are shared: the
 reconcilers never mutate what they read.
 """
 
@@ -299,7 +299,7 @@ def setup(
         isvcs = shared.optional_informer(
             state.INFERENCE_SERVICES,
             indexers=state.ISVC_INDEXERS,
-            transform=informer.metadata_only,
+            transform=indexes.isvc_use,
         )
     stores = state.Stores(
         caches=informers["caches"].reader(),

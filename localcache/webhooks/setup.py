@@ -17,11 +17,12 @@ Handlers answer from the stores only (no API call per request); until every stor
 (an optional kind: while its informer lists after its CRD appeared; an absent kind reads as
 empty), mutation admits unchanged with a warning and validation denies with 503.
 
-The InferenceService informer keeps only apiVersion, kind and metadata
-(`informer.metadata_only`: the handlers read labels), so watching every ISVC of the cluster
-costs little memory; the caches and node groups are full objects (`informer.compact`). Those
-are the transforms the cache controllers use too, so a shared factory serves both from one
-informer each. The returned `Webhooks` exposes the informers (read-only: shared stores).
+The InferenceService informer keeps only apiVersion, kind, metadata and the predictor's
+storage URI (`caching.indexes.isvc_use`: the handlers read labels and that URI), so watching
+every ISVC of the cluster costs little memory; the caches and node groups are full objects
+(`informer.compact`). Those are the transforms the cache controllers use too, so a shared
+factory serves both from one informer each. The returned `Webhooks` exposes the informers
+(read-only: shared stores).
 """
 
 from __future__ import annotations
@@ -125,7 +126,7 @@ def setup(
     isvcs = shared.optional_informer(
         groupversion.INFERENCE_SERVICE.api,
         indexers={validation.USED_CACHE_INDEX: validation.used_cache_index},
-        transform=informer.metadata_only,
+        transform=indexes.isvc_use,
     )
     containers = (
         shared.optional_informer(groupversion.CLUSTER_STORAGE_CONTAINER.api)

@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from localcache.api import inferenceservice, modelcache
+from localcache.caching import indexes
 from localcache.controllers import clustercache, namespacecache, reconciler, state
 from localcache.runtime import store
 from localcache.runtime.keys import ObjectKey
@@ -193,7 +194,7 @@ def test_a_label_is_no_use_of_a_cache_unless_the_cache_serves_the_isvcs_uri() ->
         _isvc_of("prefix-only", "s3://b/model"),
         _isvc_of("no-uri", None),
     ):
-        isvcs.upsert(obj)
+        isvcs.upsert(indexes.isvc_use(obj))  # what the shared informer holds
     empty = store.Store().view()
     stores = state.Stores(
         caches=empty,

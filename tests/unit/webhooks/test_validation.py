@@ -429,6 +429,10 @@ async def test_a_label_on_an_isvc_of_another_uri_does_not_block_deletion() -> No
     stores.isvcs.upsert(isvc_obj("no-uri", "tenant", labels, uri=""))
     answer = await stores.validator(namespaced=False)(request("DELETE", old=cache))
     assert answer.allowed, answer.message
+    # as the shared informer holds it (`indexes.isvc_use`), a real user still counts
+    stores.isvcs.upsert(indexes.isvc_use(isvc_obj("real", "tenant", labels)))
+    answer = await stores.validator(namespaced=False)(request("DELETE", old=cache))
+    assert not answer.allowed
 
 
 async def test_the_handler_checks_namespace_cache_users_by_both_labels() -> None:
