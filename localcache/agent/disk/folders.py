@@ -250,9 +250,17 @@ class ModelDisk:
                 self._trash.move(final)
                 _checkpoint("old-moved-aside")
             self._manifest_path(storage_key).unlink(missing_ok=True)  # orphan of a lost folder
-            left = tree.normalise(staging).not_removed
-            if left:
-                raise layout.DiskError(f"{staging}: could not remove {', '.join(left[:3])}")
+            done = tree.normalise(staging)
+            if done.not_removed:
+                raise layout.DiskError(
+                    f"{staging}: could not remove {', '.join(done.not_removed[:3])}"
+                )
+            if done.unreadable:
+                # content below a directory it could not list (past PATH_MAX, deeper than
+                # MAX_TREE_DEPTH, unsearchable) was never checked (security review finding 10)
+                raise layout.DiskError(
+                    f"{staging}: could not check {', '.join(done.unreadable[:3])[:600]}"
+                )
             durable.fsync_tree(staging)
             os.rename(staging, final)
             durable.fsync_dir(self.models)

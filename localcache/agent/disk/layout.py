@@ -38,7 +38,10 @@ MANIFESTS_DIR = ".manifests"
 TRASH_DIR = ".trash"
 MANIFEST_SUFFIX = ".json"
 RECORD_SUFFIX = ".promoting.json"
-QUARANTINE_SUFFIX = ".quarantined"  # appended to a record recovery could not settle
+QUARANTINE_SUFFIX = ".quarantined"
+MAX_TREE_DEPTH = 64
+"""Directory levels a model folder may have; deeper content is never checked, so never
+published (model repositories have a handful)."""  # appended to a record recovery could not settle
 STAGING_MODE = 0o2770
 """A staging folder: owner and group may write (setgid keeps the download group), others not."""
 DIR_MODE = 0o755

@@ -5,10 +5,12 @@ A download pod writes the tree; the agent must never follow a symlink out of it,
 FIFO or device, or leave a world-writable or setuid file in a folder it serves:
 - `folder_bytes` sums regular files (symlinks not followed; vanishing files skipped);
 - `normalise` gives directories `layout.DIR_MODE` and regular files `layout.FILE_MODE`, and
-  removes special files (FIFOs, sockets, devices) and symlinks that are absolute or resolve
-  outside the tree, logging each. It never raises for one entry: a mode it cannot change (a
-  file of another uid), an entry it cannot remove and a directory it cannot read are logged
-  and returned (`Normalised`), and the caller decides what they mean;
+  removes special files (FIFOs, sockets, devices) and symlinks that are absolute or lead
+  outside the tree (where they resolve, or by their text), logging each; directories deeper
+  than `layout.MAX_TREE_DEPTH` are not walked and count as unreadable. It never raises for
+  one entry: a mode it cannot change (a file of another uid), an entry it cannot remove and
+  a directory it cannot read are logged and returned (`Normalised`), and the caller decides
+  what they mean;
 - `remove` deletes a tree completely or raises the first `OSError`; directories this process
   owns are made writable first (archives may unpack 0555 folders). It never ignores errors
   and walks without recursion (`runtime.fstree`);
@@ -92,9 +94,16 @@ def _remove(path: str, event: str, done: Normalised) -> None:
     log.warning(event, path=path)
 
 
-def _link_stays_inside(top: str, link: str) -> bool:
+def _link_stays_inside(top: str, root: str, link: str) -> bool:
+    """A relative link whose target stays inside the tree, both where it resolves now and by
+    its text, read from where the link lies: the tree is renamed when it is promoted, so a
+    link through the staging folder's own name (`../<staging>/f`) that resolves inside now
+    would point outside then (security review finding 11)."""
     target = os.readlink(link)
     if os.path.isabs(target):
+        return False
+    lexical = os.path.normpath(os.path.join(os.path.relpath(os.path.dirname(link), root), target))
+    if lexical == os.pardir or lexical.startswith(os.pardir + os.sep):
         return False
     resolved = os.path.realpath(link)
     return resolved == top or resolved.startswith(top + os.sep)
@@ -105,11 +114,15 @@ def normalise(path: Path) -> Normalised:
     the module contract); returns what could not be done. Walks with lstat only: nothing is
     followed or opened."""
     done = Normalised()
-    top = os.path.realpath(path)
-    _set_mode(str(path), layout.DIR_MODE, os.lstat(path), done)
-    stack = [str(path)]
+    top, root = os.path.realpath(path), str(path)
+    _set_mode(root, layout.DIR_MODE, os.lstat(path), done)
+    stack = [(root, 0)]
     while stack:
-        current = stack.pop()
+        current, depth = stack.pop()
+        if depth > layout.MAX_TREE_DEPTH:
+            log.warning("model_tree_too_deep", path=current, levels=layout.MAX_TREE_DEPTH)
+            done.unreadable.append(current)
+            continue
         try:
             entries = list(os.scandir(current))
         except OSError as exc:
@@ -121,11 +134,11 @@ def normalise(path: Path) -> Normalised:
                 info = entry.stat(follow_symlinks=False)
                 if stat.S_ISDIR(info.st_mode):
                     _set_mode(entry.path, layout.DIR_MODE, info, done)
-                    stack.append(entry.path)
+                    stack.append((entry.path, depth + 1))
                 elif stat.S_ISREG(info.st_mode):
                     _set_mode(entry.path, layout.FILE_MODE, info, done)
                 elif stat.S_ISLNK(info.st_mode):
-                    if not _link_stays_inside(top, entry.path):
+                    if not _link_stays_inside(top, root, entry.path):
                         _remove(entry.path, "model_symlink_removed", done)
                 else:
                     _remove(entry.path, "model_special_file_removed", done)

@@ -13,7 +13,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from localcache.agent.disk import folders, layout, tree
-from localcache.runtime import fstree
 from tests.support.trees import deep_tree
 
 KEY = "0123456789abcdef"
@@ -107,16 +106,39 @@ def test_promote_moves_the_download_into_place_and_records_the_manifest(tmp_path
     assert d.list_model_folders() == [KEY]
 
 
-def test_promote_publishes_a_download_deeper_than_the_recursion_limit(tmp_path: Path) -> None:
-    """Security review finding 4: a tenant's download of an 1100-level tree made the flush
-    before the rename raise RecursionError, on every pass of that node's agent."""
+def test_a_download_deeper_than_the_depth_limit_is_refused_not_raised(tmp_path: Path) -> None:
+    """Security review findings 4 and 10: a tenant's 1100-level download made the flush raise
+    RecursionError on every pass; content past PATH_MAX was published unchecked. Now the
+    promotion is refused with a DiskError naming the folder, and the disk goes on working."""
     d = folders.ModelDisk(tmp_path)
     staging = d.prepare_staging(KEY, JOB)
     with deep_tree(staging / "weights", sys.getrecursionlimit() + 100):
+        with pytest.raises(layout.DiskError, match="could not check"):
+            d.promote(staging, KEY, _manifest(size=1))
+        assert not d.is_complete(KEY)
+    d.promote(_download(d, key=OTHER), OTHER, _manifest(key=OTHER))
+    assert d.is_complete(OTHER)
+
+
+def test_a_download_within_the_depth_limit_is_published(tmp_path: Path) -> None:
+    d = folders.ModelDisk(tmp_path)
+    staging = d.prepare_staging(KEY, JOB)
+    with deep_tree(staging / "weights", layout.MAX_TREE_DEPTH - 2):
         d.promote(staging, KEY, _manifest(size=1))
-        assert d.is_complete(KEY)
-        assert (d.model_path(KEY) / "weights" / "d").is_dir()
-    fstree.remove_tree(d.model_path(KEY))  # what pytest's clean-up could not remove
+    assert d.is_complete(KEY)
+
+
+def test_a_link_through_the_staging_folders_own_name_is_removed(tmp_path: Path) -> None:
+    """Security review finding 11: `../<staging name>/f` resolves inside the staging folder
+    and outside once the folder is renamed into place (into the staging area, here)."""
+    d = folders.ModelDisk(tmp_path)
+    staging = _download(d)
+    (staging / "through-own-name").symlink_to(f"../{staging.name}/config.json")
+    (staging / "weights" / "inside").symlink_to("../config.json")
+    d.promote(staging, KEY, _manifest())
+    final = d.model_path(KEY)
+    assert not os.path.lexists(final / "through-own-name")
+    assert (final / "weights" / "inside").read_bytes() == b"{}{}"
 
 
 def test_manifest_is_kept_outside_the_model_folder(tmp_path: Path) -> None:
