@@ -12,30 +12,14 @@ from cryptography import x509
 from localcache.devenv import certs
 from localcache.runtime import clock
 from localcache.runtime.serving import tls as tls_mod
+from tests.support import tlshandshake
 
 
 def _handshake_serial(server_ctx: ssl.SSLContext, ca_pem: bytes) -> int:
-    """Complete a TLS handshake in memory (no sockets) and return the served certificate's
-    serial number."""
+    """The serial number of the certificate served in an in-memory handshake."""
     client_ctx = ssl.create_default_context(cadata=ca_pem.decode())
     client_ctx.check_hostname = False
-    c_in, c_out, s_in, s_out = (ssl.MemoryBIO() for _ in range(4))
-    client = client_ctx.wrap_bio(c_in, c_out, server_side=False)
-    server = server_ctx.wrap_bio(s_in, s_out, server_side=True)
-    done = {"client": False, "server": False}
-    for _ in range(20):
-        for name, obj in (("client", client), ("server", server)):
-            if not done[name]:
-                try:
-                    obj.do_handshake()
-                    done[name] = True
-                except ssl.SSLWantReadError:
-                    pass
-        s_in.write(c_out.read())
-        c_in.write(s_out.read())
-        if all(done.values()):
-            break
-    der = client.getpeercert(binary_form=True)
+    der = tlshandshake.handshake(server_ctx, client_ctx).getpeercert(binary_form=True)
     assert der is not None
     return x509.load_der_x509_certificate(der).serial_number
 

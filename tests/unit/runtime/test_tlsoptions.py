@@ -13,26 +13,12 @@ from localcache import settings
 from localcache.devenv import certs
 from localcache.runtime.serving import tls as tls_mod
 from localcache.runtime.serving import tlsoptions
+from tests.support import tlshandshake
 
 
 def _handshake(server_ctx: ssl.SSLContext, client_ctx: ssl.SSLContext) -> tuple[str, str]:
     """(TLS version, cipher) of an in-memory handshake; the SSLError of a refused one."""
-    c_in, c_out, s_in, s_out = (ssl.MemoryBIO() for _ in range(4))
-    client = client_ctx.wrap_bio(c_in, c_out, server_side=False)
-    server = server_ctx.wrap_bio(s_in, s_out, server_side=True)
-    done = {"client": False, "server": False}
-    for _ in range(20):
-        for name, obj in (("client", client), ("server", server)):
-            if not done[name]:
-                try:
-                    obj.do_handshake()
-                    done[name] = True
-                except ssl.SSLWantReadError:
-                    pass
-        s_in.write(c_out.read())
-        c_in.write(s_out.read())
-        if all(done.values()):
-            break
+    client = tlshandshake.handshake(server_ctx, client_ctx)
     cipher = client.cipher()
     assert cipher is not None
     return str(client.version()), cipher[0]
