@@ -8,7 +8,10 @@ from __future__ import annotations
 
 from typing import Any, Final
 
+import pydantic
+
 from localcache.api import inferenceservice
+from localcache.caching import keys
 from localcache.runtime import informer
 
 CACHES_BY_NODE_GROUP: Final = "localcache/cache-node-group"
@@ -38,3 +41,40 @@ def isvc_use(obj: dict[str, Any]) -> dict[str, Any]:
         if uris:
             slim["spec"] = {"predictor": uris}
     return slim
+
+
+def cache_name(obj: dict[str, Any]) -> list[str]:
+    """A cache's name (the webhooks' name index)."""
+    name = (obj.get("metadata") or {}).get("name")
+    return [name] if isinstance(name, str) else []
+
+
+def isvc_used_cache(obj: dict[str, Any]) -> list[str]:
+    """The status key of the cache an InferenceService is labelled for: `name` for a cluster
+    cache, `ns/name` for a namespace cache of its own namespace; nothing otherwise."""
+    meta = obj.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    name = labels.get(inferenceservice.LOCAL_MODEL_LABEL)
+    namespace = labels.get(inferenceservice.LOCAL_MODEL_NAMESPACE_LABEL)
+    if not name or (namespace is not None and namespace != meta.get("namespace")):
+        return []
+    try:
+        return [keys.status_key(name, namespace)]
+    except ValueError:
+        return []
+
+
+def isvc_storage_uri(obj: dict[str, Any]) -> str | None:
+    """The predictor's storage URI of a raw InferenceService (whole or `isvc_use`'s slice);
+    None when it has none or does not parse."""
+    try:
+        return inferenceservice.InferenceService.model_validate(obj).storage_uri
+    except pydantic.ValidationError:
+        return None
+
+
+def isvc_uses_uri(obj: dict[str, Any], cache_uri: str) -> bool:
+    """Whether a cache of `cache_uri` serves the InferenceService's storage URI: what makes a
+    label a use (a label alone proves nothing: anyone who can edit the ISVC can set it)."""
+    storage_uri = isvc_storage_uri(obj)
+    return storage_uri is not None and keys.match_storage_uri(cache_uri, storage_uri)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from localcache.api import groupversion, inferenceservice, modelcache
-from localcache.caching import keys, names
+from localcache.caching import indexes, keys, names
 from localcache.controllers import state
 from localcache.runtime import keys as runtime_keys
 from localcache.runtime import kube, store
@@ -154,9 +154,5 @@ class Scope:
             isvc
             for isvc in stores.inference_services.by_index(state.BY_CACHE_LABEL, cache.name)
             if self.cache_key_of_isvc(isvc) == own
-            and _serves(cache.spec.source_model_uri, state.isvc_storage_uri(isvc))
+            and indexes.isvc_uses_uri(isvc, cache.spec.source_model_uri)
         ]
-
-
-def _serves(cache_uri: str, storage_uri: str | None) -> bool:
-    return storage_uri is not None and keys.match_storage_uri(cache_uri, storage_uri)

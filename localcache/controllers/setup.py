@@ -150,7 +150,7 @@ def _isvc_changed(old: Obj, new: Obj) -> bool:
             labels.get(inferenceservice.LOCAL_MODEL_LABEL),
             labels.get(inferenceservice.LOCAL_MODEL_NAMESPACE_LABEL),
             annotations.get(inferenceservice.NODE_GROUP_ANNOTATION),
-            state.isvc_storage_uri(obj),  # a use is proven by the URI too (scope.isvcs_of)
+            indexes.isvc_storage_uri(obj),  # a use is proven by the URI too (scope.isvcs_of)
         )
 
     return relevant(old) != relevant(new)

@@ -273,14 +273,5 @@ def _too_long_uri(
     )
 
 
-def isvc_storage_uri(obj: Obj) -> str | None:
-    """The predictor's storage URI of a raw InferenceService; None when it has none or the
-    object does not parse."""
-    try:
-        return inferenceservice.InferenceService.model_validate(obj).storage_uri
-    except pydantic.ValidationError:
-        return None
-
-
 def name_of(obj: Obj) -> str:
     return str(_meta(obj).get("name") or "")

@@ -94,9 +94,8 @@ def clean_stale_runs() -> list[str]:
 
 
 def clean_stale_run_dirs(root: Path) -> tuple[list[str], set[str]]:
-    """Remove the run directories under `root` whose owner process is gone, with their
-    cgroups; returns their names and the names of every run found (a run being published is
-    named `.<run>`, and found as `<run>`)."""
+    """Remove the runs under `root` whose owner is gone, with their cgroups; returns their
+    names and those of every run found (one being published, `.<run>`, counts as `<run>`)."""
     cleaned: list[str] = []
     known: set[str] = set()
     for run_dir in sorted(root.glob("*")) if root.is_dir() else []:
@@ -120,8 +119,7 @@ def clean_stale_run_dirs(root: Path) -> tuple[list[str], set[str]]:
 
 
 def _clean_orphan_cgroups(known: set[str], cleaned: list[str]) -> list[str]:
-    """Kill and remove the cgroups of runs whose directory is gone (a crash in the middle of
-    clean-up); returns their names."""
+    """Kill and remove the cgroups of runs whose directory is gone (a crash mid-clean-up)."""
     found: list[str] = []
     probe = cgroups.CgroupTree.below_own("probe")
     parent = probe.root.rsplit("/", 1)[0]

@@ -118,14 +118,14 @@ def setup(
         groupversion.LOCAL_MODEL_NAMESPACE_CACHE,
         {
             validation.NODE_GROUP_INDEX: indexes.cache_node_groups,
-            validation.NAME_INDEX: validation.name_index,
+            validation.NAME_INDEX: indexes.cache_name,
         },
     )
     node_groups = make(groupversion.LOCAL_MODEL_NODE_GROUP, {})
     # KServe's kinds: watched only while their CRDs serve (they may come later, or go).
     isvcs = shared.optional_informer(
         groupversion.INFERENCE_SERVICE.api,
-        indexers={validation.USED_CACHE_INDEX: validation.used_cache_index},
+        indexers={validation.USED_CACHE_INDEX: indexes.isvc_used_cache},
         transform=indexes.isvc_use,
     )
     containers = (

@@ -24,7 +24,8 @@ Create and update (an update of an object being deleted is always allowed, as in
 
 Delete: denied while a live InferenceService is labelled for the cache (label
 `internal.serving.kserve.io/localmodel` = name, plus `…/localmodel-namespace` = namespace for a
-namespace cache, none for a cluster cache). The labels are the truth the cache's
+namespace cache, none for a cluster cache) and the cache serves its storage URI
+(`caching.indexes.isvc_uses_uri`). The labels are the truth the cache's
 `status.inferenceServices` is derived from, so an ISVC listed in status that no longer exists
 (or no longer carries the label) does not block [P4], and one labelled but not yet in status
 does. LLMInferenceServices are not consulted.
@@ -40,7 +41,6 @@ from typing import Any, Final, Protocol
 import pydantic
 import structlog
 
-from localcache.api import inferenceservice as isvc_api
 from localcache.api import modelcache, nodegroup, quantity, storage
 from localcache.caching import indexes, uris
 from localcache.caching import keys as cache_keys
@@ -63,26 +63,6 @@ USED_CACHE_INDEX: Final = "localcache.webhooks/used-cache"
 AnyCache = isvc.AnyCache
 Obj = dict[str, Any]
 Objs = list[Obj]
-
-
-def name_index(obj: Obj) -> list[str]:
-    name = (obj.get("metadata") or {}).get("name")
-    return [name] if isinstance(name, str) else []
-
-
-def used_cache_index(obj: Obj) -> list[str]:
-    """`name` for an ISVC labelled for a cluster cache, `ns/name` for one labelled for a
-    namespace cache of its own namespace; nothing otherwise."""
-    meta = obj.get("metadata") or {}
-    labels = meta.get("labels") or {}
-    name = labels.get(isvc_api.LOCAL_MODEL_LABEL)
-    namespace = labels.get(isvc_api.LOCAL_MODEL_NAMESPACE_LABEL)
-    if not name or (namespace is not None and namespace != meta.get("namespace")):
-        return []
-    try:
-        return [cache_keys.status_key(name, namespace)]
-    except ValueError:
-        return []
 
 
 @dataclass(frozen=True, slots=True)
@@ -364,7 +344,7 @@ class CacheValidator:
         return [
             runtime_keys.ObjectKey.of(o)
             for o in self._isvcs.by_index(USED_CACHE_INDEX, key)
-            if _serves(cache.spec.source_model_uri, o)
+            if indexes.isvc_uses_uri(o, cache.spec.source_model_uri)
         ]
 
     def _snapshot(self, cache: AnyCache, old: AnyCache | None) -> Snapshot:
@@ -403,11 +383,3 @@ class CacheValidator:
 def _collect(into: dict[runtime_keys.ObjectKey, Obj], objs: Iterable[Obj]) -> None:
     for obj in objs:
         into[runtime_keys.ObjectKey.of(obj)] = obj
-
-
-def _serves(cache_uri: str, isvc_obj: Obj) -> bool:
-    try:
-        storage_uri = isvc_api.InferenceService.model_validate(isvc_obj).storage_uri
-    except pydantic.ValidationError:
-        return False
-    return storage_uri is not None and cache_keys.match_storage_uri(cache_uri, storage_uri)

@@ -332,7 +332,7 @@ def test_isvcs_are_indexed_by_the_cache_their_labels_name(
     namespace: str, labels: dict[str, str], expected: list[str]
 ) -> None:
     obj = {"metadata": {"name": "i", "namespace": namespace, "labels": labels}}
-    assert validation.used_cache_index(obj) == expected
+    assert indexes.isvc_used_cache(obj) == expected
 
 
 # ------------------------------------------------------------------ the admission handler
@@ -344,11 +344,11 @@ class Stores:
         self.namespace_caches = store.Store(
             {
                 validation.NODE_GROUP_INDEX: indexes.cache_node_groups,
-                validation.NAME_INDEX: validation.name_index,
+                validation.NAME_INDEX: indexes.cache_name,
             }
         )
         self.node_groups = store.Store()
-        self.isvcs = store.Store({validation.USED_CACHE_INDEX: validation.used_cache_index})
+        self.isvcs = store.Store({validation.USED_CACHE_INDEX: indexes.isvc_used_cache})
         self.synced = True
         for name in ("gpu1", "gpu2"):
             self.node_groups.upsert(group_obj(name, "10Gi"))
