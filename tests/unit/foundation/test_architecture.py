@@ -230,3 +230,16 @@ def test_the_download_program_may_import_what_it_needs() -> None:
     imports = list(_imports_in(source, "localcache/download/program.py"))
     assert imports
     assert not any(_download(i) for i in imports)
+
+
+MAX_MODULE_LINES = 400
+
+
+def test_no_module_of_the_package_is_over_400_lines() -> None:
+    """One job a module (issue 19): a module that outgrows this is split, not stretched."""
+    long = {
+        _rel(path): lines
+        for path in _modules()
+        if (lines := len(path.read_text().splitlines())) > MAX_MODULE_LINES
+    }
+    assert long == {}
