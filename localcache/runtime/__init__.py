@@ -35,10 +35,11 @@ Modules by role:
   diffs), `events` (the one Event recorder, deduplicating with a count bump).
 - Caches: `listwatch`, `reflector`, `store` (+ `WriteOverlay`), `informer`, `factory`.
 - Work: `handlers`, `predicates`, `workqueue`, `ratelimit`, `reconcile`, `controller`.
-- Process: `manager`, `leaderelection`, `metrics` (the only prometheus_client importer: a
-  package of registry, framework families and domain families), `logging`, `clock` (the
-  Clock protocol and the one RFC 3339 formatter), `keys`, `onchange`, `durable` (fsync'd
-  files on local disks).
+- Process: `manager`, `leaderelection`, `metrics` (the only prometheus_client importer: the
+  registry, the framework families' collector and the domain families), `series/` (the
+  framework series as plain numbers and their recorders), `logging`, `clock` (the Clock
+  protocol and the one RFC 3339 formatter), `keys`, `onchange`, `durable` (fsync'd files on
+  local disks), `fstree` (trees walked without recursion).
 - `crds/`: kinds whose CRDs come and go: `crdwait`, `optional` informers, the schema check
   `crdcheck` and its diff `schemadiff`.
 - `serving/`: what the process answers: `httpserver` (/metrics and probes), `admission` and

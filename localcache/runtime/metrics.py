@@ -16,27 +16,24 @@ global and the process-wide default registry is never touched. It holds:
 - domain metrics made with `counter()`, `gauge()` and `histogram()`, so domain code never
   imports prometheus_client.
 
-The package, by concern:
-- this module: `Metrics`, the registry and its process collectors, the recorders' factory and
-  the domain families' factory (`render()`, `value()` read it);
-- `families`: the framework series as plain numbers and the collector exposing them;
-- `controllers`: controller-runtime's controller, work queue and leader-election families
-  and recorders (controller-runtime v0.24 names, labels and buckets);
-- `restclient`: client-go's REST client families and recorder (client-go v0.36);
-- `domain`: the counter, gauge and histogram wrappers domain code is given.
+Here: `Metrics`, the registry and its process collectors, the recorders' factory, the
+collector that exposes the framework series (`runtime.series`: plain numbers, moved inline by
+the recorders there) and the counter, gauge and histogram wrappers domain code is given.
 The `*_created` series that prometheus_client adds to counters and histograms are left out
 of `render()`, as Go has none.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import copy
+import itertools
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 import prometheus_client
-from prometheus_client import exposition
+from prometheus_client import exposition, metrics_core, utils
 
-from localcache.runtime.metrics import controllers, domain, families, restclient
+from localcache.runtime.series import controllers, families, restclient
 
 # The bucket and label constants callers know as `metrics.X`.
 RECONCILE_TIME_BUCKETS = controllers.RECONCILE_TIME_BUCKETS
@@ -47,11 +44,113 @@ ControllerRecorder = controllers.ControllerRecorder
 WorkqueueRecorder = controllers.WorkqueueRecorder
 LeaderElectionRecorder = controllers.LeaderElectionRecorder
 RestClientRecorder = restclient.RestClientRecorder
-CounterFamily = domain.CounterFamily
-GaugeFamily = domain.GaugeFamily
-HistogramFamily = domain.HistogramFamily
 
 F = TypeVar("F")
+CREATED_TYPES = frozenset({"counter", "histogram", "summary", "gaugehistogram"})
+
+
+class _WithoutCreated:
+    """A collector view of a registry minus the `*_created` samples."""
+
+    def __init__(self, registry: prometheus_client.CollectorRegistry) -> None:
+        self._registry = registry
+
+    def collect(self) -> Iterator[metrics_core.Metric]:
+        for family in self._registry.collect():
+            if family.type in CREATED_TYPES:
+                family = copy.copy(family)
+                family.samples = [s for s in family.samples if not s.name.endswith("_created")]
+            yield family
+
+
+class _Framework:
+    """The collector of every framework family (`runtime.series`); one per `Metrics`."""
+
+    def __init__(self, specs: Sequence[families.Spec]) -> None:
+        self.families = families.families(specs)
+        self._le = {n: tuple(_go_float(b) for b in f.bounds) for n, f in self.families.items()}
+
+    def collect(self) -> Iterator[metrics_core.Metric]:
+        for name, family in self.families.items():
+            yield _metric(family, self._le[name])
+
+    def describe(self) -> Iterator[metrics_core.Metric]:
+        """The families (for the registry's duplicate-name check)."""
+        return self.collect()
+
+
+_go_float: Callable[[float], str] = utils.floatToGoString  # how `le` values are spelt
+
+
+def _metric(family: families.Family, le: tuple[str, ...]) -> metrics_core.Metric:
+    """A framework family with its current samples, as prometheus_client would render it."""
+    labels = family.labelnames
+    if family.kind == "histogram":
+        hist = metrics_core.HistogramMetricFamily(family.name, family.documentation, labels=labels)
+        for values, series in family.series_buckets.items():
+            cumulative = map(float, itertools.accumulate(series.counts))
+            hist.add_metric(values, list(zip(le, cumulative, strict=True)), series.sum)
+        return hist
+    kind = (
+        metrics_core.CounterMetricFamily
+        if family.kind == "counter"
+        else metrics_core.GaugeMetricFamily
+    )
+    metric = kind(family.name, family.documentation, labels=labels)
+    for values, number in family.numbers.items():
+        metric.add_metric(values, number.value)
+    return metric
+
+
+# Domain metrics: what `Metrics.counter()`, `gauge()` and `histogram()` give domain code, so
+# it never imports prometheus_client. Label values are passed as keyword arguments.
+
+
+class CounterFamily:
+    """A domain counter; pass label values as keyword arguments (any label name works)."""
+
+    def __init__(self, metric: prometheus_client.Counter, labelled: bool) -> None:
+        self._metric = metric
+        self._labelled = labelled
+
+    def inc(self, amount: float = 1.0, /, **labels: str) -> None:
+        (self._metric.labels(**labels) if self._labelled else self._metric).inc(amount)
+
+
+class GaugeFamily:
+    """A domain gauge; pass label values as keyword arguments."""
+
+    def __init__(self, metric: prometheus_client.Gauge, labelnames: tuple[str, ...]) -> None:
+        self._metric = metric
+        self._labelnames = labelnames
+        self._labelled = bool(labelnames)
+
+    def _child(self, labels: dict[str, str]) -> prometheus_client.Gauge:
+        return self._metric.labels(**labels) if self._labelled else self._metric
+
+    def set(self, value: float, /, **labels: str) -> None:
+        self._child(labels).set(value)
+
+    def inc(self, amount: float = 1.0, /, **labels: str) -> None:
+        self._child(labels).inc(amount)
+
+    def dec(self, amount: float = 1.0, /, **labels: str) -> None:
+        self._child(labels).dec(amount)
+
+    def remove(self, **labels: str) -> None:
+        """Drop the series with these label values (e.g. a model that is gone)."""
+        self._metric.remove(*(labels[n] for n in self._labelnames))
+
+
+class HistogramFamily:
+    """A domain histogram; pass label values as keyword arguments."""
+
+    def __init__(self, metric: prometheus_client.Histogram, labelled: bool) -> None:
+        self._metric = metric
+        self._labelled = labelled
+
+    def observe(self, value: float, /, **labels: str) -> None:
+        (self._metric.labels(**labels) if self._labelled else self._metric).observe(value)
 
 
 class Metrics:
@@ -59,12 +158,13 @@ class Metrics:
 
     def __init__(self) -> None:
         reg = self._registry = prometheus_client.CollectorRegistry()
-        self._exposed = families.WithoutCreated(reg)
+        self._exposed = _WithoutCreated(reg)
         prometheus_client.ProcessCollector(registry=reg)
         prometheus_client.PlatformCollector(registry=reg)
         prometheus_client.GCCollector(registry=reg)
-        self._framework = families.Framework((*controllers.FAMILIES, *restclient.FAMILIES))
-        reg.register(self._framework)
+        framework = _Framework((*controllers.FAMILIES, *restclient.FAMILIES))
+        reg.register(framework)
+        self.framework_families: Mapping[str, families.Family] = framework.families
         self._leader_status = prometheus_client.Gauge(
             "leader_election_master_status",
             "Gauge of if the reporting system is master of the relevant lease, 0 indicates "
@@ -91,6 +191,10 @@ class Metrics:
     def leader_election(self, name: str) -> LeaderElectionRecorder:
         """The recorder for the lease `name` (starts at 0: not leading)."""
         return LeaderElectionRecorder(self, name)
+
+    def leader_status(self, name: str) -> prometheus_client.Gauge:
+        """The `leader_election_master_status` series of lease `name`."""
+        return self._leader_status.labels(name)
 
     # -- domain metrics ------------------------------------------------------------------
 

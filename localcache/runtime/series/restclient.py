@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from localcache.runtime.metrics import families
+from localcache.runtime.series import families
 
 if TYPE_CHECKING:
     from localcache.runtime.metrics import Metrics
@@ -46,7 +46,7 @@ class RestClientRecorder:
     shared by every client that reports to it."""
 
     def __init__(self, metrics: Metrics) -> None:
-        f = metrics._framework.families
+        f = metrics.framework_families
         self._requests = f["rest_client_requests_total"]
         self._latency = f["rest_client_request_duration_seconds"]
 

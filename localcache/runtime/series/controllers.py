@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from localcache.runtime.metrics import families
+from localcache.runtime.series import families
 
 if TYPE_CHECKING:
     from localcache.runtime.metrics import Metrics
@@ -136,7 +136,7 @@ class ControllerRecorder:
     """The `controller_runtime_*` series of one controller (see `controller.ControllerMetrics`)."""
 
     def __init__(self, metrics: Metrics, name: str) -> None:
-        f = metrics._framework.families
+        f = metrics.framework_families
         self._totals = {
             r: f["controller_runtime_reconcile_total"].number(name, r) for r in RECONCILE_RESULTS
         }
@@ -182,7 +182,7 @@ class WorkqueueRecorder:
     """The `workqueue_*` series of one queue (see `workqueue.QueueMetrics`)."""
 
     def __init__(self, metrics: Metrics, name: str) -> None:
-        f = metrics._framework.families
+        f = metrics.framework_families
         self._depth = f["workqueue_depth"].number(name, name, "")
         self._adds = f["workqueue_adds_total"].number(name, name)
         self._queue_duration = f["workqueue_queue_duration_seconds"].buckets(name, name)
@@ -221,7 +221,7 @@ class LeaderElectionRecorder:
     """`leader_election_master_status{name}`: 1 while leading, 0 otherwise."""
 
     def __init__(self, metrics: Metrics, name: str) -> None:
-        self._status = metrics._leader_status.labels(name)
+        self._status = metrics.leader_status(name)
         self._status.set(0)
 
     def set_master_status(self, leading: bool) -> None:
