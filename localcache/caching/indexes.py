@@ -8,8 +8,6 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-import pydantic
-
 from localcache.api import inferenceservice
 from localcache.caching import keys
 from localcache.runtime import informer
@@ -65,12 +63,18 @@ def isvc_used_cache(obj: dict[str, Any]) -> list[str]:
 
 
 def isvc_storage_uri(obj: dict[str, Any]) -> str | None:
-    """The predictor's storage URI of a raw InferenceService (whole or `isvc_use`'s slice);
-    None when it has none or does not parse."""
-    try:
-        return inferenceservice.InferenceService.model_validate(obj).storage_uri
-    except pydantic.ValidationError:
+    """The storage URI of an InferenceService's predictor (whole or `isvc_use`'s slice): that
+    of its first implementation in KServe's order (`InferenceService.storage_uri`); None when
+    it has none. Read from the dict, no model built: predicates call it on every ISVC event."""
+    predictor = (obj.get("spec") or {}).get("predictor")
+    if not isinstance(predictor, dict):
         return None
+    for key in inferenceservice.PREDICTOR_KEYS:
+        impl = predictor.get(key)
+        if isinstance(impl, dict):
+            uri = impl.get("storageUri")
+            return uri if isinstance(uri, str) else None
+    return None
 
 
 def isvc_uses_uri(obj: dict[str, Any], cache_uri: str) -> bool:

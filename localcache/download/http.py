@@ -87,14 +87,13 @@ def _embedded_ipv4(ip: ipaddress.IPv6Address) -> list[ipaddress.IPv4Address]:
     (`::ffff:a.b.c.d`), IPv4-compatible (`::a.b.c.d`), NAT64 (`64:ff9b::a.b.c.d`, and the
     local-use `64:ff9b:1::/48` with the address in its last 32 bits), 6to4 (`2002:AABB:CCDD::`)
     and Teredo's client."""
-    last32 = ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
     found = [a for a in (ip.ipv4_mapped, ip.sixtofour) if a is not None]
     if ip.teredo is not None:
         found.append(ip.teredo[1])
     if any(ip in prefix for prefix in _NAT64_PREFIXES) or (
         ip in _IPV4_COMPATIBLE and int(ip) > 1  # :: and ::1 are IPv6's own
     ):
-        found.append(last32)
+        found.append(ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF))  # the last 32 bits
     return found
 
 
