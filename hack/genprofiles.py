@@ -104,6 +104,7 @@ OWN_LOCAL_MODEL_KEYS = (
     "jobNamespace",
     "downloadRetryBackoffInSecs",
     "downloadRetryMaxBackoffInSecs",
+    "volumeSource",
 )
 
 Doc = dict[str, Any]
@@ -187,6 +188,9 @@ def _kserve_models_root(doc: Doc) -> None:
         mounts = container["volumeMounts"]
         mounts.insert(1, dict(mount))
         args = container["args"]
+        if container["name"] == "csi-node":
+            args.append(f"--models-root={KSERVE_MODELS_ROOT}={KSERVE_MOUNT}")
+            continue
         at = args.index(f"--models-root={MODELS_ROOT}")
         if container["name"] == "manager":
             args[at] = (
@@ -332,6 +336,8 @@ def _tokenize(node: Any, jobs: str, key: str | None = None) -> Any:
         if node.startswith("--models-roots="):
             node = node.replace(f"={MODELS_ROOT}={MODELS_ROOT},", "=@@MODELSROOT@@=@@MODELSROOT@@,")
             node = node.replace(f",{KSERVE_MODELS_ROOT}=", ",@@KSERVEMODELSROOT@@=")
+        if node.startswith(f"--models-root={KSERVE_MODELS_ROOT}="):
+            node = node.replace(f"={KSERVE_MODELS_ROOT}=", "=@@KSERVEMODELSROOT@@=", 1)
         if key == "path" and node == KSERVE_MODELS_ROOT:
             node = "@@KSERVEMODELSROOT@@"
     return node

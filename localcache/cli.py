@@ -88,6 +88,18 @@ def build_parser() -> argparse.ArgumentParser:
     prepare.add_argument(
         "--owner", default="65532:1000", help="UID:GID: the agent's uid, the download fsGroup"
     )
+    csi_node = sub.add_parser(
+        "csi-node",
+        help="serve localcache's CSI node plugin (the volumes tenant pods mount)",
+        description=(
+            "Serve the CSI node plugin that publishes localcache's volumes: a pod sees only "
+            "the folder its namespace may read (the agent DaemonSet's privileged csi-node "
+            "container runs this)."
+        ),
+    )
+    from localcache.csi import command as csi_command
+
+    csi_command.add_arguments(csi_node)
     return parser
 
 
@@ -113,6 +125,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return download_program.run(args)
     if args.command == "prepare-models-root":
         return _prepare_models_root(args)
+    if args.command == "csi-node":
+        from localcache.csi import command as csi_command
+
+        return csi_command.run(args)
     try:
         settings = settings_mod.from_args(args, args.command)
     except settings_mod.SettingsError as exc:

@@ -73,6 +73,10 @@ class LocalModelConfig(_Section):
     download_retry_max_backoff_in_secs: int = Field(
         3600, alias="downloadRetryMaxBackoffInSecs", ge=1
     )
+    volume_source: Literal["csi", "hostPath"] = Field("csi", alias="volumeSource")
+    """localcache's: `csi` PVs are served by localcache's CSI node plugin, which shows a pod
+    only its cache's folder (README "Security model"); `hostPath` keeps the node group's own
+    PV source, KServe's choice, which shows every pod the whole models root."""
 
     @pydantic.field_validator(
         "job_ttl_seconds_after_finished",

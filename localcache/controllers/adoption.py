@@ -37,6 +37,7 @@ from typing import Any, Final, Literal
 
 from localcache.api import groupversion
 from localcache.controllers import state
+from localcache.csi import entitlement
 from localcache.runtime import keys as runtime_keys
 from localcache.runtime import store
 
@@ -140,7 +141,10 @@ def judge_claim(pvc: Obj, *, owner: Owner, pv_name: str) -> Judgement:
 
 def _place(spec: Obj) -> tuple[Any, Any]:
     source = spec.get("local") or spec.get("hostPath") or {}
-    return source.get("path"), spec.get("nodeAffinity")
+    path = source.get("path")
+    if path is None:  # our CSI template: the models root is an attribute
+        path = ((spec.get("csi") or {}).get("volumeAttributes") or {}).get(entitlement.ROOT)
+    return path, spec.get("nodeAffinity")
 
 
 def _claim_key(pv: Obj) -> runtime_keys.ObjectKey | None:

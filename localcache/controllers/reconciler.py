@@ -144,6 +144,7 @@ class CacheReconciler:
             groups=snap.groups,
             serving=serving_pairs(cache, isvcs) if manage_serving else (),
             job_namespace=cfg.job_namespace,
+            volume_source=cfg.volume_source,
         )
         try:
             outcome = await volumes.reconcile_volumes(

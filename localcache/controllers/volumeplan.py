@@ -4,6 +4,9 @@ Per node group of the cache (that exists) there is one download pair; per (Infer
 namespace, node group) one serving pair. Names and owners come from the `Scope`. Specs are
 copied from the LocalModelNodeGroup; the PVC's `volumeName` names its PV and the PV is
 pre-bound to the PVC (`claimRef` by namespace and name), so no other claim can take it.
+With `volumeSource: csi` (the default) the PV's `local`/`hostPath` source becomes a `csi` source
+of localcache's driver, whose `volumeAttributes` name role, cache, storage key and the group's
+models root (`csi.entitlement`): the node plugin then shows a pod only what it may read.
 Every object carries `state.OWNER_ANNOTATION` (the cache id), `state.ROLE_ANNOTATION` and
 `STORAGE_KEY_ANNOTATION`, and the managed-by label; PVCs (and PVs when the scope owns them)
 carry the cache's ownerReference.
@@ -16,13 +19,16 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
+from localcache import csi
 from localcache.api import nodegroup
 from localcache.caching import keys as cache_keys
 from localcache.controllers import adoption, scope, state
+from localcache.csi import entitlement
 from localcache.runtime import keys as runtime_keys
 
 Obj = dict[str, Any]
 Role = Literal["download", "serving"]
+VolumeSource = Literal["csi", "hostPath"]
 STORAGE_KEY_ANNOTATION: Final = "localmodel.kserve.io/storage-key"
 """The cache's storage key, on every PV and PVC we create: the admission policies in
 `manifests/policies` allow a pod to mount our PVC only with this key's subPath (tenants cannot
@@ -73,8 +79,18 @@ def _pair(
     pv_name: str,
     pvc_namespace: str,
     pvc_name: str,
+    volume_source: VolumeSource,
 ) -> Pair:
     pv_spec = copy.deepcopy(group.spec.persistent_volume_spec)
+    if volume_source == "csi":
+        pv_spec = csi_source(
+            pv_spec,
+            role=role,
+            pv_name=pv_name,
+            status_key=sc.status_key(cache),
+            storage_key=cache_keys.storage_key(cache.spec.source_model_uri),
+            root=group.spec.local_path() or "",
+        )
     pv_spec["claimRef"] = {
         "apiVersion": "v1",
         "kind": "PersistentVolumeClaim",
@@ -102,6 +118,25 @@ def _pair(
     return Pair(role, pv, pvc)
 
 
+def csi_source(
+    pv_spec: Obj, *, role: Role, pv_name: str, status_key: str, storage_key: str, root: str
+) -> Obj:
+    """`pv_spec` with its `local`/`hostPath` source replaced by localcache's CSI driver."""
+    spec = {k: v for k, v in pv_spec.items() if k not in ("local", "hostPath")}
+    spec["csi"] = {
+        "driver": csi.DRIVER_NAME,
+        "volumeHandle": pv_name,
+        "readOnly": role == "serving",
+        "volumeAttributes": {
+            entitlement.ROLE: role,
+            entitlement.CACHE: status_key,
+            entitlement.STORAGE_KEY: storage_key,
+            entitlement.ROOT: root,
+        },
+    }
+    return spec
+
+
 def plan(
     sc: scope.Scope,
     cache: scope.CacheModel,
@@ -109,6 +144,7 @@ def plan(
     groups: Mapping[str, nodegroup.LocalModelNodeGroup],
     serving: Iterable[tuple[str, str]],
     job_namespace: str,
+    volume_source: VolumeSource = "csi",
 ) -> list[Pair]:
     """The wanted pairs: download per existing group, serving per (namespace, group)."""
     pairs = []
@@ -127,6 +163,7 @@ def plan(
                 pv_name=pv_name,
                 pvc_namespace=pvc_ns,
                 pvc_name=pvc_name,
+                volume_source=volume_source,
             )
         )
     for namespace, name in sorted(set(serving)):
@@ -142,6 +179,7 @@ def plan(
                 pv_name=sc.serving_pv_name(cache, name, namespace),
                 pvc_namespace=namespace,
                 pvc_name=sc.serving_pvc_name(cache, name),
+                volume_source=volume_source,
             )
         )
     return pairs

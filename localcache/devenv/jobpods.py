@@ -8,7 +8,8 @@
 - `running_status` / `finished_status`: the pod status patches the runner sends.
 
 Contract: a pod that cannot be played raises `PodError` saying why; a path that would leave its
-volume (absolute, `..`) is refused. Not promised: any volume type but local and hostPath PVs.
+volume (absolute, `..`) is refused. Not promised: any volume type but local, hostPath and
+localcache's CSI PVs.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from localcache.csi import DRIVER_NAME, entitlement
 
 Obj = dict[str, Any]
 
@@ -124,8 +127,14 @@ def host_destination(
     With `pv_path`, a PV whose path differs is refused (it is not the node's local volume)."""
     source = pv.get("spec") or {}
     path = (source.get("local") or {}).get("path") or (source.get("hostPath") or {}).get("path")
+    csi = source.get("csi") or {}
+    if not path and csi.get("driver") == DRIVER_NAME:
+        # localcache's CSI view shows the Job's staging folder at the same subPath
+        path = (csi.get("volumeAttributes") or {}).get(entitlement.ROOT)
     if not path:
-        raise PodError(f"PV {metadata(pv).get('name')} is not a local or hostPath volume")
+        raise PodError(
+            f"PV {metadata(pv).get('name')} is not a local, hostPath or localcache volume"
+        )
     if pv_path is not None and posixpath.normpath(path) != posixpath.normpath(pv_path):
         raise PodError(f"PV path {path} is not the node's local volume {pv_path}")
     dest = host_root

@@ -5,6 +5,7 @@ from __future__ import annotations
 from localcache.api import modelcache, nodegroup
 from localcache.caching import keys
 from localcache.controllers import clustercache, namespacecache, state, volumeplan, volumes
+from localcache.csi import entitlement
 
 GROUP = nodegroup.LocalModelNodeGroup.from_dict(
     {
@@ -40,7 +41,20 @@ def test_cluster_cache_plan_owns_everything_and_pre_binds_each_pv() -> None:
     download = pairs[0]
     assert download.pv["spec"]["claimRef"]["name"] == "iris-gpu1"
     assert download.pv["spec"]["claimRef"]["namespace"] == "jobs"
-    assert download.pv["spec"]["hostPath"] == {"path": "/models"}
+    assert "hostPath" not in download.pv["spec"], "the whole root is never a pod's volume"
+    assert download.pv["spec"]["csi"] == {
+        "driver": "localcache.csi.kserve.io",
+        "volumeHandle": "iris-gpu1-download",
+        "readOnly": False,
+        "volumeAttributes": {
+            entitlement.ROLE: "download",
+            entitlement.CACHE: "iris",
+            entitlement.STORAGE_KEY: keys.storage_key("s3://b/m"),
+            entitlement.ROOT: "/models",
+        },
+    }
+    assert pairs[1].pv["spec"]["csi"]["readOnly"] is True
+    assert pairs[1].pv["spec"]["csi"]["volumeAttributes"][entitlement.ROLE] == "serving"
     assert download.pvc["spec"] == {
         "storageClassName": "standard",
         "volumeName": "iris-gpu1-download",
@@ -53,6 +67,22 @@ def test_cluster_cache_plan_owns_everything_and_pre_binds_each_pv() -> None:
     }
     assert download.pv["metadata"]["annotations"] == download.pvc["metadata"]["annotations"]
     assert "claimRef" not in GROUP.spec.persistent_volume_spec, "the template is not mutated"
+
+
+def test_host_path_volume_source_keeps_the_node_groups_own_source() -> None:
+    cache = modelcache.LocalModelCache.from_dict(
+        {"metadata": {"name": "iris", "uid": "u1"}, "spec": SPEC}
+    )
+    (download,) = volumeplan.plan(
+        clustercache.SCOPE,
+        cache,
+        groups={"gpu1": GROUP},
+        serving=[],
+        job_namespace="jobs",
+        volume_source="hostPath",
+    )
+    assert download.pv["spec"]["hostPath"] == {"path": "/models"}
+    assert "csi" not in download.pv["spec"]
 
 
 def test_namespace_cache_plan_keeps_pvs_ownerless_and_pvcs_in_its_namespace() -> None:

@@ -104,7 +104,8 @@ def test_container_args_parse_into_the_names_the_profile_ships(profile: str) -> 
     names = {(d["kind"], d["metadata"]["name"]) for d in docs}
     for kind, command in (("Deployment", "controller"), ("DaemonSet", "agent")):
         (workload,) = [d for d in docs if d["kind"] == kind]
-        (manager,) = workload["spec"]["template"]["spec"]["containers"]
+        containers = workload["spec"]["template"]["spec"]["containers"]
+        (manager,) = [c for c in containers if c["name"] == "manager"]
         assert manager["command"] == ["localcache", command]
         parser = argparse.ArgumentParser()
         settings.add_arguments(parser, command)

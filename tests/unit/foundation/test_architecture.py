@@ -231,6 +231,7 @@ def test_the_download_program_may_import_what_it_needs() -> None:
 
 
 MAX_MODULE_LINES = 400
+GENERATED = PACKAGE / "csi" / "proto"  # hack/gen-csi-protos.sh
 
 
 def test_no_module_of_the_package_is_over_400_lines() -> None:
@@ -238,6 +239,7 @@ def test_no_module_of_the_package_is_over_400_lines() -> None:
     long = {
         _rel(path): lines
         for path in _modules()
-        if (lines := len(path.read_text().splitlines())) > MAX_MODULE_LINES
+        if GENERATED not in path.parents
+        and (lines := len(path.read_text().splitlines())) > MAX_MODULE_LINES
     }
     assert long == {}
