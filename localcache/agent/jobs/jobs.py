@@ -12,6 +12,8 @@ Contract:
   mounts the entry's download PVC with `subPath` = its staging folder (`layout.staging_subpath`)
   at `/mnt/models`, and downloads `[uri, /mnt/models]`; the agent promotes the staging folder
   after success. The pod sees only its staging folder, never other models.
+- The pod meets Pod Security `restricted` (`RESTRICTED_CONTAINER`, RuntimeDefault seccomp,
+  non-root when the agent's uid is given).
 - The pod is pinned with `nodeSelector` `kubernetes.io/hostname`, gets `fsGroup`, the node
   group's tolerations, `storageInitializer` resources (unless a ClusterStorageContainer sets
   its own), the injected credentials (env and volumes appended to the container's own), the
@@ -45,6 +47,11 @@ LABEL_MODEL_NAMESPACE: Final = "modelNamespace"
 LABEL_STORAGE_KEY: Final = "storageKey"
 _MAX_LABEL: Final = 63
 _NAME_PREFIX: Final = "lmd"
+RESTRICTED_CONTAINER: Final = {
+    "allowPrivilegeEscalation": False,
+    "privileged": False,
+    "capabilities": {"drop": ["ALL"]},
+}
 TAG_LENGTH: Final = 16
 """Hex characters of the scope tag in Job names (64 bits)."""
 SUFFIX_LENGTH: Final = 8
@@ -200,8 +207,17 @@ def build_job(
             *copy.deepcopy(list(injection.volumes)),
         ],
     }
+    # Pod Security `restricted` (the job namespace enforces it): no privilege escalation, no
+    # capability, the runtime's seccomp profile; a container template asking for more is
+    # overridden, and the agent's Job-shape policy refuses any Job that asks for more.
+    pod_spec["securityContext"] = {"seccompProfile": {"type": "RuntimeDefault"}}
     if local_model.fs_group is not None:
-        pod_spec["securityContext"] = {"fsGroup": local_model.fs_group}
+        pod_spec["securityContext"]["fsGroup"] = local_model.fs_group
+    main_security = main.get("securityContext")
+    main["securityContext"] = {
+        **(main_security if isinstance(main_security, dict) else {}),
+        **RESTRICTED_CONTAINER,
+    }
     if run_as_user is not None:
         # The agent's uid (issue 13 bug 4): the agent owns what the pod writes, so it can set
         # the promoted modes and delete the folder later. HOME is made writable for images
@@ -211,10 +227,8 @@ def build_job(
         identity: dict[str, Any] = {"runAsUser": run_as_user, "runAsNonRoot": True}
         if local_model.fs_group is not None:
             identity["runAsGroup"] = local_model.fs_group
-        pod_spec.setdefault("securityContext", {}).update(identity)
-        main_context = main.get("securityContext")
-        if isinstance(main_context, dict):
-            main_context.update(identity)
+        pod_spec["securityContext"].update(identity)
+        main["securityContext"].update(identity)
         if not any(e.get("name") == "HOME" for e in main.get("env") or []):
             main["env"] = [*(main.get("env") or []), {"name": "HOME", "value": "/tmp"}]
     if node_group.spec.tolerations:

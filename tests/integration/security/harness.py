@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from localcache.agent.jobs import jobs
 from localcache.devenv.controlplane import ControlPlane
 
 Obj = dict[str, Any]
@@ -151,8 +152,19 @@ def job(
     node_uid: str,
     labels: Obj | None = None,
 ) -> Obj:
-    """A Job in the shape of agent/jobs.py: pinned to `node`, owned by its LocalModelNode."""
-    spec = {**spec, "nodeSelector": {"kubernetes.io/hostname": node}}
+    """A Job in the shape of agent/jobs.py: pinned to `node`, owned by its LocalModelNode,
+    non-root and restricted (what `spec` sets itself wins)."""
+    security = {"runAsNonRoot": True, "runAsUser": 65532, **(spec.get("securityContext") or {})}
+    containers = [
+        {**c, "securityContext": {**jobs.RESTRICTED_CONTAINER, **(c.get("securityContext") or {})}}
+        for c in spec.get("containers") or []
+    ]
+    spec = {
+        **spec,
+        "nodeSelector": {"kubernetes.io/hostname": node},
+        "securityContext": security,
+        "containers": containers,
+    }
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",

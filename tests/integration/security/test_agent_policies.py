@@ -194,6 +194,7 @@ async def test_the_agents_real_download_job_and_its_pod_are_admitted(
         container=jobs.select_container(uri, [], config.StorageInitializerConfig()),
         injection=credentials.Injection(uri=uri, service_account_name="bert-reader"),
         local_model=config.LocalModelConfig(), suffix="abcd1234",
+        run_as_user=65532,  # the DaemonSet's agent uid
     )  # fmt: skip
     pod_spec = job["spec"]["template"]["spec"]
     claim = pod_spec["volumes"][0]["persistentVolumeClaim"]["claimName"]
@@ -231,3 +232,85 @@ async def test_the_agents_real_download_job_and_its_pod_are_admitted(
         )
     finally:
         control_plane.rest("DELETE", f"/api/v1/persistentvolumes/{pv['metadata']['name']}")
+
+
+@pytest.mark.parametrize(
+    ("what", "change", "says"),
+    [
+        (
+            "privileged",
+            {
+                "containers": [
+                    {"securityContext": {"privileged": True, "allowPrivilegeEscalation": True}}
+                ]
+            },
+            "unprivileged",
+        ),
+        ("root", {"securityContext": {"runAsUser": 0, "runAsNonRoot": False}}, "non-root"),
+        (
+            "a capability",
+            {
+                "containers": [
+                    {"securityContext": {"capabilities": {"drop": ["ALL"], "add": ["SYS_ADMIN"]}}}
+                ]
+            },
+            "every capability dropped",
+        ),
+        ("hostPID", {"hostPID": True}, "no host namespace"),
+        ("hostNetwork", {"hostNetwork": True}, "no host namespace"),
+        (
+            "hostPath /",
+            {"volumes": [{"name": "host", "hostPath": {"path": "/"}}]},
+            "no hostPath",
+        ),
+        (
+            "an init container",
+            {"initContainers": [{"name": "i", "image": "busybox"}]},
+            "no init or ephemeral containers",
+        ),
+    ],
+)
+async def test_a_stolen_agent_token_gets_no_privileged_job_even_owned_by_and_pinned_to_its_node(
+    control_plane: ControlPlane,
+    nodes: dict[str, str],
+    what: str,
+    change: dict[str, Any],
+    says: str,
+) -> None:
+    """Security review findings 7 and 14b: the Job passes the owner and pin rules; its shape is
+    what the policy now refuses (in the job namespace, where no namespace cache is needed)."""
+    node = next(iter(nodes))
+    token = harness.agent_token(control_plane, node)
+    job = harness.job(
+        harness.JOB_NAMESPACE,
+        f"lmd-{uuid.uuid4().hex[:8]}",
+        _download_spec(),
+        node=node,
+        node_uid=nodes[node],
+    )
+    pod = job["spec"]["template"]["spec"]
+    for key, value in change.items():
+        if key == "containers":
+            for container, extra in zip(pod["containers"], value, strict=False):
+                for field, setting in extra.items():
+                    container[field] = {**container.get(field, {}), **setting}
+        elif key == "securityContext":
+            pod["securityContext"] = {**pod["securityContext"], **value}
+        else:
+            pod[key] = value
+
+    def create(body: dict[str, Any]) -> Any:
+        return harness.rest_as_token(
+            control_plane, token, "POST", _jobs(harness.JOB_NAMESPACE, True), body
+        )
+
+    await wait_until(
+        lambda: create(harness.job(
+            harness.JOB_NAMESPACE, f"lmd-{uuid.uuid4().hex[:8]}", _download_spec(), node=node,
+            node_uid=nodes[node],
+        ))[0] == 201,
+        timeout=30,
+        what="the agent may create a restricted Job of its node in the job namespace",
+    )  # fmt: skip
+    message = harness.denied(create(job), f"a Job of the agent's token with {what}")
+    assert says in message, message

@@ -57,9 +57,16 @@ def test_download_pod_runs_as_the_agents_uid_with_the_download_group() -> None:
         "runAsUser": AGENT_UID,
         "runAsGroup": 1000,
         "runAsNonRoot": True,
+        "seccompProfile": {"type": "RuntimeDefault"},
     }
     (container,) = pod["containers"]
     assert {"name": "HOME", "value": "/tmp"} in container["env"]
+    assert container["securityContext"] == {
+        **jobs.RESTRICTED_CONTAINER,
+        "runAsUser": AGENT_UID,
+        "runAsGroup": 1000,
+        "runAsNonRoot": True,
+    }
 
 
 def test_a_home_the_container_sets_is_kept() -> None:
@@ -70,7 +77,7 @@ def test_a_home_the_container_sets_is_kept() -> None:
 
 def test_a_root_agent_does_not_make_download_pods_run_as_root() -> None:
     pod = _pod(_job(run_as_user=None))
-    assert pod["securityContext"] == {"fsGroup": 1000}
+    assert pod["securityContext"] == {"fsGroup": 1000, "seccompProfile": {"type": "RuntimeDefault"}}
     assert "env" not in pod["containers"][0]
 
 
@@ -88,4 +95,22 @@ def test_a_storage_containers_own_user_does_not_win_over_the_agents() -> None:
         "runAsGroup": 1000,
         "runAsNonRoot": True,
         "readOnlyRootFilesystem": True,
+        **jobs.RESTRICTED_CONTAINER,
     }
+
+
+def test_a_storage_container_asking_for_privileges_is_made_restricted() -> None:
+    """Pod Security `restricted` in the job namespace (security review finding 7)."""
+    container = {
+        "name": "c",
+        "image": "i",
+        "securityContext": {
+            "privileged": True,
+            "allowPrivilegeEscalation": True,
+            "capabilities": {"add": ["SYS_ADMIN"]},
+        },
+    }
+    (main,) = _pod(_job(run_as_user=AGENT_UID, container=container))["containers"]
+    assert main["securityContext"]["privileged"] is False
+    assert main["securityContext"]["allowPrivilegeEscalation"] is False
+    assert main["securityContext"]["capabilities"] == {"drop": ["ALL"]}

@@ -108,7 +108,7 @@ def test_default_job_has_the_kserve_shape_with_a_staging_subpath() -> None:
     assert pod["nodeSelector"] == {"kubernetes.io/hostname": NODE}
     assert "nodeName" not in pod
     assert pod["restartPolicy"] == "Never"
-    assert pod["securityContext"] == {"fsGroup": 1000}
+    assert pod["securityContext"] == {"fsGroup": 1000, "seccompProfile": {"type": "RuntimeDefault"}}
     assert "serviceAccountName" not in pod
     assert "tolerations" not in pod
     assert pod["volumes"] == [
@@ -132,6 +132,7 @@ def test_default_job_has_the_kserve_shape_with_a_staging_subpath() -> None:
             }
         ],
         "terminationMessagePolicy": "File",
+        "securityContext": jobs.RESTRICTED_CONTAINER,
     }
     assert container["volumeMounts"][0]["subPath"] == layout.staging_subpath(KEY, name)
 
@@ -181,7 +182,7 @@ def test_config_sets_namespace_fs_group_and_ttl() -> None:
     job = _job(local_model=local_model)
     assert job["metadata"]["namespace"] == "jobs"
     assert job["spec"]["ttlSecondsAfterFinished"] == 60
-    assert "securityContext" not in _pod(job)
+    assert "fsGroup" not in _pod(job)["securityContext"]
 
 
 def test_backoff_limit_is_set_only_when_given() -> None:

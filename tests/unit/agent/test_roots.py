@@ -15,6 +15,7 @@ import yaml
 
 from localcache import cli, settings
 from localcache.agent.disk import folders, layout, roots
+from localcache.csi import command as csi_command
 from tests.unit.agent.test_reconciler import KEY, World, _entry
 
 Obj = dict[str, Any]
@@ -229,7 +230,8 @@ def test_each_profile_mounts_and_prepares_every_root_it_serves(
     text = (REPO / "manifests" / "profiles" / profile / "localcache.yaml").read_text()
     (ds,) = [d for d in yaml.safe_load_all(text) if d and d["kind"] == "DaemonSet"]
     pod = ds["spec"]["template"]["spec"]
-    (agent,) = pod["containers"]
+    (agent,) = [c for c in pod["containers"] if c["name"] == "manager"]
+    (csi_node,) = [c for c in pod["containers"] if c["name"] == "csi-node"]
     (init,) = pod["initContainers"]
     parser = argparse.ArgumentParser()
     settings.add_arguments(parser, "agent")
@@ -247,6 +249,14 @@ def test_each_profile_mounts_and_prepares_every_root_it_serves(
             assert volumes[mount["name"]]["hostPath"]["path"] == root.host_path
     prepared = [a.removeprefix("--models-root=") for a in init["args"] if "--models-root=" in a]
     assert prepared == [str(r.container_path) for r in mounted]
+    # the CSI node plugin publishes views of every served root, under the same host paths
+    csi_mounts = {m["mountPath"]: m for m in csi_node["volumeMounts"]}
+    csi_roots = csi_command.parse_roots(
+        [a.removeprefix("--models-root=") for a in csi_node["args"] if "--models-root=" in a]
+    )
+    assert sorted(csi_roots) == sorted(r.host_path for r in mounted)
+    for host, inside in csi_roots.items():
+        assert volumes[csi_mounts[str(inside)]["name"]]["hostPath"]["path"] == host
 
 
 def test_prepare_models_root_prepares_every_root_given(tmp_path: Path) -> None:
