@@ -17,7 +17,7 @@ import datetime
 from collections.abc import Mapping, Sequence
 
 from localcache.agent import adoption, downloads, plan
-from localcache.agent.disk import folders, tree
+from localcache.agent.disk import folders, layout, tree
 from localcache.agent.jobs import launcher
 from localcache.api import modelnode
 from localcache.api import quantity as quantity_mod
@@ -60,9 +60,7 @@ class Observer:
     ) -> plan.Observed:
         """The unit's inputs to `plan.decide` on `disk`; the adoption evidence only when
         `evidence` (not after a refused adoption)."""
-        key = unit.storage_key
-        complete = await asyncio.to_thread(disk.is_complete, key)
-        manifest = await asyncio.to_thread(disk.manifest, key) if complete else None
+        manifest = await asyncio.to_thread(_unit_manifest, disk, unit)
         local = seen.cfg.local_model
         observed = plan.Observed(
             now=seen.now,
@@ -120,3 +118,13 @@ class Observer:
                 except ValueError:
                     continue
         return None
+
+
+def _unit_manifest(disk: folders.ModelDisk, unit: downloads.Unit) -> layout.Manifest | None:
+    """The manifest of the folder that serves `unit`: its scope's own variant when there is
+    one (its download differed from the folder in place), else the storage key's folder."""
+    variant = layout.variant_of_scope(unit.scope_id)
+    for candidate in (variant, None):
+        if disk.is_complete(unit.storage_key, candidate):
+            return disk.manifest(unit.storage_key, candidate)
+    return None

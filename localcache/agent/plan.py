@@ -197,6 +197,7 @@ class Downloaded:
             percent=100,
             job_name=self.job_name,
             completion_time=self.manifest.completed_at,
+            folder=self.manifest.folder if self.manifest.variant else None,
         )
         return status.Outcome(ModelStatus.DOWNLOADED, progress)
 

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -335,14 +336,25 @@ class Reconciler:
         self, unit: downloads.Unit, action: plan.Promote, at: _Where
     ) -> status.Outcome:
         key, job, state = unit.storage_key, action.job, action.state
-        in_force = await asyncio.to_thread(at.disk.promote, action.staging, key, action.manifest)
+        in_force = await asyncio.to_thread(
+            functools.partial(
+                at.disk.promote,
+                action.staging,
+                key,
+                action.manifest,
+                variant=layout.variant_of_scope(unit.scope_id),
+            )
+        )
         self._metrics.succeeded.inc()
         self._metrics.bytes.inc(action.manifest.bytes)
         if state.started_at and state.finished_at:
             seconds = (state.finished_at - state.started_at).total_seconds()
             self._metrics.duration.observe(max(0.0, seconds))
         kept = in_force.job != job.name
-        log.info("model_promoted", storage_key=key, job=job.name, kept_existing=kept)
+        log.info(
+            "model_promoted", storage_key=key, job=job.name, kept_existing=kept,
+            folder=in_force.folder,
+        )  # fmt: skip
         return plan.Downloaded(in_force, job_name=job.name).outcome()
 
     async def _launch(

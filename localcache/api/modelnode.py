@@ -90,6 +90,17 @@ class ModelProgress(meta.ApiModel):
         json_schema_extra=meta.DATE_TIME,
         description="When the download completed (RFC 3339).",
     )
+    folder: str | None = Field(
+        default=None,
+        max_length=33,
+        pattern=r"^[0-9a-f]{16}\.[0-9a-f]{16}$",
+        description=(
+            "The model folder serving this entry when it is not the storage key's own: "
+            "this entry's credential scope downloaded different content "
+            "(models/<storage key>.<variant>); localcache's volumes show it at "
+            "models/<storage key>."
+        ),
+    )
 
 
 class ModelSummary(meta.ApiModel):

@@ -64,6 +64,8 @@ class CredentialRequest:
     has_storage: bool = False
     storage_key: str | None = None
     parameters: Mapping[str, str] | None = None
+    tenant: bool = False
+    """A namespace cache's entry: its download runs in the tenant's namespace."""
 
     @property
     def wants_credentials(self) -> bool:
@@ -80,14 +82,19 @@ def request_for(entry: modelnode.LocalModelInfo, *, job_namespace: str) -> Crede
         has_storage=storage is not None,
         storage_key=(storage.key or None) if storage is not None else None,
         parameters=dict(storage.parameters or {}) if storage is not None else None,
+        tenant=bool(entry.namespace),
     )
 
 
 def credential_scope(request: CredentialRequest) -> Hashable | None:
-    """Who proved access: None when no credentials are needed; else (namespace, service
-    account, storage key, parameters). Downloads are shared only within one scope (spec §5)."""
+    """Who proved access: None when no credentials are needed and the download runs in the
+    job namespace (tenants cannot reach its pods); `(namespace,)` for a namespace cache's
+    download without credentials (its pods run where the tenant may exec into them and write
+    their bytes: never the open copy for anyone else, security review finding 3); else
+    (namespace, service account, storage key, parameters). Downloads are shared only within
+    one scope, or when their content is the same (`agent.disk.digest`)."""
     if not request.wants_credentials:
-        return None
+        return (request.namespace,) if request.tenant else None
     return (
         request.namespace,
         request.service_account_name or "default",

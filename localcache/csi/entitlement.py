@@ -9,8 +9,10 @@ mount time:
 - a **serving** volume shows `models/<storage key>` only, read-only, and only when this node's
   entry for that cache (its status key) holds that storage key and is `ModelDownloaded`: the
   agent reports an entry downloaded only after that cache's own download or proof of access,
-  so a namespace that proved nothing gets nothing. A namespace cache's volume is mounted only
-  by pods of its namespace;
+  so a namespace that proved nothing gets nothing. When the entry's scope downloaded content
+  that differs from the folder in place, its status names its own folder variant
+  (`modelProgress.folder`), which is then shown there instead. A namespace cache's volume is
+  mounted only by pods of its namespace;
 - a **download** volume shows `.staging/<storage key>-<job>` only, read-write, to a pod of a
   download Job the agent recorded in its LocalModelNode status (namespace and name, which a
   tenant cannot write there): the Job controller names its pods `<job>-<5 characters>`;
@@ -99,10 +101,16 @@ class Pod:
 
 @dataclass(frozen=True, slots=True)
 class Grant:
-    """What the pod sees: `subpath` of the models root, at the same place in its volume."""
+    """What the pod sees: the folder `source` of the models root, at `subpath` in its volume
+    (the same place unless the entry is served from its scope's own folder variant)."""
 
     subpath: str
     writable: bool
+    source: str = ""
+
+    @property
+    def folder(self) -> str:
+        return self.source or self.subpath
 
 
 def decide(volume: Volume, pod: Pod, node: Mapping[str, Any], node_name: str) -> Grant:
@@ -135,7 +143,16 @@ def _serving(volume: Volume, pod: Pod, node: Mapping[str, Any], node_name: str) 
             f"cache {volume.cache} is not downloaded on node {node_name} for this cache "
             f"(status {status or 'none'}); the pod's volume is mounted once it is"
         )
-    return Grant(layout.model_subpath(volume.storage_key), writable=False)
+    progress = _mapping(
+        _mapping(_mapping(node.get("status")).get("modelProgress")).get(volume.cache)
+    )
+    folder = progress.get("folder")
+    source = ""
+    if folder:
+        if layout.key_of_folder(str(folder)) != volume.storage_key:
+            raise Refused(f"cache {volume.cache} on node {node_name} names folder {folder!r}")
+        source = f"{layout.MODELS_DIR}/{folder}"
+    return Grant(layout.model_subpath(volume.storage_key), writable=False, source=source)
 
 
 def _download(volume: Volume, pod: Pod, node: Mapping[str, Any], node_name: str) -> Grant:

@@ -104,7 +104,7 @@ def publish(target: Path, root: Path, grant: entitlement.Grant, work: Path) -> N
     if is_mount(target):
         return
     target.mkdir(mode=0o750, parents=False, exist_ok=True)
-    folder = open_folder(root, grant.subpath)
+    folder = open_folder(root, grant.folder)
     stage = work / hashlib.sha256(str(target).encode()).hexdigest()[:32]
     stage.mkdir(mode=0o700, parents=True, exist_ok=True)
     try:

@@ -126,7 +126,7 @@ def test_a_pv_elsewhere_than_the_node_volume_is_refused() -> None:
     plan = jobpods.plan_download(_pod())
     with pytest.raises(jobpods.PodError, match="not the node's local volume"):
         jobpods.host_destination(plan, _pv("/other"), host_root=Path("/h"), pv_path="/mnt")
-    with pytest.raises(jobpods.PodError, match="not a local or hostPath volume"):
+    with pytest.raises(jobpods.PodError, match="not a local, hostPath or localcache volume"):
         jobpods.host_destination(plan, {"spec": {"nfs": {}}}, host_root=Path("/h"))
 
 

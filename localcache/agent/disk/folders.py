@@ -30,6 +30,7 @@ Contract:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import stat
 import time
@@ -38,8 +39,8 @@ from pathlib import Path
 
 import structlog
 
-from localcache.agent.disk import layout, trash, tree
-from localcache.runtime import durable, fstree
+from localcache.agent.disk import adopt, digest, layout, trash, tree
+from localcache.runtime import durable
 
 log = structlog.get_logger(__name__)
 
@@ -94,9 +95,8 @@ class ModelDisk:
             tree.plain_directory(path)
         return repaired
 
-    def model_path(self, storage_key: str) -> Path:
-        layout.require_key(storage_key)
-        return self.models / storage_key
+    def model_path(self, storage_key: str, variant: str | None = None) -> Path:
+        return self.models / layout.folder_name(storage_key, variant)
 
     def staging_path(self, storage_key: str, job_name: str) -> Path:
         return self.staging / layout.staging_name(storage_key, job_name)
@@ -127,16 +127,18 @@ class ModelDisk:
         os.chmod(path, mode)
         return path
 
-    def _manifest_path(self, storage_key: str) -> Path:
-        return self.manifests / f"{storage_key}{layout.MANIFEST_SUFFIX}"
+    def manifest_path(self, storage_key: str, variant: str | None = None) -> Path:
+        return (
+            self.manifests / f"{layout.folder_name(storage_key, variant)}{layout.MANIFEST_SUFFIX}"
+        )
 
-    def _record_path(self, storage_key: str) -> Path:
+    def record_path(self, storage_key: str) -> Path:
         return self.manifests / f"{storage_key}{layout.RECORD_SUFFIX}"
 
     # ---- queries ------------------------------------------------------------------------
-    def manifest(self, storage_key: str) -> layout.Manifest | None:
-        """The manifest of `storage_key`, or None when absent or unreadable."""
-        data = durable.read_json(self._manifest_path(storage_key))
+    def manifest(self, storage_key: str, variant: str | None = None) -> layout.Manifest | None:
+        """The manifest of `storage_key` (its `variant`), or None when absent or unreadable."""
+        data = durable.read_json(self.manifest_path(storage_key, variant))
         if data is None:
             return None
         try:
@@ -144,15 +146,15 @@ class ModelDisk:
         except layout.DiskError:
             return None
 
-    def is_complete(self, storage_key: str) -> bool:
+    def is_complete(self, storage_key: str, variant: str | None = None) -> bool:
         """The folder AND its manifest exist and the manifest is for this storage key."""
-        if not self.model_path(storage_key).is_dir():
+        if not self.model_path(storage_key, variant).is_dir():
             return False
-        manifest = self.manifest(storage_key)
+        manifest = self.manifest(storage_key, variant)
         return manifest is not None and manifest.storage_key == storage_key
 
     def list_model_folders(self) -> list[str]:
-        """Storage-key-shaped directories under `models/` (other names are not ours)."""
+        """Model folders under `models/` (`layout.folder_name`; other names are not ours)."""
         try:
             entries = list(os.scandir(self.models))
         except FileNotFoundError:
@@ -160,16 +162,24 @@ class ModelDisk:
         return sorted(
             e.name
             for e in entries
-            if layout.is_storage_key(e.name) and e.is_dir(follow_symlinks=False)
+            if layout.key_of_folder(e.name) and e.is_dir(follow_symlinks=False)
         )
 
     # ---- promotion ----------------------------------------------------------------------
     def promote(
-        self, staging: Path, storage_key: str, manifest: layout.Manifest
+        self,
+        staging: Path,
+        storage_key: str,
+        manifest: layout.Manifest,
+        *,
+        variant: str | None = None,
     ) -> layout.Manifest:
-        """Move a finished download into `models/<storage_key>` and record its manifest; returns
-        the manifest in force. When a complete folder for the same URI is already there, the
-        new download is discarded and the existing folder (and manifest) kept."""
+        """Move a finished download into `models/<storage_key>` and record its manifest;
+        returns the manifest in force (its `variant` says which folder). When a complete
+        folder of another download of the same URI is there already, the two are compared
+        (`digest`): the same content is shared (the new download is discarded), different
+        content becomes the folder `variant` of the downloading scope
+        (`models/<key>.<variant>`), never a silent discard."""
         layout.require_key(storage_key)
         if manifest.storage_key != storage_key:
             raise layout.DiskError(f"manifest is for {manifest.storage_key}, not {storage_key}")
@@ -178,11 +188,13 @@ class ModelDisk:
         if not staging.is_dir():
             raise layout.DiskError(f"staging folder {staging} does not exist")
         self.ensure_layout()
-        record = {"staging": staging.name, "manifest": manifest.to_json()}
-        durable.write_json_atomic(self._record_path(storage_key), record)
+        record: dict[str, object] = {"staging": staging.name, "manifest": manifest.to_json()}
+        if variant is not None:
+            layout.folder_name(storage_key, variant)  # DiskError unless a variant
+            record["variant"] = variant
+        durable.write_json_atomic(self.record_path(storage_key), record)
         _checkpoint("record-written")
-        _outcome, in_force = self._settle(storage_key, staging.name, manifest)
-        return in_force
+        return self._settle(storage_key, staging.name, manifest, variant)[1]
 
     def recover(self) -> list[layout.Recovered]:
         """Finish every promotion interrupted by a crash (call at start-up, before reconciling);
@@ -201,6 +213,10 @@ class ModelDisk:
                     raise layout.DiskError("unreadable promotion record")
                 staging = str(data["staging"])
                 manifest = layout.Manifest.from_json(data["manifest"])
+                variant = data.get("variant")
+                if variant is not None:
+                    variant = str(variant)
+                    layout.folder_name(storage_key, variant)
                 match = layout.STAGING_RE.fullmatch(staging)
                 keys = {storage_key, manifest.storage_key, match["key"] if match else ""}
                 if len(keys) != 1:
@@ -210,7 +226,7 @@ class ModelDisk:
                 path.unlink(missing_ok=True)
                 continue
             try:
-                outcome, _ = self._settle(storage_key, staging, manifest)
+                outcome, _ = self._settle(storage_key, staging, manifest, variant)
             except (layout.DiskError, OSError) as exc:
                 # one promotion that cannot finish (a storage-key collision, content that
                 # cannot be removed) must not stop every pass of the agent (security review
@@ -225,102 +241,117 @@ class ModelDisk:
         return done
 
     def _settle(
-        self, storage_key: str, staging_name_: str, manifest: layout.Manifest
+        self,
+        storage_key: str,
+        staging_name_: str,
+        manifest: layout.Manifest,
+        variant: str | None = None,
     ) -> tuple[layout.Outcome, layout.Manifest]:
         """Idempotently drive one promotion to its end state, from wherever it stopped."""
         staging = self.staging / staging_name_
-        final = self.model_path(storage_key)
         existing = self.manifest(storage_key)
-        in_force = manifest
         outcome: layout.Outcome
-        if final.is_dir() and existing is not None and existing.storage_key == storage_key:
+        in_force = manifest
+        if self.is_complete(storage_key):
+            assert existing is not None
             if existing.uri != manifest.uri:
                 raise layout.DiskError(
                     f"storage key {storage_key} already holds {existing.uri!r}, "
                     f"not {manifest.uri!r}"
                 )
-            # Complete already: either this promotion got that far, or another download of the
-            # same URI won. The folder in place stays; a leftover staging folder goes.
-            outcome = "kept-existing" if existing != manifest else "finished"
-            in_force = existing
-            self._trash.remove_tree(staging)
-        elif staging.is_dir():
-            if final.exists():
-                # An incomplete folder (no manifest): partial, legacy, or a stale leftover.
-                self._trash.move(final)
-                _checkpoint("old-moved-aside")
-            self._manifest_path(storage_key).unlink(missing_ok=True)  # orphan of a lost folder
-            done = tree.normalise(staging)
-            if done.not_removed:
-                raise layout.DiskError(
-                    f"{staging}: could not remove {', '.join(done.not_removed[:3])}"
+            if existing.job == manifest.job:  # this promotion got that far before
+                outcome, in_force = "finished", existing
+                self._trash.remove_tree(staging)
+            else:
+                outcome, in_force = self._second_download(
+                    storage_key, staging, manifest, existing, variant
                 )
-            if done.unreadable:
-                # content below a directory it could not list (past PATH_MAX, deeper than
-                # MAX_TREE_DEPTH, unsearchable) was never checked (security review finding 10)
-                raise layout.DiskError(
-                    f"{staging}: could not check {', '.join(done.unreadable[:3])[:600]}"
-                )
-            durable.fsync_tree(staging)
-            os.rename(staging, final)
-            durable.fsync_dir(self.models)
-            durable.fsync_dir(self.staging)
-            _checkpoint("renamed")
-            durable.write_json_atomic(self._manifest_path(storage_key), manifest.to_json())
-            _checkpoint("manifest-written")
-            outcome = "promoted"
-        elif final.is_dir():
-            # The rename happened, the manifest did not.
-            durable.write_json_atomic(self._manifest_path(storage_key), manifest.to_json())
-            _checkpoint("manifest-written")
-            outcome = "manifest-written"
         else:
-            outcome = "abandoned"
-        self._record_path(storage_key).unlink(missing_ok=True)
+            outcome = self._into_place(staging, storage_key, None, manifest)
+        self.record_path(storage_key).unlink(missing_ok=True)
         durable.fsync_dir(self.manifests)
         _checkpoint("record-removed")
         self._trash.empty()
         return outcome, in_force
 
+    def _second_download(
+        self,
+        storage_key: str,
+        staging: Path,
+        manifest: layout.Manifest,
+        existing: layout.Manifest,
+        variant: str | None,
+    ) -> tuple[layout.Outcome, layout.Manifest]:
+        """Another download of a URI whose folder is complete: share it only when the content
+        is the same, else keep this one apart as the scope's `variant` (security review
+        finding 3: the first download to finish was served to every scope)."""
+        if variant is not None and self.is_complete(storage_key, variant):
+            self._trash.remove_tree(staging)  # got that far before, or a retry of it
+            return "finished", self.manifest(storage_key, variant) or manifest
+        if not staging.is_dir():
+            if variant is not None and self.model_path(storage_key, variant).is_dir():
+                folder = self.model_path(storage_key, variant)
+                kept = dataclasses.replace(
+                    manifest, digest=digest.tree_digest(folder), variant=variant
+                )
+                return self._into_place(staging, storage_key, variant, kept), kept
+            return "kept-existing", existing  # discarded as the same content before
+        _normalised(staging)
+        ours = digest.tree_digest(staging)
+        if not existing.digest:
+            existing = dataclasses.replace(
+                existing, digest=digest.tree_digest(self.model_path(storage_key))
+            )
+            durable.write_json_atomic(self.manifest_path(storage_key), existing.to_json())
+        if ours == existing.digest:
+            self._trash.remove_tree(staging)
+            return "kept-existing", existing
+        if variant is None:
+            raise layout.DiskError(
+                f"a download of {manifest.uri!r} differs from the complete folder "
+                f"{storage_key} and names no scope to keep it apart"
+            )
+        log.warning(
+            "download_differs_from_folder",
+            storage_key=storage_key,
+            variant=variant,
+            job=manifest.job,
+            folder_job=existing.job,
+        )
+        kept = dataclasses.replace(manifest, digest=ours, variant=variant)
+        self._into_place(staging, storage_key, variant, kept)
+        return "promoted-variant", kept
+
+    def _into_place(
+        self, staging: Path, storage_key: str, variant: str | None, manifest: layout.Manifest
+    ) -> layout.Outcome:
+        """Rename `staging` to the folder (after checking it) and write its manifest."""
+        final = self.model_path(storage_key, variant)
+        if staging.is_dir():
+            if final.exists():
+                # An incomplete folder (no manifest): partial, legacy, or a stale leftover.
+                self._trash.move(final)
+                _checkpoint("old-moved-aside")
+            self.manifest_path(storage_key, variant).unlink(missing_ok=True)  # orphan
+            _normalised(staging)
+            durable.fsync_tree(staging)
+            os.rename(staging, final)
+            durable.fsync_dir(self.models)
+            durable.fsync_dir(self.staging)
+            _checkpoint("renamed")
+            outcome: layout.Outcome = "promoted"
+        elif final.is_dir():
+            outcome = "manifest-written"  # the rename happened, the manifest did not
+        else:
+            return "abandoned"
+        durable.write_json_atomic(self.manifest_path(storage_key, variant), manifest.to_json())
+        _checkpoint("manifest-written")
+        return outcome
+
     # ---- adoption -----------------------------------------------------------------------
     def adopt(self, storage_key: str, *, uri: str, job: str, completed_at: str) -> layout.Adoption:
-        """Record `models/<storage_key>`, downloaded by another agent (KServe's add-on writes no
-        manifest), as complete: normalise it as `promote` does (modes this uid cannot change
-        are tolerated and returned), then write its manifest (`adopted` set, `bytes` counted
-        here) atomically and fsynced. Refused, with nothing written, unless the folder is a
-        real directory holding a regular file, without a manifest or promotion record, every
-        directory in it could be read and every entry normalisation drops could be removed."""
-        final = self.model_path(storage_key)
-        kind = tree.not_a_directory(final)
-        if kind is not None:
-            return layout.Adoption(refused=f"{final} is {kind}")
-        if not final.exists():
-            return layout.Adoption(refused=f"{final} does not exist")
-        records = {"a manifest": self._manifest_path(storage_key)}
-        records["a pending promotion"] = self._record_path(storage_key)
-        for what, path in records.items():
-            if os.path.lexists(path):
-                return layout.Adoption(refused=f"{storage_key} has {what} ({path.name})")
-        if not _holds_a_regular_file(final):
-            # empty, or a chain of empty directories such as the kubelet makes for a pod's
-            # subPath below a folder that does not exist yet (security review finding 14)
-            return layout.Adoption(refused=f"{final} holds no regular file")
-        done = tree.normalise(final)
-        if done.not_removed or done.unreadable:
-            left = [*done.not_removed, *done.unreadable]
-            return layout.Adoption(refused=f"could not check or clean {', '.join(left[:3])}")
-        durable.fsync_tree(final)
-        manifest = layout.Manifest(
-            storage_key=storage_key,
-            uri=uri,
-            bytes=tree.folder_bytes(final),
-            completed_at=completed_at,
-            job=job,
-            adopted=True,
-        )
-        tree.plain_directory(self.manifests)
-        durable.write_json_atomic(self._manifest_path(storage_key), manifest.to_json())
-        return layout.Adoption(manifest=manifest, modes_not_fixed=tuple(done.modes_not_fixed))
+        """Record a folder another agent downloaded as complete (`adoption.adopt`)."""
+        return adopt.adopt(self, storage_key, uri=uri, job=job, completed_at=completed_at)
 
     # ---- deletion (`trash`) -----------------------------------------------------------
     def delete_unreferenced(
@@ -346,10 +377,12 @@ class ModelDisk:
         self._trash.remove_tree(self.staging_path(storage_key, job_name))
 
 
-def _holds_a_regular_file(folder: Path) -> bool:
-    """Whether some regular file lies below `folder` (symlinks not followed)."""
-    for path, is_dir in fstree.below(folder, skip_unlistable=True):
-        with contextlib.suppress(OSError):
-            if not is_dir and stat.S_ISREG(os.lstat(path).st_mode):
-                return True
-    return False
+def _normalised(staging: Path) -> None:
+    """`tree.normalise` the download, or `DiskError` when something could not be checked or
+    removed (content below a directory it could not list, past PATH_MAX or deeper than
+    MAX_TREE_DEPTH, was never checked: security review finding 10)."""
+    done = tree.normalise(staging)
+    if done.not_removed:
+        raise layout.DiskError(f"{staging}: could not remove {', '.join(done.not_removed[:3])}")
+    if done.unreadable:
+        raise layout.DiskError(f"{staging}: could not check {', '.join(done.unreadable[:3])[:600]}")

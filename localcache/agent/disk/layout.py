@@ -4,6 +4,10 @@ Layout under `root` (the agent's mount of the node group's PV, default `/mnt/mod
 
     <root>/models/<storage key>/          final model folder; KServe's pod mutator mounts
                                           `models/<storage key>` from the serving PV (ref §2.1)
+    <root>/models/<storage key>.<variant>/  a second credential scope's download of the same
+                                          URI whose content differs (`variant`: 16 hex of
+                                          that scope's id); the CSI view shows it to that
+                                          scope's pods at `models/<storage key>`
     <root>/.staging/<storage key>-<job>/  where a download Job writes (its volume subPath)
     <root>/.manifests/<storage key>.json  manifest of a complete folder (kept OUTSIDE the folder)
     <root>/.manifests/<storage key>.promoting.json  intent record of an unfinished promotion
@@ -48,12 +52,20 @@ DIR_MODE = 0o755
 FILE_MODE = 0o644
 
 _KEY_RE = re.compile(r"[0-9a-f]{16}")
+FOLDER_RE = re.compile(r"(?P<key>[0-9a-f]{16})(\.(?P<variant>[0-9a-f]{16}))?")
+"""A model folder's name under `models/`: a storage key, or `<storage key>.<variant>`."""
 STAGING_RE = re.compile(r"(?P<key>[0-9a-f]{16})-(?P<job>[a-z0-9]([-a-z0-9.]*[a-z0-9])?)")
 """A staging folder's name; groups `key` (the storage key) and `job` (the download Job)."""
 
 
 Outcome = Literal[
-    "promoted", "manifest-written", "finished", "kept-existing", "abandoned", "quarantined"
+    "promoted",
+    "promoted-variant",
+    "manifest-written",
+    "finished",
+    "kept-existing",
+    "abandoned",
+    "quarantined",
 ]
 
 
@@ -74,6 +86,28 @@ def require_key(storage_key: str) -> None:
     """Raise `DiskError` unless `storage_key` is shaped like a storage key."""
     if not is_storage_key(storage_key):
         raise DiskError(f"not a storage key: {storage_key!r}")
+
+
+def folder_name(storage_key: str, variant: str | None = None) -> str:
+    """The folder of `storage_key` under `models/`: the key, or `<key>.<variant>`."""
+    require_key(storage_key)
+    if variant is None:
+        return storage_key
+    name = f"{storage_key}.{variant}"
+    if FOLDER_RE.fullmatch(name) is None:
+        raise DiskError(f"not a folder variant: {variant!r}")
+    return name
+
+
+def key_of_folder(name: str) -> str | None:
+    """The storage key of a model folder's name (`folder_name`), None for other names."""
+    match = FOLDER_RE.fullmatch(name)
+    return match["key"] if match else None
+
+
+def variant_of_scope(scope_id: str) -> str:
+    """A credential scope's folder variant: the first 16 hex characters of its id (SHA-256)."""
+    return scope_id[:16]
 
 
 def staging_name(storage_key: str, job_name: str) -> str:
@@ -113,12 +147,26 @@ class Manifest:
     completed_at: str  # RFC 3339, UTC
     job: str
     adopted: bool = False
+    digest: str = ""
+    """`agent.disk.digest` of the folder, once computed (when another scope's download of the
+    URI was compared with it); empty until then."""
+    variant: str = ""
+    """Set for a folder variant (`models/<key>.<variant>`): the scope it was downloaded in."""
 
     def to_json(self) -> dict[str, Any]:
         data = {json_name: getattr(self, attr) for attr, json_name in _MANIFEST_JSON.items()}
         if self.adopted:
             data["adopted"] = True
+        if self.digest:
+            data["digest"] = self.digest
+        if self.variant:
+            data["variant"] = self.variant
         return data
+
+    @property
+    def folder(self) -> str:
+        """The folder's name under `models/` (`folder_name`)."""
+        return folder_name(self.storage_key, self.variant or None)
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Manifest:
@@ -127,6 +175,7 @@ class Manifest:
                 storage_key=str(data["storageKey"]), uri=str(data["uri"]),
                 bytes=int(data["bytes"]), completed_at=str(data["completedAt"]),
                 job=str(data["job"]), adopted=data.get("adopted") is True,
+                digest=str(data.get("digest") or ""), variant=str(data.get("variant") or ""),
             )  # fmt: skip
         except (KeyError, TypeError, ValueError) as exc:
             raise DiskError(f"malformed manifest: {exc}") from exc
@@ -146,7 +195,9 @@ class Recovered:
     staging: str
     # "promoted": moved and recorded; "manifest-written": was moved, manifest added;
     # "finished": only the record was left; "kept-existing": another download of the same URI
-    # was already complete, this one was discarded; "abandoned": staging and folder both gone;
+    # was already complete with the same content (digest), this one was discarded;
+    # "promoted-variant": the content differed, so it became the scope's own folder variant;
+    # "abandoned": staging and folder both gone;
     # "quarantined": it could not be settled (`error`), its record was set aside.
     outcome: Outcome
     error: str = ""

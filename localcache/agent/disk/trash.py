@@ -80,24 +80,22 @@ class Trash:
         keys and, when `live_jobs` (names of the download Jobs that still exist) is given,
         those whose Job is gone. Returns the storage keys deleted."""
         trashed: dict[str, str] = {}
-        for key in folders:
-            if key in referenced:
+        for folder in folders:  # a storage key's folder and its variants go together
+            key = layout.key_of_folder(folder)
+            if key is None or key in referenced:
                 continue
-            (self.manifests / f"{key}{layout.MANIFEST_SUFFIX}").unlink(missing_ok=True)
-            name = self.try_move(self.models / key, storage_key=key)
+            (self.manifests / f"{folder}{layout.MANIFEST_SUFFIX}").unlink(missing_ok=True)
+            name = self.try_move(self.models / folder, storage_key=key)
             if name is not None:
-                trashed[key] = name
+                trashed[folder] = name
         for path in tree.listing(self.manifests):
-            key = path.name.removesuffix(layout.MANIFEST_SUFFIX)
+            folder = path.name.removesuffix(layout.MANIFEST_SUFFIX)
             if path.name.endswith(layout.RECORD_SUFFIX) or not path.name.endswith(
                 layout.MANIFEST_SUFFIX
             ):
                 continue
-            if (
-                layout.is_storage_key(key)
-                and key not in referenced
-                and not (self.models / key).exists()
-            ):
+            key = layout.key_of_folder(folder)
+            if key is not None and key not in referenced and not (self.models / folder).exists():
                 path.unlink(missing_ok=True)
         pending = {
             str(data.get("staging"))
@@ -113,13 +111,13 @@ class Trash:
                 self.try_move(path, storage_key=None)
         self.empty()
         for where in [w for w in self._failing if not w.startswith(f"{layout.TRASH_DIR}/")]:
-            key = where.removeprefix(f"{layout.MODELS_DIR}/")
+            key = layout.key_of_folder(where.removeprefix(f"{layout.MODELS_DIR}/"))
             if key in referenced or not os.path.lexists(self.root / where):
                 self._forget(where)  # wanted again, or gone by other means
-        deleted = [k for k, name in trashed.items() if not os.path.lexists(self.trash / name)]
-        for key in deleted:
-            log.info("model_folder_deleted", storage_key=key)
-        return deleted
+        deleted = [f for f, name in trashed.items() if not os.path.lexists(self.trash / name)]
+        for folder in deleted:
+            log.info("model_folder_deleted", folder=folder)
+        return sorted({layout.key_of_folder(f) or f for f in deleted})
 
     def failures(self) -> list[layout.DeletionFailure]:
         """Folders whose deletion failed and is still pending (retried with backoff)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -12,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from localcache.agent.disk import folders, layout, tree
+from localcache.agent.disk import digest, folders, layout, tree
 from tests.support.trees import deep_tree
 
 KEY = "0123456789abcdef"
@@ -58,9 +59,13 @@ def _promote_crashing_at(monkeypatch: pytest.MonkeyPatch, d: folders.ModelDisk, 
 def _assert_promoted(d: folders.ModelDisk, *, job: str = JOB) -> None:
     assert d.is_complete(KEY)
     assert (d.model_path(KEY) / "weights" / "model.bin").read_bytes() == b"x" * 7
-    assert d.manifest(KEY) == _manifest(job)
+    in_force = d.manifest(KEY)
+    assert in_force is not None
+    assert dataclasses.replace(in_force, digest="") == _manifest(job)
     assert not d.staging_path(KEY, job).exists()
-    assert [p.name for p in d.manifests.iterdir()] == [f"{KEY}.json"]
+    assert sorted(p.name for p in d.manifests.iterdir() if "." + VARIANT not in p.name) == [
+        f"{KEY}.json"
+    ]
     assert list(d.trash.iterdir()) == []
 
 
@@ -156,9 +161,90 @@ def test_promote_keeps_an_existing_complete_folder_and_discards_the_new_download
 
     in_force = d.promote(second, KEY, _manifest("iris-node-1-0123456789abcdef-1"))
 
-    assert in_force == _manifest()
+    assert in_force == dataclasses.replace(
+        _manifest(), digest=digest.tree_digest(d.model_path(KEY))
+    )
+    assert in_force.digest.startswith("sha256:")
     _assert_promoted(d)
     assert not second.exists()
+    assert d.manifest(KEY) == in_force, "the digest is kept for the next comparison"
+
+
+VARIANT = "00112233aabbccdd"
+
+
+def test_a_download_that_differs_becomes_its_scopes_own_folder_never_a_silent_discard(
+    tmp_path: Path,
+) -> None:
+    """Security review finding 3: the first download to finish was served to every scope."""
+    d = folders.ModelDisk(tmp_path)
+    d.promote(_download(d), KEY, _manifest())
+    second = _download(d, "iris-node-1-0123456789abcdef-1")
+    (second / "weights" / "model.bin").write_bytes(b"forged!")
+
+    in_force = d.promote(second, KEY, _manifest("iris-node-1-0123456789abcdef-1"), variant=VARIANT)
+
+    assert in_force.variant == VARIANT
+    assert in_force.folder == f"{KEY}.{VARIANT}"
+    assert d.is_complete(KEY, VARIANT)
+    assert (d.model_path(KEY, VARIANT) / "weights" / "model.bin").read_bytes() == b"forged!"
+    _assert_promoted(d)  # the first folder is untouched
+    assert d.manifest(KEY, VARIANT) == in_force
+    assert sorted(d.list_model_folders()) == [KEY, f"{KEY}.{VARIANT}"]
+    # the same download promoted again (a retry) finds its variant
+    again = d.promote(
+        _download(d, "iris-node-1-0123456789abcdef-2"),
+        KEY,
+        _manifest("iris-node-1-0123456789abcdef-2"),
+        variant=VARIANT,
+    )
+    assert again == in_force
+
+
+def test_a_differing_download_without_a_scope_is_refused(tmp_path: Path) -> None:
+    d = folders.ModelDisk(tmp_path)
+    d.promote(_download(d), KEY, _manifest())
+    second = _download(d, "iris-node-1-0123456789abcdef-1")
+    (second / "config.json").write_bytes(b"[]")
+    with pytest.raises(layout.DiskError, match="differs from the complete folder"):
+        d.promote(second, KEY, _manifest("iris-node-1-0123456789abcdef-1"))
+
+
+@pytest.mark.parametrize("step", ["record-written", "renamed", "manifest-written"])
+def test_a_crash_while_promoting_a_variant_converges_on_recover(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, step: str
+) -> None:
+    d = folders.ModelDisk(tmp_path)
+    d.promote(_download(d), KEY, _manifest())
+    second = _download(d, "iris-node-1-0123456789abcdef-1")
+    (second / "weights" / "model.bin").write_bytes(b"other")
+
+    def checkpoint(reached: str) -> None:
+        if reached == step:
+            raise Crash(step)
+
+    monkeypatch.setattr(folders, "_checkpoint", checkpoint)
+    with pytest.raises(Crash):
+        d.promote(second, KEY, _manifest("iris-node-1-0123456789abcdef-1"), variant=VARIANT)
+    monkeypatch.setattr(folders, "_checkpoint", lambda _step: None)
+    d.recover()
+    assert d.is_complete(KEY, VARIANT)
+    assert (d.model_path(KEY, VARIANT) / "weights" / "model.bin").read_bytes() == b"other"
+    assert d.manifest(KEY, VARIANT).variant == VARIANT  # type: ignore[union-attr]
+    _assert_promoted(d)
+
+
+def test_variants_are_deleted_with_their_storage_key(tmp_path: Path) -> None:
+    d = folders.ModelDisk(tmp_path)
+    d.promote(_download(d), KEY, _manifest())
+    second = _download(d, "iris-node-1-0123456789abcdef-1")
+    (second / "config.json").write_bytes(b"[]")
+    d.promote(second, KEY, _manifest("iris-node-1-0123456789abcdef-1"), variant=VARIANT)
+    assert d.delete_unreferenced({KEY}) == []
+    assert d.is_complete(KEY, VARIANT)
+    assert d.delete_unreferenced(set()) == [KEY]
+    assert d.list_model_folders() == []
+    assert not d.is_complete(KEY, VARIANT)
 
 
 def test_promote_replaces_a_folder_that_has_no_manifest(tmp_path: Path) -> None:

@@ -29,12 +29,26 @@ def _units(*entries: modelnode.LocalModelInfo) -> list[downloads.Unit]:
 
 
 # ---- units and sharing ------------------------------------------------------------------
-def test_same_uri_without_credentials_is_one_unit_across_cache_kinds() -> None:
-    [unit] = _units(_entry("cluster"), _entry("tenant", namespace="team-a"))
-    assert unit.status_keys == ["cluster", "team-a/tenant"]
-    assert unit.leader.model_name == "cluster"
-    assert unit.scope is None
-    assert unit.tag == unit.open_tag
+def test_a_tenants_download_without_credentials_is_never_the_open_copy() -> None:
+    """Security review finding 3: a namespace cache's Job runs in the tenant's namespace,
+    where the tenant may exec into its pod and write the bytes; cluster caches without
+    credentials (Jobs in jobNamespace) are the open scope."""
+    cluster, tenant, other = _units(
+        _entry("cluster"),
+        _entry("tenant", namespace="team-a"),
+        _entry("again", namespace="team-b"),
+    )
+    assert cluster.status_keys == ["cluster"]
+    assert cluster.scope is None
+    assert cluster.tag == cluster.open_tag
+    assert tenant.scope == ("team-a",)
+    assert tenant.tag != tenant.open_tag
+    assert other.scope == ("team-b",)
+    assert len({cluster.tag, tenant.tag, other.tag}) == 3
+    # the open copy is good for the tenant; the tenant's copy is not good for anyone else
+    assert tenant.reuses(cluster.tag + "-0-abcd1234")
+    assert not cluster.reuses(tenant.tag + "-0-abcd1234")
+    assert not other.reuses(tenant.tag + "-0-abcd1234")
 
 
 def test_different_credential_scopes_of_one_uri_are_separate_units() -> None:

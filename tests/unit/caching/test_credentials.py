@@ -643,7 +643,12 @@ def test_request_for_reads_cluster_entries_in_the_job_namespace() -> None:
         job_namespace="jobs",
     )
     assert scoped == cred.CredentialRequest(
-        namespace=NS, uri=URI, has_storage=True, storage_key="k", parameters={"type": "s3"}
+        namespace=NS,
+        uri=URI,
+        has_storage=True,
+        storage_key="k",
+        parameters={"type": "s3"},
+        tenant=True,
     )
 
 
@@ -653,6 +658,7 @@ def test_credential_scope() -> None:
 
     assert scope() is None
     assert scope(modelName="other") is None
+    assert scope(namespace=NS) == (NS,), "a tenant's download without credentials is its own"
     assert scope(serviceAccountName="reader") == scope(modelName="b", serviceAccountName="reader")
     assert scope(serviceAccountName="reader") == scope(
         namespace="jobs", serviceAccountName="reader"

@@ -145,3 +145,16 @@ def test_volumes_that_are_not_localcaches_are_refused(attributes: dict[str, str]
 def test_inline_ephemeral_use_is_refused() -> None:
     with pytest.raises(entitlement.Refused, match="not inline ephemeral"):
         entitlement.Pod.of(_attributes(**{entitlement.EPHEMERAL: "true"}))
+
+
+def test_an_entry_served_from_its_scopes_own_folder_variant_sees_that_folder() -> None:
+    node = _node(modelProgress={"team/bert": {"folder": f"{KEY}.00112233aabbccdd"}})
+    grant = _decide(_attributes(), node)
+    assert grant.subpath == f"models/{KEY}"
+    assert grant.folder == f"models/{KEY}.00112233aabbccdd"
+
+
+def test_a_folder_of_another_storage_key_is_refused() -> None:
+    node = _node(modelProgress={"team/bert": {"folder": "fedcba9876543210.00112233aabbccdd"}})
+    with pytest.raises(entitlement.Refused, match="names folder"):
+        _decide(_attributes(), node)
