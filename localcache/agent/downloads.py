@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -127,21 +127,28 @@ def status_key(entry: modelnode.LocalModelInfo) -> str:
 
 
 def units(
-    entries: Sequence[modelnode.LocalModelInfo], *, node_name: str, job_namespace: str
+    entries: Sequence[modelnode.LocalModelInfo],
+    *,
+    node_name: str,
+    job_namespace: str,
+    place: Callable[[modelnode.LocalModelInfo], str] | None = None,
 ) -> list[Unit]:
-    """Group entries into download units, ordered by their first entry's position."""
-    grouped: dict[tuple[str, str], list[modelnode.LocalModelInfo]] = {}
-    first: dict[tuple[str, str], tuple[Hashable | None, credentials.CredentialRequest]] = {}
+    """Group entries into download units, ordered by their first entry's position. With
+    `place` (where an entry is served: its models root, or why it cannot be), entries of
+    different places are different units: a URI cached on two roots is downloaded onto each,
+    and one entry's unusable node group never becomes another entry's error."""
+    grouped: dict[tuple[str, str, str], list[modelnode.LocalModelInfo]] = {}
+    first: dict[tuple[str, str, str], tuple[Hashable | None, credentials.CredentialRequest]] = {}
     for entry in entries:
         storage_key = keys.storage_key(entry.source_model_uri)
         request = credentials.request_for(entry, job_namespace=job_namespace)
         scope = credentials.credential_scope(request)
-        ident = (storage_key, scope_id(scope))
+        ident = (storage_key, scope_id(scope), place(entry) if place else "")
         grouped.setdefault(ident, []).append(entry)
         first.setdefault(ident, (scope, request))
     out = []
-    for (key, sid), members in grouped.items():
-        scope, request = first[(key, sid)]
+    for (key, sid, where), members in grouped.items():
+        scope, request = first[(key, sid, where)]
         out.append(
             Unit(
                 tag=unit_tag(storage_key=key, node_name=node_name, scope=scope),
@@ -165,12 +172,16 @@ def wanted_jobs(unit_list: Iterable[Unit]) -> set[tuple[str, str, str]]:
 
 
 def unit_jobs(unit: Unit, refs: Iterable[JobRef]) -> list[JobRef]:
-    """The unit's Jobs, oldest attempt first: recorded for its storage key and full scope,
-    and in a namespace one of its entries runs Jobs in."""
+    """The unit's Jobs, oldest attempt first: recorded for one of its entries (the Jobs of
+    entries no unit has are deleted: `wanted_jobs`), its storage key and full scope, and in a
+    namespace one of its entries runs Jobs in. Two units of one scope on different roots
+    (`units`' `place`) never take each other's Jobs."""
+    keys_of_unit = set(unit.status_keys)
     mine = [
         r
         for r in refs
         if (r.storage_key, r.scope) == (unit.storage_key, unit.scope_id)
         and r.namespace in unit.namespaces
+        and r.status_key in keys_of_unit
     ]
     return sorted(mine, key=lambda r: r.attempt)

@@ -81,6 +81,9 @@ def utcnow() -> datetime.datetime:
     return datetime.datetime.now(datetime.UTC)
 
 
+_Placement = tuple[nodegroup.LocalModelNodeGroup, folders.ModelDisk] | launcher.NotLaunched
+
+
 @dataclass
 class _Pass:
     """What one reconcile pass knows, and the staging folders it must keep."""
@@ -94,9 +97,7 @@ class _Pass:
     states: dict[str, str]
     progress: dict[str, modelnode.ModelProgress]
     live_jobs: set[str] = field(default_factory=set)
-    placements: dict[
-        str, tuple[nodegroup.LocalModelNodeGroup, folders.ModelDisk] | launcher.NotLaunched
-    ] = field(default_factory=dict)
+    placements: dict[str, _Placement] = field(default_factory=dict)
     """Per node group name ("" for entries without one): its group and root, or why not."""
 
     def seen(self) -> observe.Pass:
@@ -212,10 +213,22 @@ class Reconciler:
         cfg = await self._load_config(node)
         if cfg is None:
             return reconcile.Result(requeue_after=NO_CONFIG_RETRY_S)
+        placements: dict[str, _Placement] = {}
+        for entry in node.spec.local_models:
+            if (entry.node_group or "") not in placements:
+                placements[entry.node_group or ""] = await self._jobs.resolve(entry)
+
+        def place(entry: modelnode.LocalModelInfo) -> str:
+            where = placements[entry.node_group or ""]
+            if isinstance(where, launcher.NotLaunched):
+                return f"!{entry.node_group or ''}"  # its own unit: its error is its alone
+            return roots.served_path(where[1])
+
         units = downloads.units(
             node.spec.local_models,
             node_name=self.node_name,
             job_namespace=cfg.local_model.job_namespace,
+            place=place,
         )
         current = node_obj.get("status")
         seen = self._jobs.sort_jobs(trust.parse_records(current))
@@ -232,6 +245,7 @@ class Reconciler:
             states=status.previous_states(current),
             progress=status.previous_progress(current),
             live_jobs=active,
+            placements=placements,
         )
         outcomes: dict[str, status.Outcome] = {}
         served: dict[str, set[str]] = {}  # host path -> storage keys served there

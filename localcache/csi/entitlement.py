@@ -14,8 +14,9 @@ mount time:
   (`modelProgress.folder`), which is then shown there instead. A namespace cache's volume is
   mounted only by pods of its namespace;
 - a **download** volume shows `.staging/<storage key>-<job>` only, read-write, to a pod of a
-  download Job the agent recorded in its LocalModelNode status (namespace and name, which a
-  tenant cannot write there): the Job controller names its pods `<job>-<5 characters>`;
+  download Job the agent recorded on the node before creating it (`.jobs/<job>.json` on the
+  models root, which no pod reaches: namespace, cache, storage key): the Job controller names
+  its pods `<job>-<5 characters>`, and a pod of that name in another namespace gets nothing;
 - anything else is refused, with a message the pod's Events show.
 """
 
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 import posixpath
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any, Final, Literal
@@ -42,6 +43,7 @@ POD_UID: Final = "csi.storage.k8s.io/pod.uid"
 EPHEMERAL: Final = "csi.storage.k8s.io/ephemeral"
 DOWNLOADED: Final = "ModelDownloaded"
 _JOB_POD_SUFFIX = re.compile(r"-[a-z0-9]{5}")
+_JOB_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,61}[a-z0-9])?")
 MAX_ATTRIBUTE = 4096
 """Longest attribute value looked at; PV attributes are ours, pod info the kubelet's."""
 
@@ -113,15 +115,31 @@ class Grant:
         return self.source or self.subpath
 
 
-def decide(volume: Volume, pod: Pod, node: Mapping[str, Any], node_name: str) -> Grant:
-    """The pod's view of `volume`, or `Refused` (module doc); `node` is this node's
-    LocalModelNode as JSON."""
+def decide(
+    volume: Volume,
+    pod: Pod,
+    *,
+    node: Mapping[str, Any],
+    node_name: str,
+    job_record: Mapping[str, Any] | None = None,
+    variants: Collection[str] = (),
+) -> Grant:
+    """The pod's view of `volume`, or `Refused` (module doc): `node` is this node's
+    LocalModelNode as JSON, `job_record` the agent's record of the Job the pod's name
+    names (`agent.disk.layout.JOBS_DIR`), `variants` the folder variants of the volume's
+    storage key on its root."""
     if volume.role == "serving":
-        return _serving(volume, pod, node, node_name)
-    return _download(volume, pod, node, node_name)
+        return _serving(volume, pod, node, node_name, variants)
+    return _download(volume, pod, job_record, node_name)
 
 
-def _serving(volume: Volume, pod: Pod, node: Mapping[str, Any], node_name: str) -> Grant:
+def _serving(
+    volume: Volume,
+    pod: Pod,
+    node: Mapping[str, Any],
+    node_name: str,
+    variants: Collection[str],
+) -> Grant:
     namespace, _name = keys.parse_status_key(volume.cache)
     if namespace is not None and namespace != pod.namespace:
         raise Refused(
@@ -143,10 +161,15 @@ def _serving(volume: Volume, pod: Pod, node: Mapping[str, Any], node_name: str) 
             f"cache {volume.cache} is not downloaded on node {node_name} for this cache "
             f"(status {status or 'none'}); the pod's volume is mounted once it is"
         )
-    progress = _mapping(
-        _mapping(_mapping(node.get("status")).get("modelProgress")).get(volume.cache)
-    )
-    folder = progress.get("folder")
+    status_progress = _mapping(node.get("status")).get("modelProgress")
+    if variants and not isinstance(status_progress, Mapping):
+        # KServe's CRD schema drops modelProgress, which says which folder serves the entry
+        raise Refused(
+            f"node {node_name} holds more than one copy of cache {volume.cache}'s model and "
+            "its LocalModelNode status does not say which one is this cache's: install "
+            "localcache's CRDs (README, KServe's CRD schema)"
+        )
+    folder = _mapping(_mapping(status_progress).get(volume.cache)).get("folder")
     source = ""
     if folder:
         if layout.key_of_folder(str(folder)) != volume.storage_key:
@@ -155,20 +178,24 @@ def _serving(volume: Volume, pod: Pod, node: Mapping[str, Any], node_name: str) 
     return Grant(layout.model_subpath(volume.storage_key), writable=False, source=source)
 
 
-def _download(volume: Volume, pod: Pod, node: Mapping[str, Any], node_name: str) -> Grant:
-    for record in _mapping(node.get("status")).get("downloadJobs") or []:
-        if not isinstance(record, Mapping):
-            continue
-        job = str(record.get("name") or "")
-        if (
-            record.get("namespace") == pod.namespace
-            and record.get("storageKey") == volume.storage_key
-            and record.get("statusKey") == volume.cache
-            and job
-            and pod.name.startswith(job)
-            and _JOB_POD_SUFFIX.fullmatch(pod.name[len(job) :])
-        ):
-            return Grant(layout.staging_subpath(volume.storage_key, job), writable=True)
+def job_of_pod(pod: Pod) -> str | None:
+    """The Job a pod's name says it belongs to (`<job>-<5 characters>`), else None."""
+    job, suffix = pod.name[:-6], pod.name[-6:]
+    if not _JOB_POD_SUFFIX.fullmatch(suffix) or not _JOB_NAME.fullmatch(job):
+        return None
+    return job
+
+
+def _download(volume: Volume, pod: Pod, record: Mapping[str, Any] | None, node_name: str) -> Grant:
+    job = job_of_pod(pod)
+    if (
+        job is not None
+        and record is not None
+        and record.get("namespace") == pod.namespace
+        and record.get("storageKey") == volume.storage_key
+        and record.get("statusKey") == volume.cache
+    ):
+        return Grant(layout.staging_subpath(volume.storage_key, job), writable=True)
     raise Refused(
         f"pod {pod.namespace}/{pod.name} is not the pod of a download Job that node "
         f"{node_name}'s agent created for cache {volume.cache}"

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,12 +27,13 @@ from typing import Any, Final, TypeVar
 import grpc
 import structlog
 
+from localcache.agent.disk import layout
 from localcache.api import groupversion
 from localcache.csi import entitlement, views
 from localcache.csi.proto import csi_pb2, csi_pb2_grpc
 from localcache.csi.proto import pluginregistration_pb2 as reg_pb2
 from localcache.csi.proto import pluginregistration_pb2_grpc as reg_grpc
-from localcache.runtime import errors, kube
+from localcache.runtime import durable, errors, kube
 
 _log = structlog.get_logger(__name__)
 
@@ -120,7 +122,15 @@ class Node(csi_pb2_grpc.NodeServicer):
             node = await self._nodes.read()
             if not node:
                 raise entitlement.Refused(f"node {self._plugin.node_name} has no LocalModelNode")
-            grant = entitlement.decide(volume, pod, node, self._plugin.node_name)
+            record, variants = await asyncio.to_thread(_on_disk, root, volume, pod)
+            grant = entitlement.decide(
+                volume,
+                pod,
+                node=node,
+                node_name=self._plugin.node_name,
+                job_record=record,
+                variants=variants,
+            )
             async with self._lock(str(target)):
                 await asyncio.to_thread(views.publish, target, root, grant, self._plugin.work_dir)
         except entitlement.Refused as exc:
@@ -161,6 +171,24 @@ class Node(csi_pb2_grpc.NodeServicer):
         finally:
             if not lock.locked() and self._locks.get(target) is lock:
                 del self._locks[target]
+
+
+def _on_disk(
+    root: Path, volume: entitlement.Volume, pod: entitlement.Pod
+) -> tuple[dict[str, Any] | None, list[str]]:
+    """What the agent wrote on the root: its record of the Job the pod's name names, and the
+    folder variants of the volume's storage key."""
+    record = None
+    job = entitlement.job_of_pod(pod)
+    if volume.role == "download" and job is not None:
+        record = durable.read_json(root / layout.JOBS_DIR / f"{job}{layout.MANIFEST_SUFFIX}")
+    try:
+        names = os.listdir(root / layout.MODELS_DIR)
+    except OSError:
+        names = []
+    prefix = f"{volume.storage_key}."
+    variants = sorted(n for n in names if n.startswith(prefix) and layout.key_of_folder(n))
+    return (record if isinstance(record, dict) else None), variants
 
 
 class Registration(reg_grpc.RegistrationServicer):

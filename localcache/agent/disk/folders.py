@@ -66,6 +66,7 @@ class ModelDisk:
         self.staging = root / layout.STAGING_DIR
         self.manifests = root / layout.MANIFESTS_DIR
         self.trash = root / layout.TRASH_DIR
+        self.jobs = root / layout.JOBS_DIR
         self.download_uid: int | None = os.geteuid() or None
         """The uid download pods run as, so that the agent owns (and can delete) what they
         write: the agent's own; None when the agent is root (it may delete anything, and a
@@ -91,7 +92,7 @@ class ModelDisk:
                     f"{path} was {kind}: removed without following it and recreated as a "
                     "directory; nothing was moved or deleted through it"
                 )
-        for path in (self.models, self.staging, self.manifests, self.trash):
+        for path in (self.models, self.staging, self.manifests, self.trash, self.jobs):
             tree.plain_directory(path)
         return repaired
 
@@ -126,6 +127,18 @@ class ModelDisk:
                 log.warning("staging_group_not_set", staging=path.name, gid=group, error=str(exc))
         os.chmod(path, mode)
         return path
+
+    def record_job(
+        self, job_name: str, *, namespace: str, status_key: str, storage_key: str
+    ) -> None:
+        """Record, before the Job exists, what its pods may mount (`layout.JOBS_DIR`)."""
+        layout.staging_name(storage_key, job_name)  # DiskError unless a valid pair
+        tree.plain_directory(self.jobs)
+        record = {"namespace": namespace, "statusKey": status_key, "storageKey": storage_key}
+        durable.write_json_atomic(self.jobs / f"{job_name}{layout.MANIFEST_SUFFIX}", record)
+
+    def forget_job(self, job_name: str) -> None:
+        (self.jobs / f"{job_name}{layout.MANIFEST_SUFFIX}").unlink(missing_ok=True)
 
     def manifest_path(self, storage_key: str, variant: str | None = None) -> Path:
         return (
@@ -296,7 +309,7 @@ class ModelDisk:
                 )
                 return self._into_place(staging, storage_key, variant, kept), kept
             return "kept-existing", existing  # discarded as the same content before
-        _normalised(staging)
+        tree.normalise_checked(staging)
         ours = digest.tree_digest(staging)
         if not existing.digest:
             existing = dataclasses.replace(
@@ -333,7 +346,7 @@ class ModelDisk:
                 self._trash.move(final)
                 _checkpoint("old-moved-aside")
             self.manifest_path(storage_key, variant).unlink(missing_ok=True)  # orphan
-            _normalised(staging)
+            tree.normalise_checked(staging)
             durable.fsync_tree(staging)
             os.rename(staging, final)
             durable.fsync_dir(self.models)
@@ -375,14 +388,3 @@ class ModelDisk:
     def remove_staging(self, storage_key: str, job_name: str) -> None:
         """Discard one staging folder (e.g. of a failed download before its retry)."""
         self._trash.remove_tree(self.staging_path(storage_key, job_name))
-
-
-def _normalised(staging: Path) -> None:
-    """`tree.normalise` the download, or `DiskError` when something could not be checked or
-    removed (content below a directory it could not list, past PATH_MAX or deeper than
-    MAX_TREE_DEPTH, was never checked: security review finding 10)."""
-    done = tree.normalise(staging)
-    if done.not_removed:
-        raise layout.DiskError(f"{staging}: could not remove {', '.join(done.not_removed[:3])}")
-    if done.unreadable:
-        raise layout.DiskError(f"{staging}: could not check {', '.join(done.unreadable[:3])[:600]}")

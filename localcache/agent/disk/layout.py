@@ -12,6 +12,10 @@ Layout under `root` (the agent's mount of the node group's PV, default `/mnt/mod
     <root>/.manifests/<storage key>.json  manifest of a complete folder (kept OUTSIDE the folder)
     <root>/.manifests/<storage key>.promoting.json  intent record of an unfinished promotion
     <root>/.trash/                        folders on their way out
+    <root>/.jobs/<job>.json               which namespace, cache and storage key a download
+                                          Job was created for (written before the Job):
+                                          localcache's CSI node plugin shows that Job's pods
+                                          their staging folder only
 
 This module names those paths (`staging_name`, `staging_subpath`, `model_subpath`), says which
 names are storage keys (`is_storage_key`), and defines the records: `Manifest` (JSON shape of a
@@ -40,6 +44,7 @@ MODELS_DIR = "models"
 STAGING_DIR = ".staging"
 MANIFESTS_DIR = ".manifests"
 TRASH_DIR = ".trash"
+JOBS_DIR = ".jobs"
 MANIFEST_SUFFIX = ".json"
 RECORD_SUFFIX = ".promoting.json"
 QUARANTINE_SUFFIX = ".quarantined"

@@ -213,3 +213,14 @@ def listing(directory: Path) -> list[Path]:
         return sorted(directory.iterdir())
     except FileNotFoundError:
         return []
+
+
+def normalise_checked(staging: Path) -> None:
+    """`normalise` the download, or `layout.DiskError` when something could not be checked or
+    removed (content below a directory it could not list, past PATH_MAX or deeper than
+    MAX_TREE_DEPTH, was never checked: security review finding 10)."""
+    done = normalise(staging)
+    if done.not_removed:
+        raise layout.DiskError(f"{staging}: could not remove {', '.join(done.not_removed[:3])}")
+    if done.unreadable:
+        raise layout.DiskError(f"{staging}: could not check {', '.join(done.unreadable[:3])[:600]}")

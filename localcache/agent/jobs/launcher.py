@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Protocol
@@ -237,6 +238,15 @@ class JobLauncher:
                 name,
                 group=cfg.local_model.fs_group,
             )
+            await asyncio.to_thread(
+                functools.partial(
+                    disk.record_job,
+                    name,
+                    namespace=namespace,
+                    status_key=unit.status_keys[0],
+                    storage_key=unit.storage_key,
+                )
+            )
             try:
                 created = await self._api.create(kube.JOBS, job, namespace=namespace)
             except errors.Conflict as exc:
@@ -245,6 +255,7 @@ class JobLauncher:
                 # Someone else holds this name: not our Job, whatever it looks like.
                 log.warning("download_job_name_taken", job=f"{namespace}/{name}")
                 await asyncio.to_thread(disk.remove_staging, unit.storage_key, name)
+                await asyncio.to_thread(disk.forget_job, name)
                 continue
             except (errors.Forbidden, errors.NotFound, errors.Invalid) as exc:
                 # e.g. an exhausted ResourceQuota, or the namespace is gone: this entry's problem.

@@ -120,3 +120,56 @@ async def test_kserve_sample_node_group_on_models_is_served(agent: Agent, tmp_pa
     await agent.wait_status({"llama": "ModelDownloaded"})
     assert served.is_complete(KEY)
     assert folders.ModelDisk(agent.root).list_model_folders() == []
+
+
+async def test_a_uri_on_groups_of_two_roots_is_on_both_before_either_reports_it(
+    agent: Agent, tmp_path: Path
+) -> None:
+    """Issue 20 (seen on real pods): two caches of one URI on groups whose PVs lie on two
+    roots were one download onto the first root, both reported ModelDownloaded, and the other
+    group's pods mounted an empty folder."""
+    other = tmp_path / "root-b"
+    other.mkdir()
+    a, b = folders.ModelDisk(agent.root), folders.ModelDisk(other)
+    await agent.start(
+        models_roots=(roots.Root(str(agent.root), agent.root), roots.Root(str(other), other))
+    )
+    second_group = await agent.node_group(f"{agent.group}-b", path=str(other))
+    await agent.set_models([entry("on-a", group=agent.group), entry("on-b", group=second_group)])
+    jobs = await agent.wait_jobs(2)
+    staged = {
+        disk: disk.staging_path(KEY, job["metadata"]["name"])
+        for job in jobs
+        for disk in (a, b)
+        if disk.staging_path(KEY, job["metadata"]["name"]).is_dir()
+    }
+    assert set(staged) == {a, b}, "one download per root"
+    for job in jobs:
+        disk = a if a.staging_path(KEY, job["metadata"]["name"]).is_dir() else b
+        status = await agent.model_status()
+        assert "ModelDownloaded" not in status.values(), status
+        await _download(agent, job, disk)
+    await agent.wait_status({"on-a": "ModelDownloaded", "on-b": "ModelDownloaded"})
+    assert a.is_complete(KEY)
+    assert b.is_complete(KEY)
+
+
+async def test_a_cache_on_a_group_the_agent_cannot_serve_leaves_other_caches_of_its_uri_alone(
+    agent: Agent,
+) -> None:
+    """Issue 20 (seen on real pods): one cache's group error became the error of every other
+    cache of the same URI, of another tenant and on a good group."""
+    await agent.start()
+    await agent.set_models(
+        [entry("broken", group="no-such-group"), entry("fine", group=agent.group)]
+    )
+    [job] = await agent.wait_jobs(1)
+    progress = (await agent.node_status()).get("modelProgress") or {}
+    assert "no-such-group" not in str(progress.get("fine") or {}), progress
+    await _download(agent, job, folders.ModelDisk(agent.root))
+
+    async def fine_downloaded() -> bool:
+        status = await agent.model_status()
+        return status.get("fine") == "ModelDownloaded"
+
+    await wait_until(fine_downloaded, timeout=30, what="the cache on the good group downloaded")

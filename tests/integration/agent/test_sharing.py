@@ -1,13 +1,17 @@
-"""Sharing downloads between entries (spec §5): same URI without credentials → one Job, one
-folder, one status; a credential-needing entry never rides on another scope's download; a
-ServiceAccount is looked up only in the entry's own namespace."""
+"""Sharing downloads between entries (spec §5, issue 20): a download is reused within its
+credential scope, and across scopes only when the content is the same (a tenant's download,
+run in its own namespace, is never the open copy); a credential-needing entry never rides on
+another scope's download; a ServiceAccount is looked up only in the entry's own namespace."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import pytest
 
+from localcache.agent import downloads
+from localcache.agent.disk import layout
 from localcache.caching import keys
 from tests.integration.agent.harness import URI, Agent, entry
 
@@ -22,30 +26,62 @@ async def _service_account(agent: Agent, namespace: str, name: str) -> None:
     await agent.create(f"/api/v1/namespaces/{namespace}/serviceaccounts", account)
 
 
-async def test_same_uri_in_cluster_and_namespace_cache_shares_one_job(
+async def test_a_tenants_download_without_credentials_is_shared_only_when_the_same(
     agent: Agent, other_namespace: Callable[[], str]
 ) -> None:
+    """Security review finding 3: a namespace cache's download runs in the tenant's
+    namespace, where the tenant may write its bytes, so it is never the open copy: the cluster
+    cache runs its own Job, and the two share one folder because the content is the same."""
     tenant = other_namespace()
     await agent.start()
     await agent.set_models(
         [
-            entry("cluster-iris", group=agent.group),
             entry("tenant-iris", group=agent.group, namespace=tenant),
+            entry("cluster-iris", group=agent.group),
         ]
     )
-    [job] = await agent.wait_jobs(1)
-    await agent.wait_status(
-        {"cluster-iris": "ModelDownloadPending", f"{tenant}/tenant-iris": "ModelDownloadPending"}
-    )
-    await agent.finish(job, succeed=True, files=FILES)
+    jobs = await agent.wait_jobs(2)
+    assert {j["metadata"]["namespace"] for j in jobs} == {tenant, agent.namespace}
+    for job in jobs:
+        await agent.finish(job, succeed=True, files=FILES)
     status = await agent.wait_status(
         {"cluster-iris": "ModelDownloaded", f"{tenant}/tenant-iris": "ModelDownloaded"}
     )
-    assert len(await agent.jobs()) == 1
     assert agent.disk.list_model_folders() == [KEY]
     progress = status["modelProgress"]
-    assert progress["cluster-iris"]["jobName"] == job["metadata"]["name"]
-    assert progress[f"{tenant}/tenant-iris"]["jobName"] == job["metadata"]["name"]
+    assert "folder" not in progress["cluster-iris"]
+    assert "folder" not in progress[f"{tenant}/tenant-iris"]
+
+
+async def test_a_tenants_different_bytes_never_reach_the_cluster_cache(
+    agent: Agent, other_namespace: Callable[[], str]
+) -> None:
+    """The tenant's download finishes first with bytes of its own; the cluster cache's
+    download of the same URI differs, so it becomes that scope's own folder variant, and the
+    status says which folder serves it."""
+    tenant = other_namespace()
+    await agent.start()
+    await agent.set_models([entry("tenant-iris", group=agent.group, namespace=tenant)])
+    [forged] = await agent.wait_jobs(1, tenant)
+    await agent.finish(forged, succeed=True, files={"model.bin": b"attacker bytes"})
+    await agent.wait_status({f"{tenant}/tenant-iris": "ModelDownloaded"})
+
+    await agent.set_models(
+        [
+            entry("tenant-iris", group=agent.group, namespace=tenant),
+            entry("cluster-iris", group=agent.group),
+        ]
+    )
+    [own] = await agent.wait_jobs(1, agent.namespace)
+    await agent.finish(own, succeed=True, files=FILES)
+    status = await agent.wait_status(
+        {"cluster-iris": "ModelDownloaded", f"{tenant}/tenant-iris": "ModelDownloaded"}
+    )
+    variant = layout.variant_of_scope(downloads.scope_id(None))
+    assert status["modelProgress"]["cluster-iris"]["folder"] == f"{KEY}.{variant}"
+    assert (agent.disk.model_path(KEY, variant) / "model.bin").read_bytes() == FILES["model.bin"]
+    assert (agent.disk.model_path(KEY) / "model.bin").read_bytes() == b"attacker bytes"
+    assert "folder" not in status["modelProgress"][f"{tenant}/tenant-iris"]
 
 
 async def test_namespace_entry_service_account_is_not_looked_up_elsewhere(
@@ -104,6 +140,9 @@ async def test_credential_scope_does_not_reuse_another_scopes_download(
     await agent.wait_status(
         {f"{tenant_a}/model": "ModelDownloaded", f"{tenant_b}/model": "ModelDownloaded"}
     )
-    assert agent.disk.list_model_folders() == [KEY]
-    assert agent.disk.manifest(KEY) == first_manifest
+    assert agent.disk.list_model_folders() == [KEY], "the same content: one folder"
+    in_force = agent.disk.manifest(KEY)
+    assert in_force is not None
+    assert first_manifest is not None
+    assert dataclasses.replace(in_force, digest="") == first_manifest
     assert not any(agent.disk.staging.iterdir())

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 import pydantic
 import pytest
 
-from localcache import settings
+from localcache import csi, settings
 from localcache.caching import config
+from localcache.csi import command as csi_command
 from localcache.devenv.controlplane import ControlPlane
 from tests.integration.deploy.builds import AGENT, CONFIGMAP, CONTROLLER, NS, Doc, build, one
 
@@ -56,7 +58,7 @@ def test_the_pods_run_non_root_on_a_read_only_root(control_plane: ControlPlane, 
     workload = next(d for d in docs if d["kind"] in ("Deployment", "DaemonSet")
                     and d["metadata"]["name"] == name)  # fmt: skip
     pod = workload["spec"]["template"]["spec"]
-    (container,) = pod["containers"]
+    (container,) = [c for c in pod["containers"] if c["name"] == "manager"]
     assert pod["serviceAccountName"] == name
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
@@ -84,7 +86,7 @@ def test_the_container_command_is_what_localcache_accepts(
     workload = next(d for d in docs if d["kind"] in ("Deployment", "DaemonSet")
                     and d["metadata"]["name"] == name)  # fmt: skip
     pod = workload["spec"]["template"]["spec"]
-    (container,) = pod["containers"]
+    (container,) = [c for c in pod["containers"] if c["name"] == "manager"]
     program, command = container["command"]
     assert program == "localcache"
     parser = argparse.ArgumentParser()
@@ -177,3 +179,36 @@ def test_the_test_bed_overlay_changes_only_image_references(control_plane: Contr
         "localhost/localcache/localcache:testbed",
         "localhost/localcache/storage-initializer:testbed",
     }
+
+
+def test_the_csi_node_plugin_is_the_one_privileged_container_and_publishes_to_the_kubelet(
+    control_plane: ControlPlane,
+) -> None:
+    docs = build(control_plane, "default")
+    (driver,) = [d for d in docs if d["kind"] == "CSIDriver"]
+    assert driver["metadata"]["name"] == csi.DRIVER_NAME
+    assert driver["spec"]["podInfoOnMount"] is True
+    assert driver["spec"]["attachRequired"] is False
+    assert driver["spec"]["fsGroupPolicy"] == "None"
+    workload = next(d for d in docs if d["kind"] == "DaemonSet" and d["metadata"]["name"] == AGENT)
+    pod = workload["spec"]["template"]["spec"]
+    privileged = [c["name"] for c in pod["containers"] if c["securityContext"].get("privileged")]
+    assert privileged == ["csi-node"]
+    (plugin,) = [c for c in pod["containers"] if c["name"] == "csi-node"]
+    assert plugin["command"] == ["localcache", "csi-node"]
+    parser = argparse.ArgumentParser()
+    csi_command.add_arguments(parser)
+    args = parser.parse_args(plugin["args"])
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    mounts = {m["mountPath"]: m for m in plugin["volumeMounts"]}
+    pods = mounts["/var/lib/kubelet/pods"]
+    assert pods["mountPropagation"] == "Bidirectional"
+    assert volumes[pods["name"]]["hostPath"]["path"] == "/var/lib/kubelet/pods"
+    endpoint_dir = mounts[str(Path(args.endpoint).parent)]
+    assert volumes[endpoint_dir["name"]]["hostPath"]["path"] == str(
+        Path(args.kubelet_endpoint).parent
+    )
+    registration = mounts[str(Path(args.registration_socket).parent)]
+    assert volumes[registration["name"]]["hostPath"]["path"] == "/var/lib/kubelet/plugins_registry"
+    for host, inside in csi_command.parse_roots(args.models_root).items():
+        assert volumes[mounts[str(inside)]["name"]]["hostPath"]["path"] == host

@@ -579,3 +579,20 @@ def test_a_record_that_cannot_be_settled_is_quarantined_and_the_others_recover(
     quarantined = d.manifests / f"{KEY}{layout.RECORD_SUFFIX}{layout.QUARANTINE_SUFFIX}"
     assert quarantined.is_file()
     assert d.recover() == []  # never read again
+
+
+def test_a_job_record_lives_as_long_as_its_staging_folder(tmp_path: Path) -> None:
+    """What the CSI node plugin reads to show a download pod its staging folder."""
+    d = folders.ModelDisk(tmp_path)
+    d.ensure_layout()
+    staging = d.prepare_staging(KEY, JOB)
+    d.record_job(JOB, namespace="team", status_key="team/iris", storage_key=KEY)
+    record = json.loads((d.jobs / f"{JOB}.json").read_text())
+    assert record == {"namespace": "team", "statusKey": "team/iris", "storageKey": KEY}
+    d.delete_unreferenced({KEY}, live_jobs={JOB})
+    assert (d.jobs / f"{JOB}.json").exists()
+    d.promote(staging, KEY, _manifest())
+    d.delete_unreferenced({KEY}, live_jobs=set())
+    assert not (d.jobs / f"{JOB}.json").exists()
+    with pytest.raises(layout.DiskError):
+        d.record_job("../x", namespace="team", status_key="team/iris", storage_key=KEY)

@@ -191,3 +191,23 @@ def test_a_folder_downloaded_under_a_32_bit_tag_is_reused_after_the_upgrade() ->
     assert not other.reuses(legacy)
     assert unit.reuses(f"{unit.open_tag[:-8]}-3")
     assert not unit.reuses(f"{unit.tag[:-8]}x-0")
+
+
+def test_entries_served_on_different_places_are_different_units() -> None:
+    """Issue 20: a URI on groups whose PVs lie on two roots is downloaded onto each; an entry
+    whose node group cannot be served is a unit of its own, so its error stays its own."""
+    places = {"gpu": "/mnt/models", "kserve": "/models", "gone": "!gone", "also-gpu": "/mnt/models"}
+    entries = [
+        _entry("a", nodeGroup="gpu"),
+        _entry("b", nodeGroup="kserve"),
+        _entry("c", nodeGroup="gone"),
+        _entry("d", nodeGroup="also-gpu"),
+    ]
+    units = downloads.units(
+        entries,
+        node_name=NODE,
+        job_namespace=JOB_NS,
+        place=lambda e: places[e.node_group or ""],
+    )
+    assert [u.status_keys for u in units] == [["a", "d"], ["b"], ["c"]]
+    assert len({u.scope_id for u in units}) == 1, "one credential scope, three places"

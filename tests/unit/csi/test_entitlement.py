@@ -39,9 +39,22 @@ def _node(status: str | None = "ModelDownloaded", **extra: Any) -> dict[str, Any
     }
 
 
-def _decide(attributes: dict[str, str], node: dict[str, Any]) -> entitlement.Grant:
+def _decide(
+    attributes: dict[str, str],
+    node: dict[str, Any],
+    *,
+    record: dict[str, Any] | None = None,
+    variants: tuple[str, ...] = (),
+) -> entitlement.Grant:
     volume = entitlement.Volume.of(attributes)
-    return entitlement.decide(volume, entitlement.Pod.of(attributes), node, NODE)
+    return entitlement.decide(
+        volume,
+        entitlement.Pod.of(attributes),
+        node=node,
+        node_name=NODE,
+        job_record=record,
+        variants=variants,
+    )
 
 
 def test_a_downloaded_cache_shows_its_own_folder_read_only() -> None:
@@ -92,40 +105,45 @@ def test_a_cache_without_an_entry_on_the_node_is_refused() -> None:
         _decide(_attributes(cache="team/gone"), _node())
 
 
+JOB = f"lmd-{KEY}-0123456789abcdef-0-abcd1234"
+
+
 def _record(**extra: Any) -> dict[str, Any]:
-    record = {
-        "namespace": "team",
-        "name": f"lmd-{KEY}-0123456789abcdef-0-abcd1234",
-        "uid": "job-uid",
-        "statusKey": "team/bert",
-        "storageKey": KEY,
-        "scope": "s",
-        "attempt": 0,
-    }
-    return {**record, **extra}
+    """The agent's record of a Job on the models root (`.jobs/<job>.json`)."""
+    return {"namespace": "team", "statusKey": "team/bert", "storageKey": KEY, **extra}
 
 
 def test_a_download_pod_of_a_recorded_job_gets_its_staging_folder_read_write() -> None:
-    job = _record()["name"]
-    attributes = _attributes("download", **{entitlement.POD_NAME: f"{job}-x7k2p"})
-    grant = _decide(attributes, _node(downloadJobs=[_record()]))
-    assert grant == entitlement.Grant(f".staging/{KEY}-{job}", writable=True)
+    attributes = _attributes("download", **{entitlement.POD_NAME: f"{JOB}-x7k2p"})
+    grant = _decide(attributes, _node(), record=_record())
+    assert grant == entitlement.Grant(f".staging/{KEY}-{JOB}", writable=True)
 
 
 @pytest.mark.parametrize(
     ("pod_name", "record"),
     [
         ("not-a-job-pod", _record()),
-        (f"lmd-{KEY}-0123456789abcdef-0-abcd1234-x7k2p-more", _record()),
-        (f"lmd-{KEY}-0123456789abcdef-0-abcd1234-x7k2p", _record(namespace="other")),
-        (f"lmd-{KEY}-0123456789abcdef-0-abcd1234-x7k2p", _record(statusKey="team/else")),
-        (f"lmd-{KEY}-0123456789abcdef-0-abcd1234-x7k2p", _record(storageKey="0" * 16)),
+        (f"{JOB}-x7k2p-more", _record()),
+        (f"{JOB}-x7k2p", None),
+        (f"{JOB}-x7k2p", _record(namespace="other")),
+        (f"{JOB}-x7k2p", _record(statusKey="team/else")),
+        (f"{JOB}-x7k2p", _record(storageKey="0" * 16)),
+        ("..-x7k2p", _record()),
     ],
 )
 def test_any_other_pod_of_a_download_volume_is_refused(pod_name: str, record: Any) -> None:
     attributes = _attributes("download", **{entitlement.POD_NAME: pod_name})
     with pytest.raises(entitlement.Refused, match="is not the pod of a download Job"):
-        _decide(attributes, _node(downloadJobs=[record]))
+        _decide(attributes, _node(), record=record)
+
+
+def test_with_copies_of_other_scopes_and_no_progress_in_status_nothing_is_guessed() -> None:
+    """KServe's CRD schema drops modelProgress: which copy is this cache's is unknown."""
+    node = _node()
+    with pytest.raises(entitlement.Refused, match="install localcache's CRDs"):
+        _decide(_attributes(), node, variants=(f"{KEY}.00112233aabbccdd",))
+    node["status"]["modelProgress"] = {}
+    assert _decide(_attributes(), node, variants=(f"{KEY}.00112233aabbccdd",)).source == ""
 
 
 @pytest.mark.parametrize(
