@@ -101,7 +101,11 @@ class Observer:
                 return plan.JobFacts(staging, staging_is_dir=True)
             size = await asyncio.to_thread(tree.folder_bytes, staging)
             return plan.JobFacts(
-                staging, staging_bytes=size, staging_is_dir=True, staging_empty=False
+                staging,
+                staging_bytes=size,
+                staging_is_dir=True,
+                staging_empty=False,
+                model_size=self._model_size(unit),
             )
         pod = await self._jobs.pod_message(latest, state.failed_pods)
         return plan.JobFacts(staging, pod_message=pod)

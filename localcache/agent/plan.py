@@ -30,12 +30,14 @@ import datetime
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from enum import StrEnum
 from pathlib import Path
 from typing import Any, Final
 
-from localcache.agent import downloads, status
+from localcache.agent import downloads, jobstate, status
 from localcache.agent.disk import layout
+from localcache.agent.jobstate import JobPhase as JobPhase
+from localcache.agent.jobstate import JobState as JobState
+from localcache.agent.jobstate import job_state as job_state
 from localcache.api import modelnode
 from localcache.runtime import clock as clock_mod
 
@@ -45,49 +47,6 @@ ModelStatus = modelnode.ModelStatus
 _MESSAGE_LIMIT: Final = 1024
 POD_MESSAGE_LIMIT: Final = 256
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]+")
-
-
-# ---- Job state ------------------------------------------------------------------------------
-class JobPhase(StrEnum):
-    ACTIVE = "Active"
-    COMPLETE = "Complete"
-    FAILED = "Failed"
-
-
-@dataclass(frozen=True, slots=True)
-class JobState:
-    phase: JobPhase
-    ready: int = 0
-    failed_pods: int = 0
-    started_at: datetime.datetime | None = None
-    finished_at: datetime.datetime | None = None
-    reason: str = ""
-    message: str = ""
-
-
-def job_state(job: Obj) -> JobState:
-    """The phase of a Job from its `Complete`/`Failed` conditions, with counters and times."""
-    status = job.get("status") or {}
-    phase, finished, reason, message = JobPhase.ACTIVE, None, "", ""
-    for cond in status.get("conditions") or []:
-        if cond.get("status") != "True" or cond.get("type") not in ("Complete", "Failed"):
-            continue
-        phase = JobPhase.COMPLETE if cond["type"] == "Complete" else JobPhase.FAILED
-        finished = parse_time(cond.get("lastTransitionTime"))
-        reason, message = str(cond.get("reason") or ""), str(cond.get("message") or "")
-        if phase is JobPhase.FAILED:
-            break
-    if phase is JobPhase.COMPLETE:
-        finished = parse_time(status.get("completionTime")) or finished
-    return JobState(
-        phase=phase,
-        ready=int(status.get("ready") or 0),
-        failed_pods=int(status.get("failed") or 0),
-        started_at=parse_time(status.get("startTime")),
-        finished_at=finished,
-        reason=reason,
-        message=message,
-    )
 
 
 def retry_delay(attempt: int, *, base: float, cap: float) -> float:
@@ -121,9 +80,7 @@ def percent(size: int, model_size: int | None) -> int | None:
 
 
 # ---- time -----------------------------------------------------------------------------------
-def parse_time(value: Any) -> datetime.datetime | None:
-    """An RFC 3339 timestamp as an aware datetime, or None."""
-    return clock_mod.parse_rfc3339(value)
+parse_time = jobstate.parse_time
 
 
 def format_time(value: datetime.datetime) -> str:
@@ -252,7 +209,16 @@ class Wait:
     keep_staging: str | None = None
 
 
-Action = Downloaded | Adopt | Launch | Report | Promote | Wait
+@dataclass(frozen=True, slots=True)
+class Stop:
+    """The latest Job wrote more than the cache's `modelSize` (security review finding 9):
+    delete it and its staging folder; `outcome` is the ModelDownloadError until the retry."""
+
+    job: downloads.JobRef
+    outcome: status.Outcome
+
+
+Action = Downloaded | Adopt | Launch | Report | Promote | Wait | Stop
 
 
 # ---- the decision -------------------------------------------------------------------------
@@ -262,11 +228,13 @@ def decide(unit: downloads.Unit, observed: Observed) -> Action:
     if settled is not None:
         return settled
     if not observed.jobs:
-        return Launch(attempt=0)
+        return _after_stop(unit, observed) or Launch(attempt=0)
     latest, facts = observed.jobs[-1], observed.latest
     if facts is None:
         raise ValueError(f"the facts of Job {latest.namespace}/{latest.name} were not observed")
     state = job_state(latest.obj)
+    if facts.model_size and facts.staging_bytes > facts.model_size:
+        return _stop(latest, state, facts, observed)
     if state.phase is JobPhase.ACTIVE:
         return Report(_running(unit, latest, state, facts, observed))
     if state.phase is JobPhase.COMPLETE:
@@ -373,6 +341,41 @@ def _retry_or_wait(
     )
     outcome = status.Outcome(ModelStatus.DOWNLOAD_ERROR, progress, wait)
     return Wait(outcome, failed=failed, keep_staging=keep_staging)
+
+
+def _stop(latest: downloads.JobRef, state: JobState, facts: JobFacts, observed: Observed) -> Stop:
+    message = clip(
+        f"download Job {latest.namespace}/{latest.name} wrote {facts.staging_bytes} bytes, "
+        f"more than the cache's modelSize ({facts.model_size} bytes): stopped and discarded; "
+        "raise modelSize if the model is that large"
+    )
+    delay = retry_delay(
+        latest.attempt, base=observed.policy.backoff_s, cap=observed.policy.max_backoff_s
+    )
+    progress = modelnode.ModelProgress(
+        bytes_on_disk=facts.staging_bytes,
+        attempts=latest.attempt + 1,
+        job_name=latest.name,
+        message=message,
+        next_retry_time=format_time(observed.now + datetime.timedelta(seconds=delay)),
+    )
+    return Stop(latest, status.Outcome(ModelStatus.DOWNLOAD_ERROR, progress, delay))
+
+
+def _after_stop(unit: downloads.Unit, observed: Observed) -> Wait | Launch | None:
+    """A unit without Jobs whose last one was stopped (`Stop`): the error until its retry
+    time, as its status recorded it, then the next attempt."""
+    for key in unit.status_keys:
+        progress = observed.progress.get(key)
+        retry_at = parse_time(progress.next_retry_time) if progress else None
+        if progress is None or retry_at is None or "modelSize" not in (progress.message or ""):
+            continue
+        attempts = progress.attempts or 1
+        if retry_at <= observed.now:
+            return Launch(attempt=attempts, message=progress.message)
+        wait = (retry_at - observed.now).total_seconds()
+        return Wait(status.Outcome(ModelStatus.DOWNLOAD_ERROR, progress, wait))
+    return None
 
 
 def _proof(unit: downloads.Unit, observed: Observed) -> str | None:

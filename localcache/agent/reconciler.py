@@ -9,16 +9,12 @@ One pass (`reconcile`), for the LocalModelNode named like this node only:
    `agent.jobs.trust`) and untrusted (reported once, by log and Event, then ignored: never
    proof, never a state, never deleted); delete trusted Jobs that no spec entry wants any
    more (`launcher.cleanup`);
-3. per download unit (`downloads.units`: same URI and full credential scope; its entries
-   share one Job, folder and status; its Jobs are the trusted ones recorded for that storage
-   key and scope, in a namespace of its entries), on the models root whose host path is its
-   node group's PV path (`roots.Disks`; a path no root has is a ModelDownloadError naming
-   the roots): observe (`agent.observe`: the folder's manifest, the adoption evidence of
-   `agent.adoption`, the unit's Jobs and, unless the folder alone decides, the latest Job's
-   staging folder and failed pod), decide (`plan.decide`, pure: Downloaded, Adopt, Launch,
-   Report, Promote or Wait; its docstring is the state machine), and execute (`_execute`:
-   adopt, create the Job, or a ModelDownloadError saying why not: credentials, node group,
-   PV path; promote; count a failure once). No status is written before every unit was
+3. per download unit (`downloads.units`: same URI, full credential scope and models root,
+   the one whose host path is the entries' node group's PV path, `roots.Disks`; its Jobs are
+   the trusted ones recorded for its entries): observe (`agent.observe`), decide
+   (`plan.decide`, pure; its docstring is the state machine) and execute (`_execute`: adopt,
+   create the Job, or a ModelDownloadError saying why not; promote; stop a Job that wrote
+   more than `modelSize`; count a failure once). No status is written before every unit was
    considered;
 4. per root, delete folders no entry maps to by the keep rule (`roots.retention`: nothing
    on a root no node group declares any more, and never a folder whose entry is now served
@@ -330,6 +326,10 @@ class Reconciler:
             return action.outcome
         if isinstance(action, plan.Promote):
             return await self._promote(unit, action, at)
+        if isinstance(action, plan.Stop):
+            await self._jobs.stop(action.job)
+            await asyncio.to_thread(at.disk.remove_staging, unit.storage_key, action.job.name)
+            return action.outcome
         if isinstance(action, plan.Adopt):  # decided again after a refusal: never Adopt
             raise errors.LocalcacheError(f"adoption of {unit.storage_key} decided twice")
         if action.keep_staging is not None:  # the retry waits for the backoff

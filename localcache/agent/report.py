@@ -145,20 +145,31 @@ class Reporter:
                 "created by this agent (or was created just before it restarted); it is "
                 "ignored, not deleted"
             )
-            await self.event(node, "Warning", "UntrustedDownloadJob", message)
+            namespace = str(meta.get("namespace") or "")
+            await self.event(node, "Warning", "UntrustedDownloadJob", message, spam_key=namespace)
 
     async def transition(self, node: modelnode.LocalModelNode, change: status.Transition) -> None:
         """The Event for an entry that became Downloaded or failed."""
         if change.status is modelnode.ModelStatus.DOWNLOADED:
             message = f"model {change.status_key} is downloaded"
-            await self.event(node, "Normal", "ModelDownloaded", message)
+            await self.event(node, "Normal", "ModelDownloaded", message, spam_key=change.status_key)
         else:
             message = f"model {change.status_key}: {change.message}"
-            await self.event(node, "Warning", "ModelDownloadFailed", message)
+            await self.event(
+                node, "Warning", "ModelDownloadFailed", message, spam_key=change.status_key
+            )
 
     async def event(
-        self, node: modelnode.LocalModelNode, kind: str, reason: str, message: str
+        self,
+        node: modelnode.LocalModelNode,
+        kind: str,
+        reason: str,
+        message: str,
+        *,
+        spam_key: str | None = None,
     ) -> None:
+        """An Event about the node's LocalModelNode; `spam_key` (the cache, the namespace a
+        tenant controls) keeps one tenant's Events from using up the node's budget."""
         involved = events.involved_object(
             api_version=LMN.api_version,
             kind=LMN.kind,
@@ -172,6 +183,7 @@ class Reporter:
                 reason=reason,
                 message=plan.clip(message),
                 namespace=EVENT_NAMESPACE,
+                spam_key=f"{reason}/{spam_key}" if spam_key else reason,
             )
         except errors.LocalcacheError as exc:
             log.warning("event_not_posted", reason=reason, error=str(exc))

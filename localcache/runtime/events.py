@@ -30,6 +30,11 @@ Contract:
 - Failures raise the `errors` tree (a denied create raises `errors.Forbidden`): whether an
   Event is worth a retry is the caller's decision (Events are informative; most callers log
   and go on).
+- Volume is capped as client-go's spam filter does: a token bucket per involved object and
+  `spam_key` (default: the reason; callers pass what a tenant varies, such as a cache's status
+  key, so one tenant cannot use up another's budget on a shared object), `SPAM_BURST` Events
+  at once, then one per `SPAM_REFILL_S`; Events over it are dropped (a debug log line), never
+  queued. The buckets are an LRU of `CACHE_SIZE`.
 - Not promised: exact counts under concurrent bumps from several replicas (a merge patch of
   `count` is last-writer-wins, as in client-go), or ordering between Events.
 """
@@ -37,9 +42,12 @@ Contract:
 from __future__ import annotations
 
 import hashlib
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any, Final, Protocol
+
+import structlog
 
 from localcache.runtime import clock as clock_mod
 from localcache.runtime import errors, kube
@@ -50,6 +58,9 @@ CLUSTER_EVENT_NAMESPACE: Final = "default"
 MAX_NAME: Final = 253
 DIGEST_LENGTH: Final = 16
 CACHE_SIZE: Final = 4096
+SPAM_BURST: Final = 25
+SPAM_REFILL_S: Final = 300.0
+_log = structlog.get_logger(__name__)
 
 
 class Api(Protocol):
@@ -108,13 +119,16 @@ class Recorder:
         instance: str = "",
         host: str = "",
         now: Callable[[], str] = clock_mod.now_rfc3339,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self._api = api
         self.component = component
         self.instance = instance
         self._host = host
         self._now = now
+        self._monotonic = monotonic
         self._counts: OrderedDict[tuple[str, str], int] = OrderedDict()
+        self._buckets: OrderedDict[tuple[str, str], tuple[float, float]] = OrderedDict()
 
     def name_for(self, involved: Obj, *, type: str, reason: str, message: str) -> str:
         """The Event's name when the caller gives none (module docstring, "Naming")."""
@@ -130,9 +144,13 @@ class Recorder:
         message: str,
         name: str | None = None,
         namespace: str | None = None,
+        spam_key: str | None = None,
     ) -> None:
-        """Record (or bump) the Event `type`/`reason`/`message` about `involved`; raises the
-        `errors` tree when the API refuses."""
+        """Record (or bump) the Event `type`/`reason`/`message` about `involved`, unless its
+        `spam_key` is over budget (module doc); raises the `errors` tree when the API refuses."""
+        if not self._allowed(str(involved.get("uid") or involved.get("name")), spam_key or reason):
+            _log.debug("event_dropped_over_budget", reason=reason, spam_key=spam_key or reason)
+            return
         name = name or self.name_for(involved, type=type, reason=reason, message=message)
         ns = namespace or str(involved.get("namespace") or "") or CLUSTER_EVENT_NAMESPACE
         now = self._now()
@@ -170,6 +188,17 @@ class Recorder:
                 raise
         current = await self._api.get(kube.EVENTS, name, namespace=ns)
         await self._bump(ns, name, int(current.get("count") or 1), now)
+
+    def _allowed(self, involved: str, spam_key: str) -> bool:
+        """Take a token from the bucket of (`involved`, `spam_key`), if it has one."""
+        key, now = (involved, spam_key), self._monotonic()
+        tokens, since = self._buckets.pop(key, (float(SPAM_BURST), now))
+        tokens = min(float(SPAM_BURST), tokens + (now - since) / SPAM_REFILL_S)
+        allowed = tokens >= 1.0
+        self._buckets[key] = (tokens - 1.0 if allowed else tokens, now)
+        while len(self._buckets) > CACHE_SIZE:
+            self._buckets.popitem(last=False)
+        return allowed
 
     async def _bump(self, namespace: str, name: str, count: int, now: str) -> None:
         patch = {"count": count + 1, "lastTimestamp": now}

@@ -161,19 +161,23 @@ class JobLauncher:
             if ref.identity in wanted:
                 keep.append(ref)
                 continue
-            log.info("download_job_deleted", job=f"{ref.namespace}/{ref.name}")
-            self._created.pop((ref.namespace, ref.name), None)
-            self._records = [r for r in self._records if r.uid != ref.uid]
-            self._deleted.add(ref.uid)
-            with contextlib.suppress(errors.NotFound, errors.Conflict):
-                await self._api.delete(
-                    kube.JOBS,
-                    ref.name,
-                    namespace=ref.namespace,
-                    propagation_policy="Background",
-                    uid=ref.uid,
-                )
+            await self.stop(ref)
         return keep
+
+    async def stop(self, ref: downloads.JobRef) -> None:
+        """Delete one of our Jobs (and, in the background, its pods) and forget it."""
+        log.info("download_job_deleted", job=f"{ref.namespace}/{ref.name}")
+        self._created.pop((ref.namespace, ref.name), None)
+        self._records = [r for r in self._records if r.uid != ref.uid]
+        self._deleted.add(ref.uid)
+        with contextlib.suppress(errors.NotFound, errors.Conflict):
+            await self._api.delete(
+                kube.JOBS,
+                ref.name,
+                namespace=ref.namespace,
+                propagation_policy="Background",
+                uid=ref.uid,
+            )
 
     async def pod_message(self, ref: downloads.JobRef, failed_pods: int) -> str:
         """What the Job's newest failed pod says ("" when none says anything)."""

@@ -209,6 +209,17 @@ class Cluster:
         assert found is not None
         return found
 
+    def wait_bound(self, claim: str, *, namespace: str, timeout: float = 120) -> None:
+        """Wait until the PersistentVolumeClaim `namespace/claim` is Bound."""
+
+        def bound() -> bool:
+            pvc = self.get("pvc", claim, namespace=namespace) or {}
+            return (pvc.get("status") or {}).get("phase") == "Bound"
+
+        self.wait(
+            bound, timeout=timeout, what=f"PersistentVolumeClaim {namespace}/{claim} is Bound"
+        )
+
     def node_status(self, node: str) -> Obj:
         lmn = self.get(groupversion.LOCAL_MODEL_NODE.plural, node) or {}
         status: Obj = (lmn.get("status") or {}).get("modelStatus") or {}

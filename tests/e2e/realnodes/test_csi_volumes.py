@@ -24,7 +24,7 @@ import pytest
 from localcache.api import groupversion
 from localcache.caching import keys, names
 from tests.e2e.realnodes import objects
-from tests.e2e.realnodes.cluster import LOCALCACHE_IMAGE, Cluster, Sources
+from tests.e2e.realnodes.cluster import Cluster, Sources
 from tests.e2e.realnodes.objects import LMC, LMNC
 
 Obj = dict[str, Any]
@@ -65,26 +65,12 @@ def _isvc(name: str, namespace: str, uri: str) -> Obj:
 
 def _root_pod(name: str, namespace: str, *, claim: str, node: str, user: int) -> Obj:
     """The attack of finding 1: the claim at the root, no subPath, read-write."""
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {
-            "restartPolicy": "Never",
-            "nodeSelector": {"kubernetes.io/hostname": node},
-            "securityContext": {"runAsUser": user, "runAsNonRoot": user != 0},
-            "containers": [
-                {
-                    "name": "probe",
-                    "image": LOCALCACHE_IMAGE,
-                    "imagePullPolicy": "IfNotPresent",
-                    "command": ["python3", "-c", _PROBE],
-                    "volumeMounts": [{"name": "m", "mountPath": "/mnt/models", "readOnly": False}],
-                }
-            ],
-            "volumes": [{"name": "m", "persistentVolumeClaim": {"claimName": claim}}],
-        },
-    }
+    pod = objects.digest_pod(name, namespace, claim=claim, sub_path="", node=node)
+    pod["spec"]["securityContext"] = {"runAsUser": user, "runAsNonRoot": user != 0}
+    (container,) = pod["spec"]["containers"]
+    container["command"] = ["python3", "-c", _PROBE]
+    container["volumeMounts"] = [{"name": "model", "mountPath": "/mnt/models", "readOnly": False}]
+    return pod
 
 
 def _phase(cluster: Cluster, name: str, namespace: str) -> str | None:
@@ -164,14 +150,7 @@ def test_a_tenant_without_proof_of_access_mounts_nothing_and_its_pod_says_why(
     cluster.apply(objects.cache("bert", uri, group, namespace=intruder))
     cluster.create(_isvc("bert", intruder, uri))
     claim = names.serving_pvc("bert", group)
-    cluster.wait(
-        lambda: (
-            (cluster.get("pvc", claim, namespace=intruder) or {}).get("status", {}).get("phase")
-            == "Bound"
-        ),
-        timeout=120,
-        what=f"the intruder's serving claim {intruder}/{claim} is Bound",
-    )
+    cluster.wait_bound(claim, namespace=intruder, timeout=120)
     sub_path = f"models/{keys.storage_key(uri)}"
     cluster.create(
         objects.digest_pod("reader", intruder, claim=claim, sub_path=sub_path, node=node)
@@ -195,3 +174,44 @@ def test_a_tenant_without_proof_of_access_mounts_nothing_and_its_pod_says_why(
     assert "not downloaded" in message, message
     assert cluster.node_status(node).get(status_key) != "ModelDownloaded"
     assert _phase(cluster, "reader", intruder) == "Pending"
+
+
+def test_a_compliant_pods_deep_subpath_makes_no_directory_on_the_node(
+    cluster: Cluster, sources: Sources
+) -> None:
+    """Security review finding 4, the subPath route: the kubelet made the 1100 levels of a
+    compliant pod's subPath below the model folder on the node's disk, and the agent's walks
+    then raised RecursionError on every pass. The view is read-only: the kubelet can make
+    nothing in it, the pod does not start, and the agent goes on."""
+    run = uuid.uuid4().hex[:6]
+    group = f"g-{run}"
+    node = cluster.node_names[0]
+    sources.add_file(f"deep-{run}/model.onnx", os.urandom(4096))
+    uri = f"{sources.http_base}/deep-{run}/model.onnx"
+    tenant = cluster.namespace("deep")
+    cluster.apply(cluster.node_group(group), objects.cache("deep", uri, group, namespace=tenant))
+    cluster.create(_isvc("deep", tenant, uri))
+    cluster.wait_ready(LMNC.plural, "deep", namespace=tenant, timeout=180)
+    claim = names.serving_pvc("deep", group)
+    cluster.wait_bound(claim, namespace=tenant)
+    key = keys.storage_key(uri)
+    sub_path = f"models/{key}/" + "/".join(["a"] * 1100)
+    cluster.create(objects.digest_pod("deep", tenant, claim=claim, sub_path=sub_path, node=node))
+
+    def refused() -> str | None:
+        assert _phase(cluster, "deep", tenant) in (None, "Pending"), "the deep pod started"
+        pod = cluster.get("pod", "deep", namespace=tenant) or {}
+        for status in (pod.get("status") or {}).get("containerStatuses") or []:
+            waiting = (status.get("state") or {}).get("waiting") or {}
+            if waiting.get("reason") == "CreateContainerConfigError":
+                return str(waiting.get("message") or "")
+        return None
+
+    message = cluster.wait(refused, timeout=120, what="the kubelet refuses the deep subPath")
+    assert "subPath" in message or "subpath" in message, message
+    assert not (cluster.models_root(node) / "models" / key / "a").exists()
+
+    sources.add_file(f"deep-{run}/after.onnx", b"after")
+    after = f"{sources.http_base}/deep-{run}/after.onnx"
+    cluster.apply(objects.cache("after", after, group, namespace=tenant))
+    cluster.wait_ready(LMNC.plural, "after", namespace=tenant, timeout=180)

@@ -52,14 +52,7 @@ def test_an_inference_service_pod_reads_the_model_through_the_serving_pvc(
     assert labels.get(isvc_api.LOCAL_MODEL_NAMESPACE_LABEL) == namespace, meta
     claim = (meta.get("annotations") or {}).get(isvc_api.LOCAL_MODEL_PVC_NAME_ANNOTATION)
     assert claim, f"no serving PVC annotation: {meta}"
-    cluster.wait(
-        lambda: (
-            (cluster.get("pvc", claim, namespace=namespace) or {}).get("status", {}).get("phase")
-            == "Bound"
-        ),
-        timeout=60,
-        what=f"serving PVC {namespace}/{claim} is Bound",
-    )
+    cluster.wait_bound(claim, namespace=namespace, timeout=60)
 
     sub_path = layout.model_subpath(keys.storage_key(uri))
     node = cluster.node_names[-1]

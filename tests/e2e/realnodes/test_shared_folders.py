@@ -104,14 +104,7 @@ def test_a_tenants_own_bytes_never_reach_another_namespaces_pods(
         }
     )
     claim = names.serving_pvc(f"popular-{run}", group)
-    cluster.wait(
-        lambda: (
-            (cluster.get("pvc", claim, namespace=victim) or {}).get("status", {}).get("phase")
-            == "Bound"
-        ),
-        timeout=120,
-        what=f"the victim's serving claim {victim}/{claim} is Bound",
-    )
+    cluster.wait_bound(claim, namespace=victim, timeout=120)
     sub_path = layout.model_subpath(key)
     cluster.create(objects.digest_pod("reader", victim, claim=claim, sub_path=sub_path, node=node))
 

@@ -388,3 +388,33 @@ def test_a_decision_never_changes_its_input() -> None:
     before = dataclasses.replace(observed)
     plan.decide(UNIT, observed)
     assert observed == before
+
+
+def test_a_download_over_the_caches_model_size_is_stopped_and_retried_after_the_backoff() -> None:
+    """Security review finding 9: `modelSize: 1` with terabytes behind it filled the disk."""
+    running = plan.JobFacts(STAGING, staging_bytes=2048, model_size=1024)
+    action = plan.decide(UNIT, _observed(jobs=(_job(0),), latest=running))
+    assert isinstance(action, plan.Stop)
+    assert action.job == _job(0)
+    assert action.outcome.status == modelnode.ModelStatus.DOWNLOAD_ERROR
+    progress = action.outcome.progress
+    assert "more than the cache's modelSize (1024 bytes)" in (progress.message or "")
+    assert progress.next_retry_time == plan.format_time(T0 + datetime.timedelta(seconds=10))
+    completed = plan.JobFacts(
+        STAGING, staging_bytes=2048, staging_is_dir=True, staging_empty=False, model_size=1024
+    )
+    action = plan.decide(UNIT, _observed(jobs=(_job(0, phase="Complete"),), latest=completed))
+    assert isinstance(action, plan.Stop), "an oversized download is never promoted"
+
+    # the Job is gone now: the error stays until the retry time, then attempt 1 starts
+    recorded = {"iris": progress}
+    waiting = plan.decide(UNIT, _observed(progress=recorded))
+    assert isinstance(waiting, plan.Wait)
+    assert waiting.outcome.status == modelnode.ModelStatus.DOWNLOAD_ERROR
+    retried = plan.decide(UNIT, _observed(progress=recorded, now=LATER))
+    assert retried == plan.Launch(attempt=1, message=progress.message)
+
+
+def test_a_download_within_its_model_size_runs_on() -> None:
+    running = plan.JobFacts(STAGING, staging_bytes=1024, model_size=1024)
+    assert isinstance(plan.decide(UNIT, _observed(jobs=(_job(0),), latest=running)), plan.Report)

@@ -146,3 +146,27 @@ def test_names_are_stable_valid_and_fit() -> None:
     long = recorder.name_for({**CACHE, "name": "m" * 253}, type="Normal", reason="R", message="")
     assert len(long) == events.MAX_NAME
     assert events.event_name("iris", "0123456789abcdef") == "iris.0123456789abcdef"
+
+
+async def test_event_volume_is_capped_per_object_and_spam_key_and_refills() -> None:
+    """Issue 20: a tenant that makes an Event happen over and over (forged Jobs, a cache
+    flipping) gets at most a burst, then one per refill period, and only out of its own key's
+    budget: another tenant's Events about the same object still go out."""
+    api, clock = FakeApi(), [0.0]
+    recorder = _recorder(api, monotonic=lambda: clock[0])
+    for i in range(events.SPAM_BURST + 10):
+        await recorder.record(
+            CACHE, type="Warning", reason="Forged", message=f"job {i}", spam_key="tenant-a"
+        )
+    assert len(api.events) == events.SPAM_BURST
+    await recorder.record(CACHE, type="Warning", reason="Forged", message="b", spam_key="tenant-b")
+    assert len(api.events) == events.SPAM_BURST + 1, "another key has its own budget"
+    clock[0] += events.SPAM_REFILL_S
+    await recorder.record(
+        CACHE, type="Warning", reason="Forged", message="after", spam_key="tenant-a"
+    )
+    assert len(api.events) == events.SPAM_BURST + 2, "one token back per refill period"
+    await recorder.record(
+        CACHE, type="Warning", reason="Forged", message="again", spam_key="tenant-a"
+    )
+    assert len(api.events) == events.SPAM_BURST + 2
