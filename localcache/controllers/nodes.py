@@ -317,3 +317,15 @@ class LocalModelNodes:
             return await self._api.get(state.LOCAL_MODEL_NODES, name)
         except errors.NotFound:
             return None
+
+
+def slim_node(obj: Obj) -> Obj:
+    """Nodes carry large statuses (images, addresses); we need labels and conditions."""
+    meta = obj.get("metadata") or {}
+    conditions = (obj.get("status") or {}).get("conditions") or []
+    return {
+        "apiVersion": obj.get("apiVersion"),
+        "kind": obj.get("kind"),
+        "metadata": {k: meta[k] for k in ("name", "uid", "resourceVersion", "labels") if k in meta},
+        "status": {"conditions": [c for c in conditions if c.get("type") == "Ready"]},
+    }

@@ -54,6 +54,7 @@ from localcache.api import inferenceservice
 from localcache.caching import config as config_mod
 from localcache.caching import indexes, placement
 from localcache.controllers import (
+    adoption,
     clustercache,
     namespacecache,
     nodegroups,
@@ -177,18 +178,6 @@ def _lmn_changed(old: Obj, new: Obj) -> bool:
 # ------------------------------------------------------------------------ transforms
 
 
-def _slim_node(obj: Obj) -> Obj:
-    """Nodes carry large statuses (images, addresses); we need labels and conditions."""
-    meta = _meta(obj)
-    conditions = (obj.get("status") or {}).get("conditions") or []
-    return {
-        "apiVersion": obj.get("apiVersion"),
-        "kind": obj.get("kind"),
-        "metadata": {k: meta[k] for k in ("name", "uid", "resourceVersion", "labels") if k in meta},
-        "status": {"conditions": [c for c in conditions if c.get("type") == "Ready"]},
-    }
-
-
 # ------------------------------------------------------------------------ mappings
 
 
@@ -287,10 +276,12 @@ def setup(
         "namespace_caches": get(state.LOCAL_MODEL_NAMESPACE_CACHES, indexers=state.CACHE_INDEXERS),
         "local_model_nodes": get(state.LOCAL_MODEL_NODES, indexers=state.LOCAL_MODEL_NODE_INDEXERS),
         "node_groups": get(state.LOCAL_MODEL_NODE_GROUPS),
-        "nodes": get(kube_api.NODES, transform=_slim_node),
+        "nodes": get(kube_api.NODES, transform=nodes.slim_node),
         "persistent_volumes": get(kube_api.PERSISTENT_VOLUMES, indexers=state.VOLUME_INDEXERS),
         "persistent_volume_claims": get(
-            kube_api.PERSISTENT_VOLUME_CLAIMS, indexers=state.VOLUME_INDEXERS
+            kube_api.PERSISTENT_VOLUME_CLAIMS,
+            indexers=state.VOLUME_INDEXERS,
+            transform=adoption.observed_claim,
         ),
     }
     isvcs: optional.OptionalInformer | None = None

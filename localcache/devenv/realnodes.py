@@ -33,7 +33,7 @@ from typing import Any, TextIO
 import yaml
 
 from localcache import settings as settings_mod
-from localcache.devenv import localmode, modelserver, nodeassets, testbed
+from localcache.devenv import localmode, modelserver, nodeassets, testbed, waiting
 from localcache.runtime import errors
 
 REPO = Path(__file__).resolve().parents[2]
@@ -129,6 +129,25 @@ def deploy(kubectl: Kubectl) -> None:
         )  # fmt: skip
 
 
+def apply_once_admitted(kubectl: Kubectl, text: str, timeout: float = 60.0) -> None:
+    """`kubectl apply` of `text`, again while the webhook cannot be called yet: the
+    controllers roll out before the CA bundle of the webhook configurations matches the
+    serving certificate they made (a few seconds), and the apiserver refuses meanwhile."""
+
+    def applied() -> bool:
+        done = kubectl("apply", "-f", "-", input_text=text, check=False)
+        if done.returncode == 0:
+            return True
+        if "failed calling webhook" in done.stderr:
+            raise LookupError(done.stderr.strip())  # not yet: try again
+        raise RealNodesError(f"kubectl apply -f -: {done.stderr.strip()}")
+
+    try:
+        waiting.wait_until_sync(applied, timeout=timeout, interval=1.0, what="the webhook admits")
+    except waiting.WaitTimeout as exc:
+        raise RealNodesError(str(exc)) from exc
+
+
 def kubectl_runner(binary: str, kubeconfig: Path, cache_dir: Path) -> Kubectl:
     """A kubectl for `kubeconfig` that raises `RealNodesError` with stderr when it fails."""
 
@@ -195,7 +214,7 @@ class RealNodesRun:
         self.say("localcache: deploying the shipped manifests (manifests/testbed) ...")
         deploy(kubectl)
         group, cache = _sample_objects(f"http://{testbed.HUB_IP}:{DEMO_PORT}/demo/{DEMO_FILE}")
-        kubectl("apply", "-f", "-", input_text=yaml.safe_dump_all([group, cache]))
+        apply_once_admitted(kubectl, yaml.safe_dump_all([group, cache]))
         self.sample = cache
         meta = cache["metadata"]
         self.say(

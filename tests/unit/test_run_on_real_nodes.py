@@ -5,6 +5,7 @@ run is a stand-in, and the machine is made to look able to host real nodes."""
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -87,3 +88,31 @@ def test_without_such_flags_real_nodes_run(
     assert _run("--log-level", "debug", "--kubeconfig", str(tmp_path / "absent")) == 0
     assert len(started) == 1
     assert "error" not in capsys.readouterr().err
+
+
+def test_the_sample_is_applied_again_while_the_webhook_cannot_be_called_yet() -> None:
+    """CI failure on record (2026-12-02): `localcache run` on real nodes applied the sample
+    before the webhook configurations' CA bundle matched the controller's certificate."""
+    calls: list[str] = []
+    refusal = (
+        'Internal error occurred: failed calling webhook "x": tls: failed to verify '
+        "certificate: x509: certificate signed by unknown authority"
+    )
+
+    def kubectl(
+        *args: str, check: bool = True, input_text: str | None = None, timeout: float = 120
+    ) -> subprocess.CompletedProcess[str]:
+        calls.append(" ".join(args))
+        code, err = (1, refusal) if len(calls) < 3 else (0, "")
+        return subprocess.CompletedProcess(list(args), code, "", err)
+
+    realnodes.apply_once_admitted(kubectl, "kind: X\n", timeout=10)
+    assert calls == ["apply -f -"] * 3
+
+    def denied(
+        *args: str, check: bool = True, input_text: str | None = None, timeout: float = 120
+    ) -> subprocess.CompletedProcess[str]:
+        return subprocess.CompletedProcess(list(args), 1, "", "admission webhook denied: bad")
+
+    with pytest.raises(realnodes.RealNodesError, match="denied: bad"):
+        realnodes.apply_once_admitted(denied, "kind: X\n", timeout=10)

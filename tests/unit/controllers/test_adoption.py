@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any, cast
 
 import pytest
@@ -516,3 +517,40 @@ def test_pair_owner_is_the_caches_reference() -> None:
     pair = _cluster_pairs()[0]
     assert pair.owner(CLUSTER_OWNER.id) == CLUSTER_OWNER
     assert ObjectKey.of(pair.pvc) == pair.pvc_key
+
+
+def test_the_controller_keeps_only_what_it_reads_of_a_claim() -> None:
+    """Security review finding 6: claims with megabytes of annotations, held whole."""
+    huge = "x" * (250 * 1024)
+    claim = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {
+            "name": "iris-gpu",
+            "namespace": "team",
+            "uid": "u",
+            "resourceVersion": "7",
+            "annotations": {"tenant/blob": huge, state.OWNER_ANNOTATION: "LocalModelCache/iris"},
+            "labels": {"blob": "y" * 63, state.MANAGED_BY_LABEL: state.MANAGED_BY},
+            "ownerReferences": [
+                {"apiVersion": "v1", "kind": "X", "name": str(i), "uid": "u"} for i in range(50)
+            ],
+            "managedFields": [{"manager": huge}],
+        },
+        "spec": {"volumeName": "pv-1", "resources": {"requests": {"storage": huge}}},
+        "status": {"phase": "Bound", "conditions": [{"message": huge}]},
+    }
+    kept = adoption.observed_claim(claim)
+    assert len(json.dumps(kept)) < 4096
+    assert kept["metadata"]["annotations"] == {state.OWNER_ANNOTATION: "LocalModelCache/iris"}
+    assert kept["metadata"]["labels"] == {state.MANAGED_BY_LABEL: state.MANAGED_BY}
+    assert len(kept["metadata"]["ownerReferences"]) == adoption.MAX_OWNERS
+    assert kept["spec"] == {"volumeName": "pv-1"}
+    assert kept["status"] == {"phase": "Bound"}
+    assert state.index_owner(kept) == state.index_owner(claim)
+    verdict = adoption.judge_claim(
+        kept, owner=adoption.Owner("LocalModelCache/iris", "LocalModelCache", "u1"), pv_name="pv-1"
+    )
+    assert verdict == adoption.judge_claim(
+        claim, owner=adoption.Owner("LocalModelCache/iris", "LocalModelCache", "u1"), pv_name="pv-1"
+    )
