@@ -171,7 +171,7 @@ def job(
         "metadata": {
             "name": name,
             "namespace": namespace,
-            "labels": labels or {},
+            "labels": {"storageKey": "0123456789abcdef", "model": "probe", **(labels or {})},
             "ownerReferences": [
                 {
                     "apiVersion": "serving.kserve.io/v1alpha1",

@@ -14,6 +14,7 @@ import pytest
 from localcache.agent.jobs import jobs
 from localcache.api import groupversion, modelnode, nodegroup
 from localcache.caching import config, credentials, keys
+from localcache.devenv.clientconfig import Credentials
 from localcache.devenv.controlplane import ControlPlane
 from localcache.devenv.waiting import wait_until
 from tests.integration.security import harness
@@ -314,3 +315,36 @@ async def test_a_stolen_agent_token_gets_no_privileged_job_even_owned_by_and_pin
     )  # fmt: skip
     message = harness.denied(create(job), f"a Job of the agent's token with {what}")
     assert says in message, message
+
+
+async def test_a_tenants_own_job_in_a_namespace_without_a_namespace_cache_is_admitted(
+    control_plane: ControlPlane, namespace: str, tenant: Credentials
+) -> None:
+    """The namespace rule's parameters are looked up before its matchConditions: without the
+    binding's selector of download Jobs, every Job of a namespace without a namespace cache
+    was denied ("no params found for policy binding"), whoever created it."""
+    job = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": "nightly", "namespace": namespace, "labels": {"node": "node-1"}},
+        "spec": {
+            "template": {
+                "spec": {
+                    "restartPolicy": "Never",
+                    "containers": [{"name": "c", "image": "busybox", "command": ["true"]}],
+                }
+            }
+        },
+    }
+    # the other policies of this package deny while their parameters sync: wait for one
+    token = harness.agent_token(control_plane, "node-probe")
+    await _eventually_denied(
+        lambda: harness.rest_as_token(
+            control_plane, token, "POST", _jobs(namespace, True), harness.job(
+                namespace, "lmd-probe", _download_spec(), node="node-probe", node_uid="u"
+            ),
+        ),
+        "the agent creating a Job in a namespace without a namespace cache",
+    )  # fmt: skip
+    status, body = control_plane.rest("POST", _jobs(namespace, True), job, creds=tenant)
+    assert status == 201, f"a tenant's own Job was refused: {status} {body}"
