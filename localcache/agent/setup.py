@@ -111,6 +111,7 @@ def setup(
         kube_mod.JOBS,
         label_selector=f"{jobs.LABEL_NODE}={jobs.label_value(node)}",
         transform=trust.observed,
+        page_size=trust.LIST_PAGE_SIZE,
     )
     groups = watch(groupversion.LOCAL_MODEL_NODE_GROUP.api)
     config_maps = watch(

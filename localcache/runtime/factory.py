@@ -61,7 +61,7 @@ import structlog
 
 from localcache.runtime import clock as clock_mod
 from localcache.runtime import informer as informer_mod
-from localcache.runtime import kube, listwatch, store
+from localcache.runtime import kube, listwatch, reflector, store
 from localcache.runtime import manager as manager_mod
 from localcache.runtime.crds import optional
 
@@ -174,9 +174,11 @@ class InformerFactory:
         field_selector: str | None = None,
         transform: informer_mod.Transform | None = informer_mod.compact,
         indexers: Mapping[str, store.IndexFunc] | None = None,
+        page_size: int | None = None,
     ) -> informer_mod.Informer:
         """The shared informer for this request, created and registered on first use, with
-        `indexers` merged into its store."""
+        `indexers` merged into its store; `page_size` (objects per list page) applies when
+        it is created (smaller for kinds anyone may fill with large objects)."""
         target = WatchTarget(
             resource,
             namespace or None,
@@ -185,7 +187,7 @@ class InformerFactory:
         )
         entry = self._entries.get((target, transform))
         if entry is None:
-            entry = self._create(target, transform)
+            entry = self._create(target, transform, page_size)
         else:
             entry.consumers += 1
         self._merge_indexers(entry, indexers or {})
@@ -258,7 +260,12 @@ class InformerFactory:
                 )
         return found
 
-    def _create(self, target: WatchTarget, transform: informer_mod.Transform | None) -> _Entry:
+    def _create(
+        self,
+        target: WatchTarget,
+        transform: informer_mod.Transform | None,
+        page_size: int | None = None,
+    ) -> _Entry:
         if self._manager.phase != NOT_STARTED:
             raise RuntimeError(
                 f"informer for {target} requested after the manager started "
@@ -279,7 +286,12 @@ class InformerFactory:
             label_selector=target.label_selector,
             field_selector=target.field_selector,
         )
-        inf = informer_mod.Informer(source, clock=self._clock, transform=transform)
+        inf = informer_mod.Informer(
+            source,
+            clock=self._clock,
+            transform=transform,
+            page_size=page_size or reflector.PAGE_SIZE,
+        )
         self._manager.add_informer(inf)
         entry = _Entry(inf, target, transform)
         self._entries[(target, transform)] = entry

@@ -35,6 +35,9 @@ _KEPT_METADATA = (
 _KEPT_STATUS = ("active", "ready", "failed", "succeeded", "startTime", "completionTime")
 _KEPT_CONDITION = ("type", "status", "reason", "message", "lastTransitionTime")
 MAX_OWNERS, MAX_CONDITIONS, MAX_LABELS, MAX_TEXT = 4, 8, 16, 2048
+LIST_PAGE_SIZE = 50
+"""Jobs per list page of the agent's Job informer: a page is parsed whole before the
+transform slims it, and anyone may give a Job a megabyte of env."""
 
 Obj = downloads.Obj
 Ident = tuple[str, str]
