@@ -283,9 +283,7 @@ class Reconciler:
         `served`); a group whose path is not mounted is a ModelDownloadError. A missing group
         keeps the single root's behaviour: the folder there counts, no Job starts."""
         group_name = unit.leader.node_group or ""
-        where = ctx.placements.get(group_name)
-        if where is None:
-            where = ctx.placements[group_name] = await self._jobs.resolve(unit.leader)
+        where = ctx.placements[group_name]  # every entry's group was resolved for `units`
         if isinstance(where, launcher.NotLaunched):
             if where.unmounted or len(self._disks.all) > 1:
                 return _not_launched(where, ctx)

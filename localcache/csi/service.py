@@ -178,17 +178,16 @@ def _on_disk(
 ) -> tuple[dict[str, Any] | None, list[str]]:
     """What the agent wrote on the root: its record of the Job the pod's name names, and the
     folder variants of the volume's storage key."""
-    record = None
-    job = entitlement.job_of_pod(pod)
-    if volume.role == "download" and job is not None:
-        record = durable.read_json(root / layout.JOBS_DIR / f"{job}{layout.MANIFEST_SUFFIX}")
+    if volume.role == "download":
+        job = entitlement.job_of_pod(pod)
+        record = durable.read_json(layout.job_record_path(root, job)) if job else None
+        return record, []
     try:
         names = os.listdir(root / layout.MODELS_DIR)
     except OSError:
         names = []
     prefix = f"{volume.storage_key}."
-    variants = sorted(n for n in names if n.startswith(prefix) and layout.key_of_folder(n))
-    return (record if isinstance(record, dict) else None), variants
+    return None, sorted(n for n in names if n.startswith(prefix) and layout.key_of_folder(n))
 
 
 class Registration(reg_grpc.RegistrationServicer):

@@ -135,10 +135,10 @@ class ModelDisk:
         layout.staging_name(storage_key, job_name)  # DiskError unless a valid pair
         tree.plain_directory(self.jobs)
         record = {"namespace": namespace, "statusKey": status_key, "storageKey": storage_key}
-        durable.write_json_atomic(self.jobs / f"{job_name}{layout.MANIFEST_SUFFIX}", record)
+        durable.write_json_atomic(layout.job_record_path(self.root, job_name), record)
 
     def forget_job(self, job_name: str) -> None:
-        (self.jobs / f"{job_name}{layout.MANIFEST_SUFFIX}").unlink(missing_ok=True)
+        layout.job_record_path(self.root, job_name).unlink(missing_ok=True)
 
     def manifest_path(self, storage_key: str, variant: str | None = None) -> Path:
         return (

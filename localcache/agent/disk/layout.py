@@ -93,6 +93,11 @@ def require_key(storage_key: str) -> None:
         raise DiskError(f"not a storage key: {storage_key!r}")
 
 
+def job_record_path(root: Path, job_name: str) -> Path:
+    """The agent's record of a download Job on `root` (`JOBS_DIR`; no pod reaches it)."""
+    return root / JOBS_DIR / f"{job_name}{MANIFEST_SUFFIX}"
+
+
 def folder_name(storage_key: str, variant: str | None = None) -> str:
     """The folder of `storage_key` under `models/`: the key, or `<key>.<variant>`."""
     require_key(storage_key)

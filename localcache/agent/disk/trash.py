@@ -109,9 +109,13 @@ class Trash:
             job_gone = live_jobs is not None and match["job"] not in live_jobs
             if match["key"] not in referenced or job_gone:
                 self.try_move(path, storage_key=None)
+        staged = {
+            m["job"]
+            for p in tree.listing(self.staging)
+            if (m := layout.STAGING_RE.fullmatch(p.name))
+        }
         for path in tree.listing(self.root / layout.JOBS_DIR):
-            job = path.name.removesuffix(layout.MANIFEST_SUFFIX)
-            if not any(s.name.endswith(f"-{job}") for s in tree.listing(self.staging)):
+            if path.name.removesuffix(layout.MANIFEST_SUFFIX) not in staged:
                 path.unlink(missing_ok=True)  # its staging folder is gone: so are its pods
         self.empty()
         for where in [w for w in self._failing if not w.startswith(f"{layout.TRASH_DIR}/")]:
