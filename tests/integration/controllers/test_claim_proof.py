@@ -37,16 +37,6 @@ async def _as_tenant(env: Env, namespace: str, obj: Obj) -> Obj:
     return made
 
 
-async def _bed(env: Env) -> tuple[str, str, str]:
-    """A node group with one node, a tenant namespace, the controllers; the cache's name."""
-    group = env.name("gpu1")
-    await env.group(group, group)
-    await env.node(env.name("node-1"), group)
-    tenant = await env.namespace_("tenant")
-    await env.start()
-    return group, tenant, env.name("model")
-
-
 def _forged_claim(name: str, *, owner: str, role: str, volume: str, **meta: Any) -> Obj:
     return {
         "apiVersion": "v1",
@@ -66,7 +56,12 @@ def _forged_claim(name: str, *, owner: str, role: str, volume: str, **meta: Any)
 
 
 async def test_a_claim_forged_before_its_cache_is_replaced_and_never_bound(env: Env) -> None:
-    group, tenant, name = await _bed(env)
+    group = env.name("gpu1")
+    await env.group(group, group)
+    await env.node(env.name("node-1"), group)
+    tenant = await env.namespace_("tenant")
+    await env.start()
+    name = env.name("model")
     pv_name = names.download_pv(name, group, tenant)
     pvc_name = names.download_pvc(name, group, namespaced=True)
     forged = await _as_tenant(
@@ -99,7 +94,12 @@ async def test_a_claim_forged_before_its_cache_is_replaced_and_never_bound(env: 
 
 async def test_a_claim_owned_by_a_tenants_pod_is_taken_and_gets_no_volume(env: Env) -> None:
     """The `ephemeral` variant: the claim carries our annotation and is owned by the pod."""
-    group, tenant, name = await _bed(env)
+    group = env.name("gpu1")
+    await env.group(group, group)
+    await env.node(env.name("node-1"), group)
+    tenant = await env.namespace_("tenant")
+    await env.start()
+    name = env.name("model")
     pv_name = names.serving_pv(name, group, tenant)
     pvc_name = names.serving_pvc(name, group)
     pod = await env.api.create(
