@@ -5,9 +5,15 @@ without ever touching an object that is not provably the cache's.
 A name alone proves nothing (KServe's names are plain `-` joins, and tenants may create PVCs
 under any name in their namespaces), so the proof is an identity the apiserver vouches for:
 
-- a PVC is the cache's when it carries our `OWNER_ANNOTATION` with the cache's id (ours), or
-  an ownerReference to the cache's kind (`serving.kserve.io`) whose uid is the cache's uid,
-  and its `spec.volumeName` is the wanted PV (KServe sets both: ref §2.2);
+- a PVC is the cache's when the cache's PV records its uid: the PV's `claimRef` names it by
+  namespace, name and uid (PVs are cluster-scoped: tenants cannot write them). Its marks only
+  say which cache it claims to be: our `OWNER_ANNOTATION` with the cache's id (ours), or an
+  ownerReference to the cache's kind (`serving.kserve.io`) whose uid is the cache's uid (KServe's,
+  ref §2.2), and its `spec.volumeName` names the wanted PV. A tenant can write both marks on a
+  claim of its namespace (an `ephemeral` volume's claim, or one made before the cache's), so
+  marks without the record are never proof: such a claim with our annotation is `unproven`
+  (the leftover of a create whose PV never followed, or a forgery: neither serves anything);
+  localcache creates a claim first and then its PV with the claim's uid in `claimRef`;
 - a PV is the cache's when it carries our annotation (ours), or such an ownerReference
   (KServe's cluster-cache PVs), or, with no ownerReference at all (KServe's namespace-cache
   PVs: a cluster-scoped object cannot be owned by a namespaced one), when its `claimRef`
@@ -22,6 +28,8 @@ Verdicts (`Judgement.verdict`):
     stale   a download PV that is the cache's but bound to another claim (after a migration,
             KServe's download PVC in its own job namespace): replace the pair. `old_claim`
             is that claim when it still exists (and is then provably the cache's);
+    unproven  a claim with our annotation that no PV of the cache records (and no foreign
+            ownerReference): deleted, then the pair is made anew;
     taken   anything else: never touched; `reason` and `remedy` say why and what to do.
 
 A serving PV of the cache bound to another claim is `taken` when unannotated (it may serve a
@@ -42,7 +50,7 @@ from localcache.runtime import keys as runtime_keys
 from localcache.runtime import store
 
 Obj = dict[str, Any]
-Verdict = Literal["ours", "adopt", "stale", "taken"]
+Verdict = Literal["ours", "adopt", "stale", "unproven", "taken"]
 
 LEFTOVER_REMEDY: Final = (
     "localcache leaves it alone; if it is a leftover (of KServe's localmodel add-on or of an "
@@ -74,6 +82,7 @@ class Judgement:
 
 OURS: Final = Judgement("ours")
 ADOPT: Final = Judgement("adopt")
+UNPROVEN: Final = Judgement("unproven")
 
 
 def _meta(obj: Obj) -> dict[str, Any]:
@@ -121,22 +130,40 @@ def provably_of(obj: Obj, owner: Owner) -> bool:
     return _annotation(obj) == owner.id or _owned_by(obj, owner)
 
 
-def judge_claim(pvc: Obj, *, owner: Owner, pv_name: str) -> Judgement:
-    """The verdict on the PVC found under the wanted name (module docstring)."""
+def records(pv: Obj | None, pvc: Obj) -> bool:
+    """Whether `pv`'s claimRef names `pvc` by namespace, name and uid."""
+    ref = _spec(pv or {}).get("claimRef") or {}
+    meta = _meta(pvc)
+    return (
+        bool(ref.get("uid"))
+        and ref.get("uid") == meta.get("uid")
+        and ref.get("name") == meta.get("name")
+        and (ref.get("namespace") or "") == (meta.get("namespace") or "")
+    )
+
+
+def judge_claim(pvc: Obj, *, owner: Owner, pv_name: str, pv: Obj | None) -> Judgement:
+    """The verdict on the PVC found under the wanted name; `pv` is the wanted PV as found
+    (None: absent), judged on its own by `judge_volume` (module docstring)."""
     annotated = _annotation(pvc)
-    if annotated == owner.id:
-        return OURS
-    if annotated:
+    if annotated and annotated != owner.id:
         return _taken(f"it belongs to {annotated}")
-    if not _owned_by(pvc, owner):
-        owners = _owners(pvc)
-        return _taken(
-            f"it is owned by {owners}" if owners else "it has no ownerReference to this cache"
-        )
+    foreign = [r for r in _meta(pvc).get("ownerReferences") or [] if not _refers_to(r, owner)]
+    if foreign:
+        return _taken(f"it is owned by {_owners(pvc)}")
+    if not annotated and not _owned_by(pvc, owner):
+        return _taken("it has no ownerReference to this cache")
     volume = str(_spec(pvc).get("volumeName") or "")
     if volume != pv_name:
         return _taken(f"it names PersistentVolume {volume or '(none)'}, not {pv_name}")
-    return ADOPT
+    if records(pv, pvc):
+        return OURS if annotated else ADOPT
+    if annotated:
+        return UNPROVEN
+    return _taken(
+        f"no PersistentVolume of this cache records its uid ({pv_name} "
+        + ("does not exist)" if pv is None else "names another claim or none)")
+    )
 
 
 def _place(spec: Obj) -> tuple[Any, Any]:
@@ -155,13 +182,12 @@ def _claim_key(pv: Obj) -> runtime_keys.ObjectKey | None:
 
 
 def _bound_claim(pv: Obj, claims: store.Reader) -> Obj | None:
-    """The PVC the PV's claimRef names, if it exists and is the same object (uid)."""
+    """The PVC the PV's claimRef names, if it exists and is the one it records (uid)."""
     key = _claim_key(pv)
     claim = claims.get(key) if key is not None else None
     if claim is None:
         return None
-    uid = (_spec(pv).get("claimRef") or {}).get("uid")
-    return claim if not uid or _meta(claim).get("uid") == uid else None
+    return claim if records(pv, claim) else None
 
 
 def judge_volume(
@@ -232,13 +258,12 @@ def _judge_ownerless(
             "creates its own",
         )
     claim = claims.get(wanted_claim)
-    uid = (_spec(pv).get("claimRef") or {}).get("uid")
-    if claim is None or not uid or _meta(claim).get("uid") != uid:
+    if claim is None or not records(pv, claim):
         return _taken(
             f"it has no ownerReference and its claimRef is not the claim {_where(wanted_claim)} "
             "that exists now"
         )
-    if judge_claim(claim, owner=owner, pv_name=name).verdict not in ("ours", "adopt"):
+    if judge_claim(claim, owner=owner, pv_name=name, pv=pv).verdict not in ("ours", "adopt"):
         return _taken(
             f"it has no ownerReference and its claim {_where(wanted_claim)} is not this cache's"
         )

@@ -112,6 +112,7 @@ class CacheReconciler:
         self._now = now
         self._nodes = writer
         self._written = status.WrittenStatus()
+        self._created = volumes.CreatedClaims()
 
     async def reconcile(self, key: runtime_keys.ObjectKey) -> reconcile.Result:
         raw = self.scope.store(self._stores).get(key)
@@ -153,6 +154,7 @@ class CacheReconciler:
                 owner=self.scope.owner_id(cache),
                 pairs=pairs,
                 manage_serving=manage_serving,
+                created=self._created,
             )
         except errors.LocalcacheError as exc:
             # no answer (refusals are returned, not raised): what the volumes are is unknown,

@@ -17,7 +17,17 @@ The wanted pairs are `volumeplan.plan()`'s (names, owners, specs, annotations).
   first (a separate write; the update event brings the cache back), then the old claim
   (provably the cache's, else the PV is `taken`) and the PV are deleted, and the pair is
   recreated once both are gone;
-- a missing PV, then a missing PVC, is created (an existing object's spec is never updated);
+- a missing pair is created claim first: the PVC, then its PV with the claim's uid in
+  `claimRef` (the record that proves the claim ours, `adoption.records`), then an annotation
+  on the claim with the PV's uid (the PV controller binds a claim on the claim's events only;
+  without this write it waits for its resync, 15 s by default). A PV that cannot be made takes
+  its new claim with it (a claim no PV records serves nothing and is never ours again). An
+  existing object's spec is never updated;
+- a claim with our marks that no PV of the cache records (`unproven`: left by a crash between
+  the two creates, or forged by a tenant) is deleted, and so is a PV of ours whose `claimRef`
+  records no uid (made pre-bound by name by an earlier localcache: any claim of that name would
+  bind it); the pair is then made anew. Claims this process created and whose PV the store
+  has not shown yet are waited for (`CreatedClaims`);
 - a pair whose PV is `Released`/`Failed` or whose PVC is `Lost` is deleted as a whole and
   recreated once both are gone (their delete events bring the cache back), so a claim is
   never pointed at a PV bound to an earlier claim [P3]; while either is terminating the
@@ -38,8 +48,10 @@ rest).
 
 from __future__ import annotations
 
+import copy
+from collections import OrderedDict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 import structlog
@@ -56,6 +68,30 @@ BROKEN_PV_PHASES: Final = frozenset({"Released", "Failed"})
 BROKEN_PVC_PHASES: Final = frozenset({"Lost"})
 TAKEN_RECHECK: Final = 60.0
 """Seconds until a cache whose wanted names are taken is looked at again."""
+VOLUME_UID_ANNOTATION: Final = "localmodel.kserve.io/volume-uid"
+"""On a claim we created: the uid of the PV made for it."""
+MAX_CREATED: Final = 4096
+
+
+@dataclass(slots=True)
+class CreatedClaims:
+    """The uids of the claims this process created, until the store shows their PV: the
+    stores lag behind our own writes, and a claim whose PV is not seen yet is not `unproven`."""
+
+    uids: OrderedDict[runtime_keys.ObjectKey, str] = field(default_factory=OrderedDict)
+
+    def add(self, key: runtime_keys.ObjectKey, uid: str) -> None:
+        self.uids[key] = uid
+        self.uids.move_to_end(key)
+        while len(self.uids) > MAX_CREATED:
+            self.uids.popitem(last=False)
+
+    def holds(self, claim: Obj) -> bool:
+        uid = _meta(claim).get("uid")
+        return bool(uid) and self.uids.get(runtime_keys.ObjectKey.of(claim)) == uid
+
+    def forget(self, key: runtime_keys.ObjectKey) -> None:
+        self.uids.pop(key, None)
 
 
 def _meta(obj: Obj) -> dict[str, Any]:
@@ -87,14 +123,17 @@ async def reconcile_volumes(
     owner: str,
     pairs: Sequence[volumeplan.Pair],
     manage_serving: bool,
+    created: CreatedClaims | None = None,
 ) -> volumewriter.Outcome:
     """Drive the cache's PVs/PVCs towards `pairs` (module docstring)."""
     writer = volumewriter.Writer(api)
+    created = created if created is not None else CreatedClaims()
     pv_store, pvc_store = stores.persistent_volumes, stores.persistent_volume_claims
     pvcs, pvs = kube.PERSISTENT_VOLUME_CLAIMS, kube.PERSISTENT_VOLUMES
     held: set[runtime_keys.ObjectKey] = set()  # old claims that the pair step handles
     for pair in pairs:
-        if (kept := await _sync_pair(writer, pair, owner=owner, stores=stores)) is not None:
+        kept = await _sync_pair(writer, pair, owner=owner, stores=stores, created=created)
+        if kept is not None:
             held.add(kept)
     wanted_pvcs = {p.pvc_key for p in pairs} | held
     wanted_pvs = {p.pv_name for p in pairs}
@@ -142,7 +181,7 @@ def _judge(pair: volumeplan.Pair, *, owner: str, stores: state.Stores) -> tuple[
             claims=claims,
         )
     if pvc is not None:
-        pvc_verdict = adoption.judge_claim(pvc, owner=cache, pv_name=pair.pv_name)
+        pvc_verdict = adoption.judge_claim(pvc, owner=cache, pv_name=pair.pv_name, pv=pv)
     return (
         _Found(kube.PERSISTENT_VOLUMES, pv, pair.pv, pv_verdict),
         _Found(kube.PERSISTENT_VOLUME_CLAIMS, pvc, pair.pvc, pvc_verdict),
@@ -161,7 +200,12 @@ def _name_taken(found: _Found) -> conditions.NameTaken:
 
 
 async def _sync_pair(
-    writer: volumewriter.Writer, pair: volumeplan.Pair, *, owner: str, stores: state.Stores
+    writer: volumewriter.Writer,
+    pair: volumeplan.Pair,
+    *,
+    owner: str,
+    stores: state.Stores,
+    created: CreatedClaims,
 ) -> runtime_keys.ObjectKey | None:
     """One pair's step of `reconcile_volumes` (module docstring, in order); returns the old
     claim of a stale download PV, which only this step may delete (not before the PV is
@@ -173,6 +217,15 @@ async def _sync_pair(
         return None  # the other object is left alone too
     if _terminating(pv.obj) or _terminating(pvc.obj):
         return None  # recreated once gone: the delete event brings us back
+    if pvc.obj is not None and pvc.verdict.verdict == "unproven":
+        if not created.holds(pvc.obj):  # else ours, its PV not in the store yet
+            _log.warning("volume_claim_unproven", claim=str(pair.pvc_key), pv=pair.pv_name)
+            await writer.delete(pvc.res, pvc.obj)
+        return None
+    if pv.obj is not None and pv.verdict.verdict in ("ours", "adopt") and _unrecorded(pv.obj):
+        _log.info("volume_pair_replaced", pv=pair.pv_name, reason="claimRef records no uid")
+        await writer.delete(pv.res, pv.obj)
+        return None
     if _phase(pv.obj) in BROKEN_PV_PHASES or _phase(pvc.obj) in BROKEN_PVC_PHASES:
         _log.info(
             "volume_pair_replaced",
@@ -189,11 +242,37 @@ async def _sync_pair(
     for found in (pv, pvc):
         if not await _adopt(writer, found, owner=owner, role=pair.role):
             return None  # changed meanwhile or refused: the pair waits
-    if pv.absent and not await writer.create(pv.res, pair.pv):
-        return None  # a claim pre-bound to a PV that could not be made would wait for ever
-    if pvc.absent:
-        await writer.create(pvc.res, pair.pvc)
+    if pvc.obj is not None:
+        created.forget(pair.pvc_key)  # its PV records it: proof no longer needs memory
+    elif pv.obj is None:
+        await _create_pair(writer, pair, created)
+    # else: a PV that records a claim now gone turns Released, and the pair is then replaced
     return None
+
+
+def _unrecorded(pv: Obj) -> bool:
+    return not ((pv.get("spec") or {}).get("claimRef") or {}).get("uid")
+
+
+async def _create_pair(
+    writer: volumewriter.Writer, pair: volumeplan.Pair, created: CreatedClaims
+) -> None:
+    """Claim first, then its PV recording the claim's uid, then the nudge (module docstring)."""
+    pvcs, pvs = kube.PERSISTENT_VOLUME_CLAIMS, kube.PERSISTENT_VOLUMES
+    claim = await writer.create_new(pvcs, pair.pvc)
+    if claim is None:
+        return  # refused, or there already: judged when the store shows it
+    uid = str(_meta(claim).get("uid") or "")
+    created.add(pair.pvc_key, uid)
+    pv = copy.deepcopy(pair.pv)
+    pv["spec"]["claimRef"]["uid"] = uid
+    volume = await writer.create_new(pvs, pv)
+    if volume is None:
+        created.forget(pair.pvc_key)
+        await writer.delete(pvcs, claim)
+        return
+    nudge = {"metadata": {"annotations": {VOLUME_UID_ANNOTATION: _meta(volume).get("uid")}}}
+    await writer.patch(pvcs, claim, nudge)
 
 
 async def _adopt(writer: volumewriter.Writer, found: _Found, *, owner: str, role: str) -> bool:

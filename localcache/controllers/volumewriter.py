@@ -1,7 +1,7 @@
 """Writes of a cache's PVs and PVCs, with the apiserver's answers sorted into what the
 cache's status reports (`volumes.reconcile_volumes` drives it).
 
-`Writer.create`/`patch`/`delete` never raise an `ApiError`: an object already there (create),
+`Writer.create_new`/`patch`/`delete` never raise an `ApiError`: an object already there (create),
 already gone (patch, delete) is fine; a guarded patch that meets a newer resourceVersion (409)
 becomes `Outcome.error`, to raise at the end so the cache is looked at again; any other
 answer (422 Invalid, 403 Forbidden by RBAC, quota or an admission policy, ...) is a
@@ -98,23 +98,24 @@ class Writer:
         if self.outcome.error is None:
             self.outcome.error = exc
 
-    async def create(self, res: kube.Resource, obj: Obj) -> bool:
-        """Create `obj` (an existing one is fine); False when the apiserver refused it."""
+    async def create_new(self, res: kube.Resource, obj: Obj) -> Obj | None:
+        """Create `obj` and return the apiserver's copy (with its uid); None when it was
+        refused or already there (then it is someone's we have not seen yet)."""
         meta = _meta(obj)
         try:
-            await self.api.create(res, obj, namespace=meta.get("namespace") or None)
-            _log.info(
-                "volume_created", kind=res.kind, name=meta["name"], namespace=meta.get("namespace")
-            )
+            made = await self.api.create(res, obj, namespace=meta.get("namespace") or None)
         except errors.Conflict as exc:
             if not exc.already_exists:
                 self._refused("create", res, obj, exc)
-                return False
+            return None
         except errors.ApiError as exc:
             self._refused("create", res, obj, exc)
-            return False
+            return None
+        _log.info(
+            "volume_created", kind=res.kind, name=meta["name"], namespace=meta.get("namespace")
+        )
         self.outcome.writes += 1
-        return True
+        return made
 
     async def patch(self, res: kube.Resource, obj: Obj, patch: Obj) -> bool:
         """Merge-patch `obj` (guarded by the resourceVersion inside `patch`); False when it

@@ -8,12 +8,12 @@ enforces credentials. Each package brings the bed to the state it needs and leav
 
 `reset()` puts the cluster back as the bed started it, whatever a package left: serving
 objects and caches are deleted first, through the finalizers of an operator that still runs
-(dropped after `FINALIZER_GRACE_S` when none answers), then every namespace, CRD, PV and
-cluster-scoped object that was not there at the start (`Baseline`), Helm's release records and
-the Events in `default`; then node labels and taints are restored and both models roots of
-every node (`/mnt/models` and `/models`) are emptied. The
-test servers keep their files and counters: tests name their models uniquely and count requests
-per path.
+(dropped after `FINALIZER_GRACE_S` when none answers), then every namespace (those running a
+DaemonSet, the operator's node plugin, last), CRD, PV and cluster-scoped object that was not
+there at the start (`Baseline`), Helm's release records and the Events in `default`; then
+node labels and taints are restored and both models roots of every node (`/mnt/models` and
+`/models`) are emptied. The test servers keep their files and counters: tests name their
+models uniquely and count requests per path.
 """
 
 from __future__ import annotations
@@ -253,10 +253,23 @@ class SharedBed:
             self.kubectl("delete", kind, *names, "--wait=false", "--ignore-not-found")
 
     def _delete_new_namespaces(self) -> None:
+        """Namespaces without a DaemonSet first, and only then the operator's: a pod that still
+        mounts a CSI volume (one that never started, say) is torn down only while the node
+        plugin that can unpublish it runs; deleted together, the plugin may go first and the
+        pod, and its namespace, stay Terminating for ever."""
+
         def new() -> list[str]:
             found = (n["metadata"]["name"] for n in self._items("namespaces"))
             return sorted(n for n in found if n not in self.baseline.namespaces)
 
+        hosting = {d["metadata"]["namespace"] for d in self._items("daemonsets", namespaced=True)}
+        tenants = [n for n in new() if n not in hosting]
+        if tenants:
+            self.kubectl("delete", "namespace", *tenants, "--wait=false", "--ignore-not-found")
+        self._wait_gone(
+            "every namespace the packages created without a DaemonSet was deleted",
+            lambda: [n for n in new() if n in tenants],
+        )
         names = new()
         if names:
             self.kubectl("delete", "namespace", *names, "--wait=false", "--ignore-not-found")

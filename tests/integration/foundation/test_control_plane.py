@@ -51,7 +51,7 @@ def _established(plane: ControlPlane, name: str) -> bool:
     status, body = plane.rest(
         "GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}"
     )
-    conditions = body.get("status", {}).get("conditions", []) if status == 200 else []
+    conditions = ((body.get("status") or {}).get("conditions") or []) if status == 200 else []
     return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
 
 

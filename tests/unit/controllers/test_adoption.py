@@ -122,10 +122,46 @@ NS_OWNER = adoption.Owner(
 # ------------------------------------------------------------------------ claims
 
 
+SERVING_PV = _kserve_pv("iris-gpu1-prod", claim=("prod", "iris-gpu1", "c1"), owner=_owner_ref())
+
+
 def test_a_claim_owned_by_the_cache_uid_and_naming_the_wanted_pv_is_adopted() -> None:
     pvc = _kserve_pvc("prod", "iris-gpu1", volume="iris-gpu1-prod", owner=_owner_ref(), uid="c1")
-    verdict = adoption.judge_claim(pvc, owner=CLUSTER_OWNER, pv_name="iris-gpu1-prod")
+    verdict = adoption.judge_claim(
+        pvc, owner=CLUSTER_OWNER, pv_name="iris-gpu1-prod", pv=SERVING_PV
+    )
     assert verdict.verdict == "adopt"
+
+
+def test_a_claim_is_the_caches_only_when_the_caches_pv_records_its_uid() -> None:
+    """Security review finding 1 (`ephemeral` variant): a tenant's claim under the wanted name
+    with our annotation (or the cache's ownerReference) was taken as the cache's; the marks
+    are forgeable, the PV's claimRef uid is not."""
+    marked = _kserve_pvc("prod", "iris-gpu1", volume="iris-gpu1-prod", owner=_owner_ref(), uid="c1")
+    marked["metadata"]["annotations"] = {state.OWNER_ANNOTATION: CLUSTER_OWNER.id}
+    judge = adoption.judge_claim
+    assert judge(marked, owner=CLUSTER_OWNER, pv_name="iris-gpu1-prod", pv=SERVING_PV) == (
+        adoption.OURS
+    )
+    other_uid = copy.deepcopy(SERVING_PV)
+    other_uid["spec"]["claimRef"]["uid"] = "c-forged-over"
+    pre_bound = copy.deepcopy(SERVING_PV)
+    del pre_bound["spec"]["claimRef"]["uid"]
+    for pv in (None, other_uid, pre_bound):
+        verdict = judge(marked, owner=CLUSTER_OWNER, pv_name="iris-gpu1-prod", pv=pv)
+        assert verdict.verdict == "unproven", pv
+    kserves = _kserve_pvc(
+        "prod", "iris-gpu1", volume="iris-gpu1-prod", owner=_owner_ref(), uid="c1"
+    )
+    verdict = judge(kserves, owner=CLUSTER_OWNER, pv_name="iris-gpu1-prod", pv=None)
+    assert verdict.verdict == "taken"
+    assert "no PersistentVolume of this cache records its uid" in verdict.reason
+    ephemeral = copy.deepcopy(marked)
+    ephemeral["metadata"]["ownerReferences"] = [
+        {"apiVersion": "v1", "kind": "Pod", "name": "thief", "uid": "p1", "controller": True}
+    ]
+    verdict = judge(ephemeral, owner=CLUSTER_OWNER, pv_name="iris-gpu1-prod", pv=None)
+    assert (verdict.verdict, verdict.reason) == ("taken", "it is owned by Pod thief (uid p1)")
 
 
 @pytest.mark.parametrize(
@@ -141,7 +177,9 @@ def test_a_claim_under_the_wanted_name_that_is_not_provably_the_caches_is_taken(
     owner: Obj | None, volume: str, why: str
 ) -> None:
     pvc = _kserve_pvc("prod", "iris-gpu1", volume=volume, owner=owner, uid="c1")
-    verdict = adoption.judge_claim(pvc, owner=CLUSTER_OWNER, pv_name="iris-gpu1-prod")
+    verdict = adoption.judge_claim(
+        pvc, owner=CLUSTER_OWNER, pv_name="iris-gpu1-prod", pv=SERVING_PV
+    )
     assert verdict.verdict == "taken"
     assert why in verdict.reason
 
@@ -149,11 +187,13 @@ def test_a_claim_under_the_wanted_name_that_is_not_provably_the_caches_is_taken(
 def test_our_annotation_decides_before_any_owner_reference() -> None:
     ours = _kserve_pvc("prod", "iris-gpu1", volume="x", owner=None, uid="c1")
     ours["metadata"]["annotations"] = {state.OWNER_ANNOTATION: CLUSTER_OWNER.id}
-    assert adoption.judge_claim(ours, owner=CLUSTER_OWNER, pv_name="y").verdict == "ours"
+    pv = _kserve_pv("x", claim=("prod", "iris-gpu1", "c1"), owner=None)
+    verdict = adoption.judge_claim(ours, owner=CLUSTER_OWNER, pv_name="x", pv=pv)
+    assert verdict.verdict == "ours"
     other = copy.deepcopy(ours)
     other["metadata"]["annotations"] = {state.OWNER_ANNOTATION: "LocalModelCache/llama"}
     other["metadata"]["ownerReferences"] = [_owner_ref()]
-    verdict = adoption.judge_claim(other, owner=CLUSTER_OWNER, pv_name="x")
+    verdict = adoption.judge_claim(other, owner=CLUSTER_OWNER, pv_name="x", pv=pv)
     assert (verdict.verdict, verdict.reason) == ("taken", "it belongs to LocalModelCache/llama")
 
 
@@ -317,10 +357,12 @@ def test_the_retain_patch_is_needed_only_for_other_policies() -> None:
 class RecordingApi:
     """Records writes as "verb Kind ns/name"; patches answer `conflict` when set."""
 
-    def __init__(self, conflict: bool = False) -> None:
+    def __init__(self, conflict: bool = False, refuse_pvs: bool = False) -> None:
         self.writes: list[str] = []
         self.patches: list[Obj] = []
+        self.created: list[Obj] = []
         self.conflict = conflict
+        self.refuse_pvs = refuse_pvs
 
     @staticmethod
     def _where(res: kube.Resource, name: str, namespace: str | None) -> str:
@@ -330,7 +372,12 @@ class RecordingApi:
         self.writes.append(
             "create " + self._where(res, obj["metadata"]["name"], kw.get("namespace"))
         )
-        return obj
+        self.created.append(obj)
+        if self.refuse_pvs and res.kind == "PersistentVolume":
+            raise errors.ApiError(403, "forbidden", reason="Forbidden")
+        made = copy.deepcopy(obj)
+        made["metadata"]["uid"] = f"uid-{len(self.created)}"
+        return made
 
     async def patch(self, res: kube.Resource, name: str, patch: Obj, **kw: Any) -> Obj:
         self.writes.append("patch " + self._where(res, name, kw.get("namespace")))
@@ -473,14 +520,87 @@ async def test_an_adoption_that_meets_a_newer_version_waits_and_is_retried() -> 
     assert (outcome.refused, outcome.adopted) == ([], [])
 
 
-async def test_an_adopted_pv_gets_its_missing_claim_created() -> None:
-    api = RecordingApi()
+async def test_an_adopted_pv_whose_claim_is_gone_is_replaced_once_released() -> None:
+    """A PV records one claim's uid: a claim made anew under its name would not be the one it
+    records, so the pair is replaced instead (no claim is created for the old PV)."""
     pvs, _ = _kserve_cluster_objects()
+    api = RecordingApi()
     await _reconcile(api, _stores(pvs[:1], []), _cluster_pairs()[1:])
+    assert api.writes == ["patch PersistentVolume iris-gpu1-prod"]
+    released = copy.deepcopy(pvs[0])
+    released["metadata"]["annotations"] = dict(_cluster_pairs()[1].pv["metadata"]["annotations"])
+    released["status"]["phase"] = "Released"
+    api = RecordingApi()
+    await _reconcile(api, _stores([released], []), _cluster_pairs()[1:])
+    assert api.writes == ["delete PersistentVolume iris-gpu1-prod"]
+
+
+async def test_a_pair_is_made_claim_first_and_its_pv_records_the_claims_uid() -> None:
+    api = RecordingApi()
+    created = volumes.CreatedClaims()
+    serving = _cluster_pairs()[1]
+    outcome = await volumes.reconcile_volumes(
+        cast(state.Api, api),
+        stores=_stores([], []),
+        owner=CLUSTER_OWNER.id,
+        pairs=[serving],
+        manage_serving=True,
+        created=created,
+    )
     assert api.writes == [
-        "patch PersistentVolume iris-gpu1-prod",
         "create PersistentVolumeClaim prod/iris-gpu1",
+        "create PersistentVolume iris-gpu1-prod",
+        "patch PersistentVolumeClaim prod/iris-gpu1",
     ]
+    claim_ref = api.created[1]["spec"]["claimRef"]
+    assert (claim_ref["namespace"], claim_ref["name"], claim_ref["uid"]) == (
+        "prod",
+        "iris-gpu1",
+        "uid-1",
+    )
+    assert api.patches == [{"metadata": {"annotations": {volumes.VOLUME_UID_ANNOTATION: "uid-2"}}}]
+    assert "uid" not in serving.pv["spec"]["claimRef"], "the plan is not mutated"
+    assert outcome.writes == 3
+    claim = copy.deepcopy(api.created[0])
+    claim["metadata"]["uid"] = "uid-1"
+    api = RecordingApi()
+    await volumes.reconcile_volumes(
+        cast(state.Api, api),
+        stores=_stores([], [claim]),
+        owner=CLUSTER_OWNER.id,
+        pairs=[serving],
+        manage_serving=True,
+        created=created,
+    )
+    assert api.writes == [], "our own claim whose PV the store has not shown yet is waited for"
+
+
+async def test_an_unproven_claim_is_deleted_and_the_pair_made_anew() -> None:
+    """A claim with our marks that no PV records: a tenant's forgery made before the cache's
+    claim, or ours left by a crash between the two creates; either way it serves nothing."""
+    serving = _cluster_pairs()[1]
+    forged = copy.deepcopy(serving.pvc)
+    forged["metadata"]["uid"] = "forged"
+    forged["status"] = {"phase": "Pending"}
+    api = RecordingApi()
+    await _reconcile(api, _stores([], [forged]), [serving])
+    assert api.writes == ["delete PersistentVolumeClaim prod/iris-gpu1"]
+    pre_bound = copy.deepcopy(serving.pv)
+    pre_bound["status"] = {"phase": "Available"}
+    api = RecordingApi()
+    await _reconcile(api, _stores([pre_bound], []), [serving])
+    assert api.writes == ["delete PersistentVolume iris-gpu1-prod"], "a PV any claim could bind"
+
+
+async def test_a_pv_that_cannot_be_made_takes_its_new_claim_with_it() -> None:
+    api = RecordingApi(refuse_pvs=True)
+    outcome = await _reconcile(api, _stores([], []), _cluster_pairs()[1:])
+    assert api.writes == [
+        "create PersistentVolumeClaim prod/iris-gpu1",
+        "create PersistentVolume iris-gpu1-prod",
+        "delete PersistentVolumeClaim prod/iris-gpu1",
+    ]
+    assert [(r.verb, r.kind) for r in outcome.refused] == [("create", "PersistentVolume")]
 
 
 # ------------------------------------------------------------------------ status
@@ -548,9 +668,15 @@ def test_the_controller_keeps_only_what_it_reads_of_a_claim() -> None:
     assert kept["spec"] == {"volumeName": "pv-1"}
     assert kept["status"] == {"phase": "Bound"}
     assert state.index_owner(kept) == state.index_owner(claim)
-    verdict = adoption.judge_claim(
-        kept, owner=adoption.Owner("LocalModelCache/iris", "LocalModelCache", "u1"), pv_name="pv-1"
+    owner = adoption.Owner("LocalModelCache/iris", "LocalModelCache", "u1")
+    pv = _kserve_pv("pv-1", claim=("team", "iris-gpu", "u"), owner=None)
+    verdict = adoption.judge_claim(kept, owner=owner, pv_name="pv-1", pv=pv)
+    assert verdict.verdict == "taken", "the foreign ownerReferences are kept"
+    assert (
+        verdict.verdict == adoption.judge_claim(claim, owner=owner, pv_name="pv-1", pv=pv).verdict
     )
-    assert verdict == adoption.judge_claim(
-        claim, owner=adoption.Owner("LocalModelCache/iris", "LocalModelCache", "u1"), pv_name="pv-1"
-    )
+    claim = {**claim, "metadata": {**cast(Obj, claim["metadata"]), "ownerReferences": []}}
+    kept = adoption.observed_claim(claim)
+    verdict = adoption.judge_claim(kept, owner=owner, pv_name="pv-1", pv=pv)
+    assert verdict == adoption.judge_claim(claim, owner=owner, pv_name="pv-1", pv=pv)
+    assert verdict == adoption.OURS

@@ -30,6 +30,7 @@ class RefusingApi:
         self.refuse = refuse
         self.created: list[str] = []
         self.attempted: list[str] = []
+        self.deleted: list[str] = []
 
     async def create(self, res: kube.Resource, obj: Obj, **_: Any) -> Obj:
         name = str(obj["metadata"]["name"])
@@ -38,7 +39,11 @@ class RefusingApi:
         if where in self.refuse:
             raise self.refuse[where]
         self.created.append(where)
-        return obj
+        return {**obj, "metadata": {**obj["metadata"], "uid": f"uid-{len(self.created)}"}}
+
+    async def delete(self, res: kube.Resource, name: str, **kw: Any) -> Obj:
+        self.deleted.append(f"{res.kind}/{kw.get('namespace') or ''}/{name}")
+        return {}
 
 
 def _stores() -> state.Stores:
@@ -82,11 +87,13 @@ async def test_refused_writes_are_returned_with_the_apiservers_words_and_others_
         pairs=[download, serving],
         manage_serving=True,
     )
-    assert api.created == [f"PersistentVolume//{download.pv_name}"]
-    assert f"PersistentVolumeClaim/prod/{serving.pvc_key.name}" not in api.attempted, (
-        "a claim pre-bound to a PV that could not be made is not created"
+    serving_claim = f"PersistentVolumeClaim/prod/{serving.pvc_key.name}"
+    assert api.created == [serving_claim]
+    assert f"PersistentVolume//{download.pv_name}" not in api.attempted, (
+        "no PV is made for a claim that could not be made"
     )
-    assert outcome.writes == 1
+    assert api.deleted == [serving_claim], "a claim whose PV could not be made is deleted"
+    assert outcome.writes == 2
     assert outcome.error is quota
     assert [(r.verb, r.kind, r.name, r.namespace, r.code, r.reason, r.message) for r in
             outcome.refused] == [
