@@ -304,6 +304,9 @@ async def run_components(
                 # KServe's kinds are watched while their CRDs serve (runtime.crds.optional)
                 storage_containers=True,
                 allow_file_uris=hook.allow_file_uris,
+                namespace_share_percent=lambda: (
+                    source().local_model.namespace_storage_share_percent
+                ),
             )
             if cert_manager is not None:
                 mgr.add_runnable("webhook-cert-rotation", cert_manager, needs_leader=False)

@@ -21,15 +21,17 @@ objects that are not provably the cache's (`NameTaken`).
   every member has the model and no node group is missing. `Degraded` is True when a node
   group is missing [P5], the apiserver refused a derived object (`VolumeRefused`, with its
   code, reason and message), a wanted PV/PVC name is held by an object that is not the
-  cache's (`VolumeNameTaken`, naming it, why, and what to do), or some download failed
+  cache's (`VolumeNameTaken`, naming it, why, and what to do), the cache's entry is left out
+  of some member node's LocalModelNode by a budget (`NodeEntryOverBudget`, naming the nodes
+  and the budget: security review finding 5), or some download failed
   (`DownloadFailed`, naming the nodes, the ones retrying, and the first failure message); the
   reason is the first of these that applies, the message lists them all.
   `lastTransitionTime` changes only when a condition's status changes; reason and message
   may change without it.
 - `events` lists what deserves a Kubernetes Event when the status moves from `old` to `new`:
-  a node finishing or failing its download, a derived object newly refused or a name newly
-  found taken, and `Ready`/`Degraded` changing (so `Recovered` only once nothing fails any
-  more).
+  a node finishing or failing its download, a derived object newly refused, a name newly
+  found taken or an entry newly left out, and `Ready`/`Degraded` changing (so `Recovered`
+  only once nothing fails any more).
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ REASON_AS_EXPECTED: Final = "AsExpected"
 REASON_VOLUME_REFUSED: Final = "VolumeRefused"
 REASON_VOLUME_NAME_TAKEN: Final = "VolumeNameTaken"
 REASON_VOLUME_ADOPTED: Final = "VolumeAdopted"
+REASON_OVER_BUDGET: Final = "NodeEntryOverBudget"
 
 MAX_NAMES_IN_MESSAGE: Final = 5
 MAX_REFUSALS_IN_MESSAGE: Final = 3
@@ -195,6 +198,12 @@ def _taken_message(taken: Sequence[NameTaken]) -> str:
     return f"{shown}; and {extra} more names taken" if extra > 0 else shown
 
 
+def over_budget_message(over_budget: Mapping[str, str]) -> str:
+    """What `Degraded` says of entries left out of nodes (node → the budget's reason)."""
+    nodes = sorted(over_budget)
+    return f"left out of the LocalModelNode of {_names(nodes)}: {over_budget[nodes[0]]}"
+
+
 def _failures_message(
     failed: Sequence[str], retrying: Collection[str], details: Mapping[str, str]
 ) -> str:
@@ -216,6 +225,7 @@ def _degraded(
     taken: Sequence[NameTaken],
     retrying: Collection[str],
     details: Mapping[str, str],
+    over_budget: Mapping[str, str],
 ) -> tuple[bool, str, str]:
     failed = _with(statuses, NodeStatus.DOWNLOAD_ERROR)
     parts = []
@@ -229,6 +239,9 @@ def _degraded(
     if taken:
         parts.append(_taken_message(taken))
         reasons.append(REASON_VOLUME_NAME_TAKEN)
+    if over_budget:
+        parts.append(over_budget_message(over_budget))
+        reasons.append(REASON_OVER_BUDGET)
     if failed:
         parts.append(_failures_message(failed, retrying, details))
         reasons.append(REASON_DOWNLOAD_FAILED)
@@ -277,11 +290,13 @@ def conditions(
     taken: Sequence[NameTaken] = (),
     retrying: Collection[str] = (),
     failure_messages: Mapping[str, str] | None = None,
+    over_budget: Mapping[str, str] | None = None,
 ) -> list[meta.Condition]:
     """`Ready` then `Degraded`, followed by any other condition types already present.
     `refused` are this reconcile's refused derived objects, `taken` the wanted names held by
     objects that are not the cache's, `retrying` the member nodes whose failed download is
-    being retried, `failure_messages` the agent's text per node."""
+    being retried, `failure_messages` the agent's text per node, `over_budget` the member
+    nodes whose LocalModelNode leaves the cache's entry out, with the reason."""
     prior = list(previous or [])
     out = []
     degraded = _degraded(
@@ -291,6 +306,7 @@ def conditions(
         taken=taken,
         retrying=retrying,
         details=failure_messages or {},
+        over_budget=over_budget or {},
     )
     for type_, (status, reason, message) in (
         (READY, _ready(statuses, missing_groups)),
@@ -332,6 +348,7 @@ def events(
     failure_messages: Mapping[str, str] | None = None,
     refused: Sequence[Refusal] = (),
     taken: Sequence[NameTaken] = (),
+    over_budget: Mapping[str, str] | None = None,
 ) -> list[EventSpec]:
     """Events for a status change: downloads completed or failed on a node (only when the
     node's state changed to that), derived objects refused and names taken that the old
@@ -349,6 +366,8 @@ def events(
         text = holder.describe()
         if text not in reported:
             out.append(EventSpec("Warning", REASON_VOLUME_NAME_TAKEN, text))
+    if over_budget and (text := over_budget_message(over_budget)) not in reported:
+        out.append(EventSpec("Warning", REASON_OVER_BUDGET, text))
     for node in sorted(new_nodes):
         state = new_nodes[node]
         if old_nodes.get(node) == state:

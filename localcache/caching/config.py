@@ -13,8 +13,8 @@ Contract:
 - Values are type-checked strictly, like Go's `json.Unmarshal` (`"60"` is not a number, `60.0`
   is not an integer) and range-checked; unknown keys are ignored.
 - localcache's own keys live in `localModel`: `downloadRetryBackoffInSecs` (first retry of a
-  failed download, default 60) and `downloadRetryMaxBackoffInSecs` (cap of the doubling,
-  default 3600).
+  failed download, default 60), `downloadRetryMaxBackoffInSecs` (cap of the doubling,
+  default 3600), `namespaceStorageSharePercent` (default 50) and `volumeSource`.
 """
 
 from __future__ import annotations
@@ -35,6 +35,8 @@ LOCAL_MODEL: Final = "localModel"
 STORAGE_INITIALIZER: Final = "storageInitializer"
 CREDENTIALS: Final = "credentials"
 
+DEFAULT_NAMESPACE_SHARE_PERCENT: Final = 50
+"""Of a node group's storageLimit, what one namespace's caches may declare (finding 9)."""
 DNS1123_LABEL: Final = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 INT32_MAX: Final = 2**31 - 1
 
@@ -73,6 +75,11 @@ class LocalModelConfig(_Section):
     download_retry_max_backoff_in_secs: int = Field(
         3600, alias="downloadRetryMaxBackoffInSecs", ge=1
     )
+    namespace_storage_share_percent: int = Field(
+        DEFAULT_NAMESPACE_SHARE_PERCENT, alias="namespaceStorageSharePercent", ge=1, le=100
+    )
+    """localcache's: what the namespace caches of one namespace may declare on a node group,
+    in percent of its storageLimit (100: no share of its own, only the group's limit)."""
     volume_source: Literal["csi", "hostPath"] = Field("csi", alias="volumeSource")
     """localcache's: `csi` PVs are served by localcache's CSI node plugin, which shows a pod
     only its cache's folder (README "Security model"); `hostPath` keeps the node group's own

@@ -18,6 +18,14 @@ per reconcile and ask it questions:
   that writes a LocalModelNode writes this whole desired list, so reconcilers of different
   caches agree and never remove each other's entries [P10]; entries of nodes that left a
   group, of removed groups and of deleted caches disappear [P7].
+- Budgets (security review finding 5): every entry costs `entries.entry_cost` (its JSON size
+  plus what the agent writes about it in the status). On one node, the entries of one
+  namespace's caches may cost at most `entries.NAMESPACE_BUDGET`, and all entries
+  `entries.NODE_BUDGET` (etcd refuses objects over 1.5 MiB, and one refused write stops
+  every cache of the node).
+  Entries are taken in a fixed order, cluster caches first, then by creation time, so the
+  caches already in place keep their entries and a newcomer that would pass a budget is left
+  out of that node (`Desired.left_out`), never another cache: the offender alone is reported.
 - `merge_entries` turns the current list into the desired one keeping the existing order and
   any unknown fields of unchanged entries, and says whether anything changed (writes happen
   only then). Entry lists compare by `signature` (count and set of normalised entries), so
@@ -29,17 +37,16 @@ per reconcile and ask it questions:
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 from localcache.api import modelcache, modelnode, nodegroup
 from localcache.api.quantity import Quantity
-from localcache.caching import keys
+from localcache.caching import entries, keys
 
 Obj = dict[str, Any]
-EntryKey = tuple[str, str]
-"""(namespace or "", modelName): identifies one cache's entry on a LocalModelNode."""
+EntryKey = entries.EntryKey
 
 
 # ------------------------------------------------------------------------ node selectors
@@ -208,6 +215,8 @@ class PlacedCache:
     namespace: str
     spec: modelcache.LocalModelCacheSpec
     deleting: bool = False
+    created: str = ""
+    """creationTimestamp (RFC 3339, so it sorts as text): the order of the budgets."""
 
     @property
     def entry_key(self) -> EntryKey:
@@ -231,81 +240,6 @@ def entry_for(cache: PlacedCache, node_group: str) -> modelnode.LocalModelInfo:
     )
 
 
-def entry_key_of(entry: Mapping[str, Any]) -> EntryKey:
-    """(namespace, modelName) of a raw entry."""
-    return (str(entry.get("namespace") or ""), str(entry.get("modelName") or ""))
-
-
-Comparable = tuple[Any, ...]
-Signature = tuple[int, frozenset[Comparable]]
-"""How many entries a list has, and the set of their known fields: two lists with equal
-signatures hold the same entries (with no duplicates when the count equals the set size)."""
-
-
-def comparable(entry: Mapping[str, Any]) -> Comparable:
-    """The fields of an entry that matter, normalised ("" = absent, parameters as a map)."""
-    storage = entry.get("storage") or {}
-    storage_key = storage.get("key") if isinstance(storage, Mapping) else None
-    params = storage.get("parameters") if isinstance(storage, Mapping) else None
-    return (
-        entry.get("sourceModelUri") or "",
-        entry.get("modelName") or "",
-        entry.get("namespace") or "",
-        entry.get("nodeGroup") or "",
-        entry.get("serviceAccountName") or "",
-        storage_key or "",
-        tuple(sorted((params or {}).items())),
-    )
-
-
-def signature(entries: Collection[Mapping[str, Any]]) -> Signature:
-    return (len(entries), frozenset(comparable(e) for e in entries))
-
-
-@dataclass(frozen=True, slots=True)
-class Desired:
-    """The entries a LocalModelNode should list, as JSON (never mutate), with their signature."""
-
-    entries: Mapping[EntryKey, Obj]
-    signature: Signature
-
-    @classmethod
-    def of(cls, entries: Mapping[EntryKey, Obj]) -> Desired:
-        return cls(entries, signature(entries.values()))
-
-    def __len__(self) -> int:
-        return len(self.entries)
-
-
-def merge_entries(
-    current: Sequence[Mapping[str, Any]],
-    desired: Desired,
-    *,
-    current_signature: Signature | None = None,
-) -> list[Obj] | None:
-    """The new `spec.localModels` list, or `None` when `current` already matches `desired`.
-
-    Kept entries stay where they are (with any unknown fields) when their known fields are
-    unchanged; changed ones are replaced in place; new ones are appended in key order;
-    entries not desired (and duplicates) are dropped. `current_signature`, when the caller
-    has it memoised, makes the unchanged case cheap.
-    """
-    if (current_signature or signature(current)) == desired.signature:
-        return None
-    wanted = desired.entries
-    result: list[Obj] = []
-    seen: set[EntryKey] = set()
-    for entry in current:
-        key = entry_key_of(entry)
-        want = wanted.get(key)
-        if want is None or key in seen:
-            continue
-        seen.add(key)
-        result.append(dict(entry) if comparable(entry) == comparable(want) else dict(want))
-    result.extend(dict(wanted[key]) for key in sorted(wanted) if key not in seen)
-    return result
-
-
 # ------------------------------------------------------------------------ the snapshot
 
 
@@ -319,7 +253,7 @@ class Snapshot:
     caches: Sequence[PlacedCache]
     node_groups: dict[str, frozenset[str]] = field(init=False)
     """Node name → names of the groups it belongs to."""
-    _desired: dict[frozenset[str], Desired] = field(init=False, default_factory=dict)
+    _desired: dict[frozenset[str], entries.Desired] = field(init=False, default_factory=dict)
     _entries: dict[tuple[int, str], Obj] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -342,19 +276,28 @@ class Snapshot:
         obj = self.nodes.get(node)
         return obj is not None and node_is_ready(obj)
 
-    def desired_entries(self, node: str) -> Desired:
+    def desired_entries(self, node: str) -> entries.Desired:
         """Every entry the node's LocalModelNode should list (none for unknown nodes)."""
         member_of = self.node_groups.get(node, frozenset())
         found = self._desired.get(member_of)
         if found is None:
-            found = self._desired[member_of] = Desired.of(self._compute(member_of))
+            found = self._desired[member_of] = self._compute(member_of)
         return found
 
-    def _compute(self, member_of: frozenset[str]) -> dict[EntryKey, Obj]:
+    def left_out(self, node: str, key: EntryKey) -> str | None:
+        """Why the entry `key` is not on `node` although its cache is placed there (a budget),
+        or None."""
+        return self.desired_entries(node).left_out.get(key)
+
+    def _compute(self, member_of: frozenset[str]) -> entries.Desired:
         desired: dict[EntryKey, Obj] = {}
+        left_out: dict[EntryKey, str] = {}
         if not member_of:
-            return desired
-        for index, cache in enumerate(self.caches):
+            return entries.Desired.of(desired)
+        spent: dict[str, int] = {}
+        total = 0
+        for index in sorted(range(len(self.caches)), key=self._budget_order):
+            cache = self.caches[index]
             if cache.deleting:
                 continue
             group = first_group(cache.spec.node_groups, member_of)
@@ -363,8 +306,28 @@ class Snapshot:
             entry = self._entries.get((index, group))
             if entry is None:
                 entry = self._entries[(index, group)] = entry_for(cache, group).to_dict()
+            cost = entries.entry_cost(entry)
+            namespace = cache.namespace
+            if namespace and spent.get(namespace, 0) + cost > entries.NAMESPACE_BUDGET:
+                left_out[cache.entry_key] = (
+                    f"the entries of namespace {namespace} would take more than "
+                    f"{entries.NAMESPACE_BUDGET // 1024} KiB of the node's LocalModelNode"
+                )
+                continue
+            if total + cost > entries.NODE_BUDGET:
+                left_out[cache.entry_key] = (
+                    "the node's LocalModelNode would take more than "
+                    f"{entries.NODE_BUDGET // 1024} KiB"
+                )
+                continue
+            spent[namespace] = spent.get(namespace, 0) + cost
+            total += cost
             desired[cache.entry_key] = entry
-        return desired
+        return entries.Desired.of(desired, left_out)
+
+    def _budget_order(self, index: int) -> tuple[bool, str, str, str]:
+        cache = self.caches[index]
+        return (bool(cache.namespace), cache.created, cache.namespace, cache.name)
 
 
 # ------------------------------------------------------------------------ group usage

@@ -37,7 +37,7 @@ from typing import Any, Final
 import structlog
 
 from localcache.api import groupversion
-from localcache.caching import placement
+from localcache.caching import entries, placement
 from localcache.controllers import state
 from localcache.runtime import errors, store
 from localcache.runtime import keys as runtime_keys
@@ -71,9 +71,9 @@ def _rv(obj: Obj | None) -> str:
     return str(((obj or {}).get("metadata") or {}).get("resourceVersion") or "")
 
 
-def new_object(node: Obj, desired: placement.Desired) -> Obj:
+def new_object(node: Obj, desired: entries.Desired) -> Obj:
     """A LocalModelNode for `node` listing `desired`, owned by the Node."""
-    entries = desired.entries
+    wanted = desired.entries
     return {
         "apiVersion": groupversion.LOCAL_MODEL_NODE.api_version,
         "kind": groupversion.LOCAL_MODEL_NODE.kind,
@@ -82,7 +82,7 @@ def new_object(node: Obj, desired: placement.Desired) -> Obj:
             "labels": {state.MANAGED_BY_LABEL: state.MANAGED_BY},
             "ownerReferences": [node_owner_reference(node)],
         },
-        "spec": {"localModels": [dict(entries[k]) for k in sorted(entries)]},
+        "spec": {"localModels": [dict(wanted[k]) for k in sorted(wanted)]},
     }
 
 
@@ -91,42 +91,42 @@ class SignatureMemo:
 
     def __init__(self, limit: int = 10_000) -> None:
         self._limit = limit
-        self._memo: dict[tuple[str, str], placement.Signature] = {}
+        self._memo: dict[tuple[str, str], entries.Signature] = {}
 
-    def of(self, obj: Obj) -> placement.Signature:
+    def of(self, obj: Obj) -> entries.Signature:
         key = (state.name_of(obj), _rv(obj))
         found = self._memo.get(key)
         if found is None:
             if len(self._memo) >= self._limit:
                 self._memo.clear()
-            entries = (obj.get("spec") or {}).get("localModels") or []
-            found = self._memo[key] = placement.signature(entries)
+            listed = (obj.get("spec") or {}).get("localModels") or []
+            found = self._memo[key] = entries.signature(listed)
         return found
 
 
 def patch_for(
     current: Obj,
     node: Obj | None,
-    desired: placement.Desired,
+    desired: entries.Desired,
     memo: SignatureMemo | None = None,
 ) -> Obj | None:
     """The compare-and-swap merge patch from `current` to `desired`, or None when equal.
     Without `node` the ownerReferences are left as they are."""
     current_entries = (current.get("spec") or {}).get("localModels") or []
-    entries = placement.merge_entries(
+    merged = entries.merge_entries(
         current_entries,
         desired,
         current_signature=memo.of(current) if memo is not None else None,
     )
     refs = _owner_references(current, node) if node is not None else None
-    if entries is None and refs is None:
+    if merged is None and refs is None:
         return None
     meta: Obj = {"resourceVersion": _rv(current)}
     patch: Obj = {"metadata": meta}
     if refs is not None:
         meta["ownerReferences"] = refs
-    if entries is not None:
-        patch["spec"] = {"localModels": entries}
+    if merged is not None:
+        patch["spec"] = {"localModels": merged}
     return patch
 
 
@@ -269,7 +269,7 @@ class LocalModelNodes:
             )
 
     async def _write(
-        self, name: str, node: Obj, current: Obj | None, desired: placement.Desired
+        self, name: str, node: Obj, current: Obj | None, desired: entries.Desired
     ) -> bool:
         res = state.LOCAL_MODEL_NODES
         if current is None:
@@ -287,7 +287,7 @@ class LocalModelNodes:
         _log.info("localmodelnode_updated", node=name, entries=len(desired))
         return True
 
-    async def drop_entry(self, lmn: Obj, key: placement.EntryKey) -> None:
+    async def drop_entry(self, lmn: Obj, key: entries.EntryKey) -> None:
         """Remove one entry from a LocalModelNode whose Node is not known (compare-and-swap,
         retried on Conflict); other entries and ownerReferences stay as they are."""
         name = state.name_of(lmn)
@@ -296,11 +296,11 @@ class LocalModelNodes:
             if current is None:
                 return
             keep = {
-                placement.entry_key_of(e): e
+                entries.entry_key_of(e): e
                 for e in (current.get("spec") or {}).get("localModels") or []
-                if placement.entry_key_of(e) != key
+                if entries.entry_key_of(e) != key
             }
-            patch = patch_for(current, None, placement.Desired.of(keep))
+            patch = patch_for(current, None, entries.Desired.of(keep))
             if patch is None:
                 return
             try:

@@ -236,6 +236,16 @@ class CacheReconciler:
         node_status: dict[str, conditions.NodeStatus] = {}
         failure_messages: dict[str, str] = {}
         retrying: set[str] = set()
+        entry_key = (cache.namespace or "", cache.name)
+        over_budget = {
+            node: why for node in members if (why := snap.left_out(node, entry_key)) is not None
+        }
+        if over_budget:
+            _log.warning(
+                "localmodelnode_entry_over_budget",
+                nodes=sorted(over_budget),
+                reason=next(iter(over_budget.values())),
+            )
         for node in sorted(members):
             node_obj = self._lmn(node)
             lmn_status = (node_obj or {}).get("status") or {}
@@ -266,6 +276,7 @@ class CacheReconciler:
             taken=outcome.taken,
             retrying=retrying,
             failure_messages=failure_messages,
+            over_budget=over_budget,
         )
         desired: Obj = {
             "nodeStatus": {node: str(state_) for node, state_ in node_status.items()},
@@ -286,6 +297,7 @@ class CacheReconciler:
             failure_messages=failure_messages,
             refused=outcome.refused,
             taken=outcome.taken,
+            over_budget=over_budget,
         ):
             if event.reason == conditions.REASON_VOLUME_NAME_TAKEN:
                 _log.warning("volume_name_taken", message=event.message)

@@ -250,6 +250,7 @@ class StateReader:
                 namespace=cache.namespace,
                 spec=cache.spec,
                 deleting=cache.metadata.deletion_timestamp is not None,
+                created=cache.metadata.creation_timestamp or "",
             )
             for cache in models
         ]

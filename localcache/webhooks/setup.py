@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from localcache.api import groupversion
+from localcache.caching import config as config_mod
 from localcache.caching import indexes
 from localcache.runtime import clock as clock_mod
 from localcache.runtime import factory as factory_mod
@@ -93,6 +94,7 @@ def setup(
     factory: factory_mod.InformerFactory | None = None,
     storage_containers: bool = False,
     allow_file_uris: bool = False,
+    namespace_share_percent: Callable[[], int] | None = None,
 ) -> Webhooks:
     """Register the webhook handlers on `server`, reading through informers from `factory`
     (a new one over `client` and `clock` on `manager` when None).
@@ -158,6 +160,8 @@ def setup(
             synced=synced,
             storage_containers=containers.reader() if containers else None,
             allow_file_uris=allow_file_uris,
+            namespace_share_percent=namespace_share_percent
+            or (lambda: config_mod.DEFAULT_NAMESPACE_SHARE_PERCENT),
         )
         for namespaced in (False, True)
     ]

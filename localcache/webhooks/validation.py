@@ -20,7 +20,10 @@ Create and update (an update of an object being deleted is always allowed, as in
   `sourceModelUri`s of every cache (both kinds) placed on it stays within its `storageLimit`;
   a URI already on the group adds only what its size grows. Checked on create, for groups an
   update adds, and for all groups when an update grows `modelSize`. A write that adds nothing
-  is never denied, even on a group already over its limit.
+  is never denied, even on a group already over its limit;
+- a namespace's share (`webhooks.capacity`, security review finding 9): the namespace caches of
+  one namespace may declare at most `localModel.namespaceStorageSharePercent` (default 50) of
+  a group's `storageLimit`, so no tenant can take a whole shared group for itself.
 
 Delete: denied while a live InferenceService is labelled for the cache (label
 `internal.serving.kserve.io/localmodel` = name, plus `…/localmodel-namespace` = namespace for a
@@ -35,18 +38,18 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from fractions import Fraction
 from typing import Any, Final, Protocol
 
 import pydantic
 import structlog
 
-from localcache.api import modelcache, nodegroup, quantity, storage
+from localcache.api import modelcache, nodegroup, storage
+from localcache.caching import config as config_mod
 from localcache.caching import indexes, uris
 from localcache.caching import keys as cache_keys
 from localcache.runtime import keys as runtime_keys
 from localcache.runtime.serving import review
-from localcache.webhooks import isvc
+from localcache.webhooks import capacity, isvc
 
 log = structlog.get_logger(__name__)
 
@@ -65,15 +68,7 @@ Obj = dict[str, Any]
 Objs = list[Obj]
 
 
-@dataclass(frozen=True, slots=True)
-class Violation:
-    """One broken rule: the field, and a message naming the conflicting object."""
-
-    field: str
-    message: str
-
-    def __str__(self) -> str:
-        return f"{self.field}: {self.message}"
+Violation = capacity.Violation
 
 
 @dataclass(frozen=True)
@@ -87,6 +82,7 @@ class Snapshot:
     """Live InferenceServices labelled for the cache under review (delete only)."""
     storage_containers: Sequence[storage.ClusterStorageContainer] = ()
     allow_file_uris: bool = False
+    namespace_share_percent: int = config_mod.DEFAULT_NAMESPACE_SHARE_PERCENT
 
 
 def _ref(cache: AnyCache) -> tuple[str, str]:
@@ -182,43 +178,6 @@ def check_name(cache: AnyCache, *, old: AnyCache | None, snapshot: Snapshot) -> 
     return []
 
 
-def _fmt(value: Fraction) -> str:
-    return quantity.Quantity.from_value(value).canonical()
-
-
-def check_capacity(cache: AnyCache, *, old: AnyCache | None, snapshot: Snapshot) -> list[Violation]:
-    size = cache.spec.model_size.value
-    if old is None or size > old.spec.model_size.value:
-        groups = list(cache.spec.node_groups)
-    else:
-        groups = [g for g in cache.spec.node_groups if g not in old.spec.node_groups]
-    others: list[AnyCache] = [*snapshot.cluster_caches, *snapshot.namespace_caches]
-    uri = cache.spec.source_model_uri
-    violations = []
-    for group in dict.fromkeys(groups):
-        node_group = snapshot.node_groups.get(group)
-        if node_group is None:
-            continue  # reported by check_node_groups
-        per_uri: dict[str, Fraction] = {}
-        for other in others:
-            if group in other.spec.node_groups and not _same(other, cache):
-                src = other.spec.source_model_uri
-                per_uri[src] = max(per_uri.get(src, Fraction(0)), other.spec.model_size.value)
-        used = sum(per_uri.values(), Fraction(0))
-        need = used - per_uri.get(uri, Fraction(0)) + max(per_uri.get(uri, Fraction(0)), size)
-        limit = node_group.spec.storage_limit
-        if need > limit.value and need > used:
-            violations.append(
-                Violation(
-                    "spec.modelSize",
-                    f"LocalModelNodeGroup {group} has storageLimit {limit}, but its models would "
-                    f"need {_fmt(need)}: {_fmt(used)} used by {len(per_uri)} other model "
-                    f"URI(s) plus {_fmt(need - used)} for {uri}",
-                )
-            )
-    return violations
-
-
 def check_in_use(cache: AnyCache, *, users: Sequence[runtime_keys.ObjectKey]) -> list[Violation]:
     if not users:
         return []
@@ -250,7 +209,19 @@ def validate_write(
         *check_node_groups(cache, old=old, node_groups=snapshot.node_groups),
         *check_unique_uri(cache, old=old, cluster_caches=snapshot.cluster_caches),
         *check_name(cache, old=old, snapshot=snapshot),
-        *check_capacity(cache, old=old, snapshot=snapshot),
+        *capacity.check_capacity(
+            cache,
+            old=old,
+            node_groups=snapshot.node_groups,
+            caches=[*snapshot.cluster_caches, *snapshot.namespace_caches],
+        ),
+        *capacity.check_namespace_share(
+            cache,
+            old=old,
+            node_groups=snapshot.node_groups,
+            caches=[*snapshot.cluster_caches, *snapshot.namespace_caches],
+            percent=snapshot.namespace_share_percent,
+        ),
     ]
 
 
@@ -284,6 +255,9 @@ class CacheValidator:
         synced: Callable[[], bool],
         storage_containers: isvc.Lister | None = None,
         allow_file_uris: bool = False,
+        namespace_share_percent: Callable[[], int] = lambda: (
+            config_mod.DEFAULT_NAMESPACE_SHARE_PERCENT
+        ),
     ) -> None:
         """`storage_containers` reads KServe's ClusterStorageContainers; None where the
         apiserver does not serve that kind (only the built-in schemes are supported then)."""
@@ -297,6 +271,7 @@ class CacheValidator:
         self._synced = synced
         self._storage_containers = storage_containers
         self._allow_file_uris = allow_file_uris
+        self._namespace_share_percent = namespace_share_percent
 
     def _cache(self, obj: Obj | None, request: review.Request) -> AnyCache | None:
         if obj is None:
@@ -369,6 +344,7 @@ class CacheValidator:
         containers = self._storage_containers
         return Snapshot(
             allow_file_uris=self._allow_file_uris,
+            namespace_share_percent=self._namespace_share_percent(),
             storage_containers=isvc.parse_all(
                 storage.ClusterStorageContainer, containers.list() if containers else []
             ),

@@ -276,6 +276,10 @@ class Env:
         self._caches.append((info.kind, namespace or "", name))
         return created
 
+    def track_caches(self, kind: str, namespace: str, names: list[str]) -> None:
+        """Caches created by other means, to delete after the test."""
+        self._caches.extend((kind, namespace, name) for name in names)
+
     async def isvc(
         self,
         name: str,

@@ -207,6 +207,8 @@ def test_parsed_config_is_immutable() -> None:
             "downloadRetryMaxBackoffInSecs",
             "at least downloadRetryBackoffInSecs",
         ),
+        ("localModel", '{"namespaceStorageSharePercent": 0}', "namespaceStorageSharePercent", ""),
+        ("localModel", '{"namespaceStorageSharePercent": 101}', "namespaceStorageSharePercent", ""),
         ("storageInitializer", '{"image": ""}', "image", "at least 1"),
         ("storageInitializer", '{"image": 7}', "image", "valid string"),
         ("storageInitializer", '{"cpuRequest": "lots"}', "cpuRequest", "invalid quantity"),

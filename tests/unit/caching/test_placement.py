@@ -8,7 +8,7 @@ import pytest
 
 from localcache.api import modelcache, nodegroup
 from localcache.api.quantity import Quantity
-from localcache.caching import placement
+from localcache.caching import entries, placement
 
 
 def _node(name: str, labels: dict[str, str] | None = None, *, ready: bool = True) -> dict[str, Any]:
@@ -58,12 +58,15 @@ def _cache(
     uri: str = "s3://b/m",
     size: str = "1Gi",
     deleting: bool = False,
+    created: str = "",
     **extra: Any,
 ) -> placement.PlacedCache:
     spec = modelcache.LocalModelCacheSpec.model_validate(
         {"sourceModelUri": uri, "modelSize": size, "nodeGroups": groups, **extra}
     )
-    return placement.PlacedCache(name=name, namespace=namespace, spec=spec, deleting=deleting)
+    return placement.PlacedCache(
+        name=name, namespace=namespace, spec=spec, deleting=deleting, created=created
+    )
 
 
 # ------------------------------------------------------------------------ selectors
@@ -201,6 +204,54 @@ def test_desired_entries_list_every_cache_of_both_kinds_on_the_node() -> None:
     assert len(_snapshot(caches).desired_entries("unknown")) == 0
 
 
+def _wide(name: str, namespace: str, second: int) -> placement.PlacedCache:
+    """A namespace cache with a URI of the longest length the CRDs allow."""
+    uri = "https://models.example/" + "a" * (modelcache.MAX_SOURCE_URI_LENGTH - 40) + f"/{name}"
+    return _cache(
+        name, ["gpu1"], namespace=namespace, uri=uri, created=f"2026-12-04T10:00:{second:02}Z"
+    )
+
+
+def test_one_namespace_passing_its_budget_loses_only_its_newest_entries() -> None:
+    """Security review finding 5: one namespace's caches can no longer fill a node's
+    LocalModelNode; the entries already there stay, the newest ones are left out and said why,
+    and the other namespaces' and the cluster caches' entries are written."""
+    flood = [_wide(f"wide-{i:02}", "team-a", 59 - i) for i in range(40)]
+    caches = [
+        *flood,
+        _cache("victim", ["gpu1"], namespace="team-b", created="2026-12-04T11:00:00Z"),
+        _cache("shared", ["gpu1"], created="2026-12-04T12:00:00Z"),
+    ]
+    desired = _snapshot(caches).desired_entries("n1")
+    kept = sorted(k for k in desired.entries if k[0] == "team-a")
+    cost = entries.entry_cost(desired.entries[kept[0]])
+    assert len(kept) == entries.NAMESPACE_BUDGET // cost > 0
+    oldest_first = sorted(flood, key=lambda c: c.created)
+    assert kept == sorted(c.entry_key for c in oldest_first[: len(kept)])
+    assert ("team-b", "victim") in desired.entries
+    assert ("", "shared") in desired.entries
+    left = set(desired.left_out)
+    assert left == {c.entry_key for c in oldest_first[len(kept) :]}
+    why = _snapshot(caches).left_out("n1", oldest_first[-1].entry_key)
+    assert why is not None
+    assert "namespace team-a" in why
+    assert "64 KiB" in why
+    assert _snapshot(caches).left_out("n1", ("team-b", "victim")) is None
+
+
+def test_the_node_budget_keeps_cluster_caches_before_any_namespace() -> None:
+    namespaces = [
+        _wide(f"w{i}", f"ns-{i:03}", i % 60) for i in range(entries.NODE_BUDGET // 3000 + 10)
+    ]
+    caches = [*namespaces, _cache("admin", ["gpu1"], created="2026-12-04T23:00:00Z")]
+    desired = _snapshot(caches).desired_entries("n1")
+    assert ("", "admin") in desired.entries
+    assert desired.left_out
+    assert all("would take more than 1024 KiB" in why for why in desired.left_out.values())
+    total = sum(entries.entry_cost(e) for e in desired.entries.values())
+    assert total <= entries.NODE_BUDGET
+
+
 def test_nodes_with_the_same_groups_share_one_desired_list() -> None:
     gpu1 = {"node.kubernetes.io/instance-type": "gpu1"}
     snap = placement.Snapshot(
@@ -218,15 +269,15 @@ def test_merge_keeps_order_and_unknown_fields_of_unchanged_entries() -> None:
         {"sourceModelUri": "s3://b/m", "modelName": "b", "nodeGroup": "gpu1", "future": 1},
         {"sourceModelUri": "s3://b/m", "modelName": "a", "nodeGroup": "gpu1", "namespace": ""},
     ]
-    assert placement.merge_entries(current, desired) is None
-    memoised = placement.signature(current)
-    assert placement.merge_entries(current, desired, current_signature=memoised) is None
+    assert entries.merge_entries(current, desired) is None
+    memoised = entries.signature(current)
+    assert entries.merge_entries(current, desired, current_signature=memoised) is None
 
 
 def test_merge_drops_exact_duplicates() -> None:
     desired = _snapshot([_cache("a", ["gpu1"])]).desired_entries("n1")
     entry = {"sourceModelUri": "s3://b/m", "modelName": "a", "nodeGroup": "gpu1"}
-    assert placement.merge_entries([entry, dict(entry)], desired) == [entry]
+    assert entries.merge_entries([entry, dict(entry)], desired) == [entry]
 
 
 def test_merge_replaces_changed_drops_stale_and_appends_new_entries() -> None:
@@ -237,7 +288,7 @@ def test_merge_replaces_changed_drops_stale_and_appends_new_entries() -> None:
         {"sourceModelUri": "s3://b/m", "modelName": "stale", "nodeGroup": "gpu1"},
         {"sourceModelUri": "s3://b/old", "modelName": "a", "nodeGroup": "gpu1"},
     ]
-    merged = placement.merge_entries(current, desired)
+    merged = entries.merge_entries(current, desired)
     assert merged is not None
     assert [(e["modelName"], e["sourceModelUri"]) for e in merged] == [
         ("a", "s3://b/new"),
@@ -256,9 +307,9 @@ def test_storage_parameters_are_compared_as_a_map() -> None:
             "storage": {"parameters": {"y": "2", "x": "1"}, "key": "k"},
         }
     ]
-    assert placement.merge_entries(same, desired) is None
+    assert entries.merge_entries(same, desired) is None
     other = [{**same[0], "storage": {"key": "k", "parameters": {"x": "1"}}}]
-    assert placement.merge_entries(other, desired) is not None
+    assert entries.merge_entries(other, desired) is not None
 
 
 # ------------------------------------------------------------------------ usage

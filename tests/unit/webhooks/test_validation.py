@@ -255,6 +255,31 @@ def test_a_cache_for_a_uri_already_on_the_group_adds_only_its_growth() -> None:
     assert "would need 11Gi: 9Gi used by 1 other model URI(s) plus 2Gi" in found[0].message
 
 
+def test_one_namespace_cannot_declare_a_whole_shared_group() -> None:
+    """Security review finding 9: a tenant declaring a shared group's whole storageLimit
+    blocked every later cache on it, of any tenant or admin; one namespace's caches now
+    declare at most their share (50% by default) and the rest stays for the others."""
+    grab = lmnc("grab", "gs://b/grab", namespace="team-a", size="10Gi")
+    found = validation.validate_write(grab, snapshot=snapshot())
+    assert messages(found) == [
+        "spec.modelSize: the namespace caches of namespace team-a may declare at most 50% of "
+        "LocalModelNodeGroup gpu1's storageLimit 10Gi (5Gi, "
+        "localModel.namespaceStorageSharePercent), but would declare 10Gi: 0 already plus "
+        "10Gi for gs://b/grab"
+    ]
+    first = lmnc("first", "gs://b/first", namespace="team-a", size="4Gi")
+    assert validation.validate_write(first, snapshot=snapshot()) == []
+    second = lmnc("second", "gs://b/second", namespace="team-a", size="2Gi")
+    found = validation.validate_write(second, snapshot=snapshot(first))
+    assert "would declare 6Gi: 4Gi already plus 2Gi" in found[0].message
+    other_tenant = lmnc("theirs", "gs://b/theirs", namespace="team-b", size="5Gi")
+    assert validation.validate_write(other_tenant, snapshot=snapshot(first)) == []
+    admin = lmc("admin", "gs://b/admin", size="6Gi")
+    assert validation.validate_write(admin, snapshot=snapshot(first)) == []
+    everything = snapshot(node_groups=groups(gpu1="10Gi"), namespace_share_percent=100)
+    assert validation.validate_write(grab, snapshot=everything) == []
+
+
 def test_capacity_is_checked_on_each_node_group_of_the_cache() -> None:
     snap = snapshot(node_groups=groups(gpu1="10Gi", gpu2="1Gi"))
     found = validation.validate_write(
