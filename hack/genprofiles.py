@@ -104,6 +104,7 @@ OWN_LOCAL_MODEL_KEYS = (
     "jobNamespace",
     "downloadRetryBackoffInSecs",
     "downloadRetryMaxBackoffInSecs",
+    "namespaceStorageSharePercent",
     "volumeSource",
 )
 

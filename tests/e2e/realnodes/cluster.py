@@ -182,6 +182,23 @@ class Cluster:
         self.kubectl("create", "namespace", name)
         return name
 
+    def tenant(self, namespace: str) -> str:
+        """A user with the built-in `edit` role in `namespace` only (plus InferenceServices,
+        whose CRD aggregates into no role): a tenant with ordinary rights, for `--as`."""
+        user = f"tenant-{namespace}"
+        self.kubectl(
+            "create", "rolebinding", "tenant-edit", "-n", namespace, "--clusterrole=edit",
+            f"--user={user}",
+        )  # fmt: skip
+        self.kubectl(
+            "create", "role", "isvc", "-n", namespace, "--verb=create,get,list",
+            f"--resource=inferenceservices.{groupversion.INFERENCE_SERVICE.group}",
+        )  # fmt: skip
+        self.kubectl(
+            "create", "rolebinding", "isvc", "-n", namespace, "--role=isvc", f"--user={user}"
+        )
+        return user
+
     def wait(self, predicate: Callable[[], T | None], *, timeout: float, what: str) -> T:
         found = wait_until_sync(predicate, timeout=timeout, interval=0.5, what=what)
         assert found is not None

@@ -32,23 +32,6 @@ MUTATING = "localmodel.inferenceservice.serving.kserve.io"
 pytestmark = pytest.mark.timeout(420)
 
 
-def _tenant(cluster: Cluster, namespace: str) -> str:
-    """A user with the built-in `edit` role in `namespace` only (plus InferenceServices)."""
-    user = f"tenant-{namespace}"
-    cluster.kubectl(
-        "create", "rolebinding", "tenant-edit", "-n", namespace, "--clusterrole=edit",
-        f"--user={user}",
-    )  # fmt: skip
-    cluster.kubectl(
-        "create", "role", "isvc", "-n", namespace, "--verb=create,get,list",
-        f"--resource=inferenceservices.{ISVC.group}",
-    )  # fmt: skip
-    cluster.kubectl(
-        "create", "rolebinding", "isvc", "-n", namespace, "--role=isvc", f"--user={user}"
-    )
-    return user
-
-
 @contextmanager
 def _webhook_down_for(cluster: Cluster, *namespaces: str) -> Iterator[None]:
     """localcache's ISVC webhook is not called for `namespaces` (as when it is down: its
@@ -99,7 +82,7 @@ def test_a_tenant_labelling_its_isvc_with_a_cluster_cache_gets_no_claim_and_read
 
     thief = cluster.namespace("thief")
     honest = cluster.namespace("honest")
-    user = _tenant(cluster, thief)
+    user = cluster.tenant(thief)
     claim = names.serving_pvc(cache, group)
     with _webhook_down_for(cluster, thief, honest):
         forged = _labelled_isvc("stolen", thief, cache=cache, uri=own_uri)

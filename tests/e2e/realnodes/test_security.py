@@ -7,7 +7,8 @@ do once localcache is deployed from the shipped manifests (README "Security mode
   does not get `ModelDownloaded` on another tenant's private folder.
 - An agent's token (bound to its pod, so carrying its node's name) cannot create a Job in a
   namespace without a namespace cache (nor in kube-system), nor write another node's
-  LocalModelNode status; it can write its own.
+  LocalModelNode status; it can write its own. Nor a Job owned by and pinned to its own node
+  in the job namespace that is privileged, hostPID or mounts the node's / (findings 7, 14b).
 - Promoted folders are 0755 and their files 0644, though the storage initializer image runs as
   uid 1000; deleting the cache removes every byte, also from `.trash`.
 - A download that leaves a FIFO is promoted without it; a `.trash` replaced by a symlink to
@@ -37,6 +38,7 @@ from localcache.caching import keys
 from tests.e2e.realnodes import objects
 from tests.e2e.realnodes.cluster import (
     AGENT,
+    JOBS_NS,
     LOCALCACHE_IMAGE,
     SYSTEM_NS,
     Cluster,
@@ -407,6 +409,51 @@ def test_an_agent_token_is_confined_to_its_own_node_and_to_namespaces_with_a_cac
         )
         assert done.returncode != 0, f"the agent's token created a Job in {namespace}"
         assert "denied" in done.stderr or "forbidden" in done.stderr.lower(), done.stderr
+
+    # findings 7 and 14b: in the job namespace, owned by and pinned to its own node, the Job
+    # that ran as root with the node's filesystem and process table is refused, not dry-run
+    root = _node_root_job(own, lmn["metadata"]["uid"])
+    done = as_agent.kubectl("create", "-f", "-", input_text=yaml.safe_dump(root), check=False)
+    assert done.returncode != 0, "the agent's token created a privileged hostPath Job"
+    assert "localcache-agent-node" in done.stderr, done.stderr
+    assert cluster.get("job", root["metadata"]["name"], namespace=JOBS_NS) is None
+
+
+def _node_root_job(node: str, lmn_uid: str) -> Obj:
+    """What a stolen agent token tried in the review: download-shaped by owner, pin and name,
+    but privileged, hostPID and hostNetwork, as root, with the node's / mounted."""
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": f"lmd-not-a-download-{uuid.uuid4().hex[:6]}",
+            "namespace": JOBS_NS,
+            "labels": {"storageKey": "0123456789abcdef"},
+            "ownerReferences": [
+                {"apiVersion": LMN.api_version, "kind": LMN.kind, "name": node, "uid": lmn_uid}
+            ],
+        },
+        "spec": {
+            "template": {
+                "spec": {
+                    "restartPolicy": "Never",
+                    "nodeSelector": {"kubernetes.io/hostname": node},
+                    "hostPID": True,
+                    "hostNetwork": True,
+                    "containers": [
+                        {
+                            "name": "c",
+                            "image": LOCALCACHE_IMAGE,
+                            "command": ["ls", "/host/var/lib/kubelet/pods"],
+                            "securityContext": {"privileged": True, "runAsUser": 0},
+                            "volumeMounts": [{"name": "host", "mountPath": "/host"}],
+                        }
+                    ],
+                    "volumes": [{"name": "host", "hostPath": {"path": "/"}}],
+                }
+            }
+        },
+    }
 
 
 # ------------------------------------------------------------------- hostile node files

@@ -32,23 +32,6 @@ PLANT = "import sys; open('/mnt/models/planted.bin', 'wb').write(b'attacker byte
 pytestmark = pytest.mark.timeout(420)
 
 
-def _tenant(cluster: Cluster, namespace: str) -> str:
-    """A user with the built-in `edit` role in `namespace` only (plus InferenceServices)."""
-    user = f"tenant-{namespace}"
-    cluster.kubectl(
-        "create", "rolebinding", "tenant-edit", "-n", namespace, "--clusterrole=edit",
-        f"--user={user}",
-    )  # fmt: skip
-    cluster.kubectl(
-        "create", "role", "isvc", "-n", namespace, "--verb=create,get,list",
-        f"--resource=inferenceservices.{ISVC.group}",
-    )  # fmt: skip
-    cluster.kubectl(
-        "create", "rolebinding", "isvc", "-n", namespace, "--role=isvc", f"--user={user}"
-    )
-    return user
-
-
 def test_a_tenants_own_bytes_never_reach_another_namespaces_pods(
     cluster: Cluster, sources: Sources
 ) -> None:
@@ -62,7 +45,7 @@ def test_a_tenants_own_bytes_never_reach_another_namespaces_pods(
     cluster.apply(cluster.node_group(group, selector={"kubernetes.io/hostname": node}))
 
     attacker = cluster.namespace("attacker")
-    user = _tenant(cluster, attacker)
+    user = cluster.tenant(attacker)
     cache = objects.cache("popular", uri, group, namespace=attacker)
     cluster.kubectl(f"--as={user}", "apply", "-f", "-", input_text=yaml.safe_dump(cache))
 
