@@ -42,7 +42,16 @@ import structlog
 
 from localcache.api import inferenceservice, modelcache
 from localcache.caching import conditions, placement
-from localcache.controllers import nodes, scope, state, status, volumeplan, volumes, volumewriter
+from localcache.controllers import (
+    legacy,
+    nodes,
+    scope,
+    state,
+    status,
+    volumeplan,
+    volumes,
+    volumewriter,
+)
 from localcache.runtime import clock as clock_mod
 from localcache.runtime import errors, reconcile
 from localcache.runtime import keys as runtime_keys
@@ -113,6 +122,7 @@ class CacheReconciler:
         self._nodes = writer
         self._written = status.WrittenStatus()
         self._created = volumes.CreatedClaims()
+        self._claim_users = legacy.ClaimUsers()
 
     async def reconcile(self, key: runtime_keys.ObjectKey) -> reconcile.Result:
         raw = self.scope.store(self._stores).get(key)
@@ -155,6 +165,7 @@ class CacheReconciler:
                 pairs=pairs,
                 manage_serving=manage_serving,
                 created=self._created,
+                users=self._claim_users,
             )
         except errors.LocalcacheError as exc:
             # no answer (refusals are returned, not raised): what the volumes are is unknown,
@@ -177,6 +188,8 @@ class CacheReconciler:
             raise failures[0]
         if outcome.taken:
             return reconcile.Result(requeue_after=volumes.TAKEN_RECHECK)
+        if outcome.waiting:
+            return reconcile.Result(requeue_after=legacy.RECHECK)
         return reconcile.Result()
 
     # ------------------------------------------------------------------- steps

@@ -119,7 +119,14 @@ class Api(Protocol):
 
     async def get(self, res: kube.Resource, name: str, *, namespace: str | None = None) -> Obj: ...
 
-    async def list(self, res: kube.Resource, *, namespace: str | None = None) -> kube.ObjList: ...
+    async def list(
+        self,
+        res: kube.Resource,
+        *,
+        namespace: str | None = None,
+        limit: int | None = None,
+        continue_token: str | None = None,
+    ) -> kube.ObjList: ...
 
     async def create(
         self, res: kube.Resource, obj: Obj, *, namespace: str | None = None

@@ -28,6 +28,9 @@ The wanted pairs are `volumeplan.plan()`'s (names, owners, specs, annotations).
   records no uid (made pre-bound by name by an earlier localcache: any claim of that name would
   bind it); the pair is then made anew. Claims this process created and whose PV the store
   has not shown yet are waited for (`CreatedClaims`);
+- a pair of the cache whose PV shows a whole models root where a CSI volume is wanted (adopted
+  from KServe's add-on, or made before CSI volumes) is deleted once no pod mounts its claim,
+  and made anew (`legacy`); while one does, `Outcome.waiting` says to look again later;
 - a pair whose PV is `Released`/`Failed` or whose PVC is `Lost` is deleted as a whole and
   recreated once both are gone (their delete events bring the cache back), so a claim is
   never pointed at a PV bound to an earlier claim [P3]; while either is terminating the
@@ -57,7 +60,7 @@ from typing import Any, Final
 import structlog
 
 from localcache.caching import conditions
-from localcache.controllers import adoption, scope, state, volumeplan, volumewriter
+from localcache.controllers import adoption, legacy, scope, state, volumeplan, volumewriter
 from localcache.runtime import errors, kube
 from localcache.runtime import keys as runtime_keys
 
@@ -124,15 +127,19 @@ async def reconcile_volumes(
     pairs: Sequence[volumeplan.Pair],
     manage_serving: bool,
     created: CreatedClaims | None = None,
+    users: legacy.ClaimUsers | None = None,
 ) -> volumewriter.Outcome:
     """Drive the cache's PVs/PVCs towards `pairs` (module docstring)."""
     writer = volumewriter.Writer(api)
     created = created if created is not None else CreatedClaims()
+    users = users if users is not None else legacy.ClaimUsers()
     pv_store, pvc_store = stores.persistent_volumes, stores.persistent_volume_claims
     pvcs, pvs = kube.PERSISTENT_VOLUME_CLAIMS, kube.PERSISTENT_VOLUMES
     held: set[runtime_keys.ObjectKey] = set()  # old claims that the pair step handles
     for pair in pairs:
-        kept = await _sync_pair(writer, pair, owner=owner, stores=stores, created=created)
+        kept = await _sync_pair(
+            writer, pair, owner=owner, stores=stores, created=created, users=users
+        )
         if kept is not None:
             held.add(kept)
     wanted_pvcs = {p.pvc_key for p in pairs} | held
@@ -206,6 +213,7 @@ async def _sync_pair(
     owner: str,
     stores: state.Stores,
     created: CreatedClaims,
+    users: legacy.ClaimUsers,
 ) -> runtime_keys.ObjectKey | None:
     """One pair's step of `reconcile_volumes` (module docstring, in order); returns the old
     claim of a stale download PV, which only this step may delete (not before the PV is
@@ -239,6 +247,17 @@ async def _sync_pair(
         return None
     if pv.obj is not None and pv.verdict.verdict == "stale":
         return await _replace_stale(writer, pair, pv.obj, pv.verdict.old_claim)
+    if (
+        pv.obj is not None
+        and pvc.obj is not None
+        and pv.verdict.verdict == pvc.verdict.verdict == "ours"
+        and legacy.is_legacy(pv.obj, pair.pv)
+    ):
+        waits = await legacy.replace_when_unused(
+            writer, users, pv=pv.obj, pvc=pvc.obj, claim=pair.pvc_key
+        )
+        writer.outcome.waiting = writer.outcome.waiting or waits
+        return None
     for found in (pv, pvc):
         if not await _adopt(writer, found, owner=owner, role=pair.role):
             return None  # changed meanwhile or refused: the pair waits

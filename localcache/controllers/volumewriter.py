@@ -57,6 +57,8 @@ class Outcome:
     adopted: list[Adopted] = field(default_factory=list)
     taken: list[conditions.NameTaken] = field(default_factory=list)
     error: errors.ApiError | None = None
+    waiting: bool = False
+    """A legacy pair waits for the pods that mount it (`legacy`): look again later."""
 
 
 class Writer:

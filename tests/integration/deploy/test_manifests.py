@@ -95,6 +95,8 @@ ACCESS: dict[str, list[A]] = {
         A("get create update patch", "leases.coordination.k8s.io", NS),
         A("get update patch", "secrets", NS, CERT_SECRET),
         A("create", "secrets", NS),
+        # legacy (hostPath) pairs are replaced only once no pod mounts their claim
+        A("list", "pods", TENANT),
     ],
     AGENT: [
         A("get list watch", f"localmodelnodes.{SERVING}"),
@@ -139,7 +141,7 @@ DENIED: dict[str, list[A]] = {
         A("get", "configmaps", TENANT, CONFIGMAP),
         A("get create", "leases.coordination.k8s.io", TENANT),
         A("create delete", "jobs.batch", JOBS_NS),
-        A("create", "pods", TENANT),
+        A("create delete get watch", "pods", TENANT),
         A("delete", "nodes"),
         A("escalate bind", "clusterroles.rbac.authorization.k8s.io"),
         EVERYTHING,

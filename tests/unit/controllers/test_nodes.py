@@ -67,7 +67,14 @@ class FakeApi:
             raise errors.NotFound(404, "not found")
         return copy.deepcopy(self.objects[name])
 
-    async def list(self, res: kube.Resource, *, namespace: str | None = None) -> kube.ObjList:
+    async def list(
+        self,
+        res: kube.Resource,
+        *,
+        namespace: str | None = None,
+        limit: int | None = None,
+        continue_token: str | None = None,
+    ) -> kube.ObjList:
         raise NotImplementedError
 
     async def create(self, res: kube.Resource, obj: Obj, *, namespace: str | None = None) -> Obj:
