@@ -11,6 +11,7 @@ from tests.e2e.realnodes.cluster import LOCALCACHE_IMAGE
 Obj = dict[str, Any]
 LMC = groupversion.LOCAL_MODEL_CACHE
 LMNC = groupversion.LOCAL_MODEL_NAMESPACE_CACHE
+ISVC = groupversion.INFERENCE_SERVICE
 
 
 def cache(
@@ -95,6 +96,19 @@ def localcache_downloader(name: str, prefix: str) -> Obj:
                 },
             },
         },
+    }
+
+
+def isvc(name: str, namespace: str, uri: str, *, labels: dict[str, str] | None = None) -> Obj:
+    """An ONNX InferenceService of `uri` (with `labels`, as if the webhook had set them)."""
+    meta: Obj = {"name": name, "namespace": namespace}
+    if labels:
+        meta["labels"] = labels
+    return {
+        "apiVersion": ISVC.api_version,
+        "kind": ISVC.kind,
+        "metadata": meta,
+        "spec": {"predictor": {"model": {"modelFormat": {"name": "onnx"}, "storageUri": uri}}},
     }
 
 

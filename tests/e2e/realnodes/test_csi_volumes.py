@@ -54,15 +54,6 @@ print(json.dumps({'tree': sorted(tree), 'writes': writes}, sort_keys=True))
 """
 
 
-def _isvc(name: str, namespace: str, uri: str) -> Obj:
-    return {
-        "apiVersion": ISVC.api_version,
-        "kind": ISVC.kind,
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {"predictor": {"model": {"modelFormat": {"name": "onnx"}, "storageUri": uri}}},
-    }
-
-
 def _root_pod(name: str, namespace: str, *, claim: str, node: str, user: int) -> Obj:
     """The attack of finding 1: the claim at the root, no subPath, read-write."""
     pod = objects.digest_pod(name, namespace, claim=claim, sub_path="", node=node)
@@ -104,7 +95,7 @@ def test_a_pod_created_before_its_claim_sees_only_its_own_cache_read_only(
     for pod, user in (("as-root", 0), ("as-user", 65532)):
         cluster.create(_root_pod(pod, attacker, claim=claim, node=node, user=user))
     cluster.apply(objects.cache("mine", uri["mine"], group, namespace=attacker))
-    cluster.create(_isvc("mine", attacker, uri["mine"]))
+    cluster.create(objects.isvc("mine", attacker, uri["mine"]))
     cluster.wait_ready(LMNC.plural, "mine", namespace=attacker, timeout=180)
 
     own = keys.storage_key(uri["mine"])
@@ -148,7 +139,7 @@ def test_a_tenant_without_proof_of_access_mounts_nothing_and_its_pod_says_why(
 
     intruder = cluster.namespace("intruder")
     cluster.apply(objects.cache("bert", uri, group, namespace=intruder))
-    cluster.create(_isvc("bert", intruder, uri))
+    cluster.create(objects.isvc("bert", intruder, uri))
     claim = names.serving_pvc("bert", group)
     cluster.wait_bound(claim, namespace=intruder, timeout=120)
     sub_path = f"models/{keys.storage_key(uri)}"
@@ -190,7 +181,7 @@ def test_a_compliant_pods_deep_subpath_makes_no_directory_on_the_node(
     uri = f"{sources.http_base}/deep-{run}/model.onnx"
     tenant = cluster.namespace("deep")
     cluster.apply(cluster.node_group(group), objects.cache("deep", uri, group, namespace=tenant))
-    cluster.create(_isvc("deep", tenant, uri))
+    cluster.create(objects.isvc("deep", tenant, uri))
     cluster.wait_ready(LMNC.plural, "deep", namespace=tenant, timeout=180)
     claim = names.serving_pvc("deep", group)
     cluster.wait_bound(claim, namespace=tenant)

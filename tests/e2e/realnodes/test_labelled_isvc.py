@@ -52,20 +52,6 @@ def _webhook_down_for(cluster: Cluster, *namespaces: str) -> Iterator[None]:
                         "-p", json.dumps(back))  # fmt: skip
 
 
-def _labelled_isvc(name: str, namespace: str, *, cache: str, uri: str) -> Obj:
-    """What the webhook would write for a cache, written by hand over `uri`."""
-    return {
-        "apiVersion": ISVC.api_version,
-        "kind": ISVC.kind,
-        "metadata": {
-            "name": name,
-            "namespace": namespace,
-            "labels": {isvc_api.LOCAL_MODEL_LABEL: cache},
-        },
-        "spec": {"predictor": {"model": {"modelFormat": {"name": "onnx"}, "storageUri": uri}}},
-    }
-
-
 def test_a_tenant_labelling_its_isvc_with_a_cluster_cache_gets_no_claim_and_reads_nothing(
     cluster: Cluster, sources: Sources
 ) -> None:
@@ -85,11 +71,13 @@ def test_a_tenant_labelling_its_isvc_with_a_cluster_cache_gets_no_claim_and_read
     user = cluster.tenant(thief)
     claim = names.serving_pvc(cache, group)
     with _webhook_down_for(cluster, thief, honest):
-        forged = _labelled_isvc("stolen", thief, cache=cache, uri=own_uri)
+        forged = objects.isvc("stolen", thief, own_uri, labels={isvc_api.LOCAL_MODEL_LABEL: cache})
         cluster.kubectl(f"--as={user}", "create", "-f", "-", input_text=yaml.safe_dump(forged))
         # an honest user of the cache created after it: once its claim exists, the cache was
         # reconciled with the thief's ISVC in the store
-        cluster.create(_labelled_isvc("honest", honest, cache=cache, uri=admin_uri))
+        cluster.create(
+            objects.isvc("honest", honest, admin_uri, labels={isvc_api.LOCAL_MODEL_LABEL: cache})
+        )
         cluster.wait_bound(claim, namespace=honest, timeout=120)
     assert cluster.get("pvc", claim, namespace=thief) is None, (
         f"the controller made serving claim {claim} in {thief} from the label alone"

@@ -58,15 +58,6 @@ def _serving_pod(name: str, namespace: str, *, claim: str, sub_path: str, node: 
     return pod
 
 
-def _isvc(name: str, namespace: str, uri: str) -> Obj:
-    return {
-        "apiVersion": ISVC.api_version,
-        "kind": ISVC.kind,
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {"predictor": {"model": {"modelFormat": {"name": "onnx"}, "storageUri": uri}}},
-    }
-
-
 def _volume(cluster: Cluster, claim: str, namespace: str) -> Obj:
     pvc = cluster.get("pvc", claim, namespace=namespace) or {}
     pv = cluster.get("pv", str((pvc.get("spec") or {}).get("volumeName") or "")) or {}
@@ -91,7 +82,7 @@ def test_a_hostpath_claim_is_replaced_by_a_csi_volume_once_no_pod_mounts_it(
             cluster.node_group(group, selector={"kubernetes.io/hostname": node}),
             objects.cache("model", uri, group, namespace=tenant),
         )
-        cluster.create(_isvc("model", tenant, uri))
+        cluster.create(objects.isvc("model", tenant, uri))
         cluster.wait_ready(LMNC.plural, "model", namespace=tenant, timeout=180)
         cluster.wait_bound(claim, namespace=tenant)
         old = _volume(cluster, claim, tenant)

@@ -410,13 +410,14 @@ def _stores(pvs: list[Obj], pvcs: list[Obj]) -> state.Stores:
     )
 
 
-async def _reconcile(api: RecordingApi, stores: state.Stores, pairs: list[Any]) -> Any:
+async def _reconcile(api: RecordingApi, stores: state.Stores, pairs: list[Any], **kw: Any) -> Any:
     return await volumes.reconcile_volumes(
         cast(state.Api, api),
         stores=stores,
         owner=CLUSTER_OWNER.id,
         pairs=pairs,
         manage_serving=True,
+        **kw,
     )
 
 

@@ -6,16 +6,16 @@ from __future__ import annotations
 import copy
 from typing import Any, cast
 
-from localcache.controllers import adoption, legacy, state, volumes
+from localcache.controllers import adoption, legacy, state
 from localcache.runtime import kube
 from localcache.runtime.keys import ObjectKey
 from tests.unit.controllers.test_adoption import (
-    CLUSTER_OWNER,
     RecordingApi,
     _cluster_pairs,
     _kserve_pv,
     _kserve_pvc,
     _owner_ref,
+    _reconcile,
     _stores,
 )
 
@@ -74,17 +74,6 @@ def _adopted_serving_pair() -> tuple[list[Any], state.Stores]:
         serving.pvc,
     )
     return [serving], _stores([pv], [pvc])
-
-
-async def _reconcile(api: RecordingApi, stores: state.Stores, pairs: list[Any], **kw: Any) -> Any:
-    return await volumes.reconcile_volumes(
-        cast(state.Api, api),
-        stores=stores,
-        owner=CLUSTER_OWNER.id,
-        pairs=pairs,
-        manage_serving=True,
-        **kw,
-    )
 
 
 def test_only_a_pv_without_the_wanted_csi_source_is_legacy() -> None:
