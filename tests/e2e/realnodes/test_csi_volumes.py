@@ -21,14 +21,12 @@ from typing import Any
 
 import pytest
 
-from localcache.api import groupversion
 from localcache.caching import keys, names
 from tests.e2e.realnodes import objects
 from tests.e2e.realnodes.cluster import Cluster, Sources
 from tests.e2e.realnodes.objects import LMC, LMNC
 
 Obj = dict[str, Any]
-ISVC = groupversion.INFERENCE_SERVICE
 
 pytestmark = pytest.mark.timeout(420)
 

@@ -18,7 +18,6 @@ from typing import Any
 import pytest
 import yaml
 
-from localcache.api import groupversion
 from localcache.api import inferenceservice as isvc_api
 from localcache.caching import keys, names
 from tests.e2e.realnodes import objects
@@ -26,7 +25,6 @@ from tests.e2e.realnodes.cluster import Cluster, Sources
 from tests.e2e.realnodes.objects import LMC
 
 Obj = dict[str, Any]
-ISVC = groupversion.INFERENCE_SERVICE
 MUTATING = "localmodel.inferenceservice.serving.kserve.io"
 
 pytestmark = pytest.mark.timeout(420)

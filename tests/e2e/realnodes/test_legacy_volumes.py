@@ -16,14 +16,12 @@ from typing import Any
 
 import pytest
 
-from localcache.api import groupversion
 from localcache.caching import keys, names
 from tests.e2e.realnodes import objects
 from tests.e2e.realnodes.cluster import SYSTEM_NS, Cluster, Sources
 from tests.e2e.realnodes.objects import LMNC
 
 Obj = dict[str, Any]
-ISVC = groupversion.INFERENCE_SERVICE
 CONFIG_MAP = "inferenceservice-config"
 CONTROLLER = "app.kubernetes.io/component=controller"
 
