@@ -13,7 +13,9 @@ InferenceService goes into a test namespace (its YAML names none).
 
 Then the cache is downloaded on both nodes, the model is under each node's `/models`
 (KServe's models root, which the with-kserve profile serves beside its own), and the sample's
-InferenceService is mutated to use it.
+InferenceService is mutated to use it. A tenant's namespace cache of the same URI on a node
+group of localcache's own root (/mnt/models) is then downloaded there too, and reported only
+once it is there (issue 20: a URI on groups of two roots).
 """
 
 from __future__ import annotations
@@ -32,10 +34,12 @@ from localcache.api import inferenceservice as isvc_api
 from localcache.caching import keys, names
 from localcache.devenv.waiting import wait_until_sync
 from tests.e2e.profiles import kserve
-from tests.e2e.profiles.conftest import TEST_LABEL, ProfileBed
+from tests.e2e.profiles.conftest import DOWNLOADED, TEST_LABEL, ProfileBed
+from tests.e2e.realnodes import objects
 from tests.e2e.realnodes.cluster import tree_digests
 
 pytestmark = pytest.mark.timeout(300)
+LMNC = groupversion.LOCAL_MODEL_NAMESPACE_CACHE
 LMC, LMNG, ISVC = (
     groupversion.LOCAL_MODEL_CACHE,
     groupversion.LOCAL_MODEL_NODE_GROUP,
@@ -95,6 +99,36 @@ def test_kserve_sample_unchanged_caches_the_model_under_models_on_every_node(
     annotations = meta.get("annotations") or {}
     pvc = names.serving_pvc(name, group["metadata"]["name"])
     assert annotations.get(isvc_api.LOCAL_MODEL_PVC_NAME_ANNOTATION) == pvc, meta
+
+    # Issue 20 (two roots): the same URI, cached by a tenant on a node group of localcache's
+    # own root (/mnt/models), must be downloaded there too before it is reported: the copy
+    # under /models is no copy for that group's pods.
+    tenant = bed.namespace("roots")
+    own_group = f"own-{tenant}"
+    bed.apply(
+        bed.cluster.node_group(own_group),
+        objects.cache("same", uri, own_group, namespace=tenant),
+    )
+
+    def reported_only_with_its_folder() -> bool:
+        status = bed.node_status(LMNC.plural, "same", tenant)
+        for node, state in status.items():
+            if state == DOWNLOADED:
+                folder = bed.bed.node(node).models_dir / "models" / key
+                if tree_digests(folder) != want:  # not an AssertionError: stop at once
+                    raise RuntimeError(
+                        f"{node} reports {tenant}/same downloaded, {folder} lacks it"
+                    )
+        assert sorted(status.values()) == [DOWNLOADED] * len(bed.node_names), status
+        return True
+
+    bed.cluster.wait(
+        reported_only_with_its_folder,
+        timeout=180,
+        what=f"{tenant}/same downloaded onto /mnt/models of every node, reported only then",
+    )
+    for node in bed.node_names:  # and KServe's root keeps its own copy
+        assert tree_digests(bed.bed.node(node).kserve_models_dir / "models" / key) == want
 
 
 def _has_files(folder: Path, want: dict[str, str]) -> bool:
