@@ -26,7 +26,8 @@ kind's Scope) and `localmodelnodegroup` (group usage). Each cache controller is 
 
 Status-only changes of a cache do not trigger it (its own status writes would loop).
 A live `disableVolumeManagement` is read at every reconcile (`volumegate`), and
-`CacheControllers.config_changed()` reconciles every cache again when it flips.
+`CacheControllers.config_changed()` reconciles every cache again when it (or `volumeSource`)
+changes.
 InferenceServices are an optional kind (`optional.OptionalInformer`: watched only while
 KServe's CRD serves; reads raise `optional.NotSynced` while it lists, so a reconcile retries
 instead of treating "not listed yet" as "no ISVC"); every cache is enqueued again when the
@@ -103,7 +104,7 @@ class CacheControllers:
 
     def config_changed(self) -> None:
         """The configuration may have changed: every cache and group is reconciled again
-        when `disableVolumeManagement` flipped since the last call."""
+        when `disableVolumeManagement` or `volumeSource` changed since the last call."""
         if self.volume_management is not None and self.volume_management.flipped():
             _resync(self)
 

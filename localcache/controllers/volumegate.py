@@ -5,7 +5,8 @@ the setting when they are set up. `Gated` sends each reconcile to the reconciler
 the configuration in force: with InferenceServices while volume management is on, without
 them (no serving volumes, no `status.inferenceServices`, as when InferenceServices are not
 watched) while it is off. `VolumeManagement.flipped()` lets the composition root reconcile
-every cache again when the setting changes.
+every cache again when that setting or `volumeSource` changes (switching to `csi` replaces the
+pairs that show a whole models root: `legacy`).
 """
 
 from __future__ import annotations
@@ -19,16 +20,17 @@ from localcache.runtime import keys, reconcile
 @dataclass
 class VolumeManagement:
     """Whether the live configuration manages serving volumes (`disableVolumeManagement`
-    off); `flipped()` says whether that changed since it was last asked."""
+    off); `flipped()` says whether that, or the `volumeSource` of new volumes, changed since it
+    was last asked."""
 
     source: state.ConfigSource
-    last: bool | None = None
+    last: tuple[bool, str] | None = None
 
     def on(self) -> bool:
         return not self.source().local_model.disable_volume_management
 
     def flipped(self) -> bool:
-        now, before = self.on(), self.last
+        now, before = (self.on(), self.source().local_model.volume_source), self.last
         self.last = now
         return before is not None and now != before
 

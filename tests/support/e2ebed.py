@@ -47,6 +47,7 @@ CLUSTER_KINDS = (
     "validatingadmissionpolicybindings",
     "priorityclasses",
     "storageclasses",
+    "csidrivers",
     "persistentvolumes",
 )
 ADMISSION_KINDS = CLUSTER_KINDS[2:6]

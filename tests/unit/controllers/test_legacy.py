@@ -4,9 +4,11 @@ replaced by CSI pairs once no pod mounts their claim, and never while one does."
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any, cast
 
-from localcache.controllers import adoption, legacy, state
+from localcache.caching import config
+from localcache.controllers import adoption, legacy, state, volumegate
 from localcache.runtime import kube
 from localcache.runtime.keys import ObjectKey
 from tests.unit.controllers.test_adoption import (
@@ -138,3 +140,18 @@ async def test_a_legacy_pv_with_a_delete_policy_is_made_retain_before_anything_i
     await _reconcile(api, _stores([deleting], [claim]), pairs)
     assert api.writes == ["patch PersistentVolume iris-gpu1-prod"]
     assert api.patches[0]["spec"] == {"persistentVolumeReclaimPolicy": "Retain"}
+
+
+def test_switching_the_volume_source_reconciles_every_cache_again() -> None:
+    """Without it, pairs made with `hostPath` would wait for an unrelated event to be replaced."""
+    configs = iter(
+        config.parse_config({"localModel": json.dumps({"volumeSource": source})})
+        for source in ("hostPath", "hostPath", "csi", "csi")
+    )
+    current = [next(configs)]
+    gate = volumegate.VolumeManagement(lambda: current[0])
+    flips = []
+    for _ in range(4):
+        flips.append(gate.flipped())
+        current[0] = next(configs, current[0])
+    assert flips == [False, False, True, False]
