@@ -65,6 +65,7 @@ KSERVE_DROPPED_POLICIES = (
 IMAGE = "localcache:0.1.0"
 STORAGE_INITIALIZER = "kserve/storage-initializer:latest"
 MODELS_ROOT = "/mnt/models"
+KUBELET_DIR = "/var/lib/kubelet"  # the kubelet's --root-dir; k0s, microk8s and others move it
 # with-kserve also serves KServe's models root (its agent's hostPath, and the PV path of its
 # docs/samples/localmodelcache node group), so KServe's sample works unchanged.
 KSERVE_MODELS_ROOT, KSERVE_MOUNT = "/models", "/mnt/kserve-models"
@@ -332,6 +333,10 @@ def _tokenize(node: Any, jobs: str, key: str | None = None) -> Any:
         node = node.replace(STORAGE_INITIALIZER, "@@STORAGEINITIALIZER@@")
         node = node.replace("/".join(KSERVE_CONFIG), "@@KSERVECONFIG@@")
         node = node.replace(KSERVE_CONFIG[1], "@@KSERVECONFIGNAME@@")
+        if node.startswith(KUBELET_DIR + "/"):
+            node = "@@KUBELETDIR@@" + node.removeprefix(KUBELET_DIR)
+        if node.startswith(f"--kubelet-endpoint={KUBELET_DIR}/"):
+            node = node.replace(KUBELET_DIR, "@@KUBELETDIR@@", 1)
         if node == MODELS_ROOT or node.endswith("=" + MODELS_ROOT):
             node = node.replace(MODELS_ROOT, "@@MODELSROOT@@")
         if node.startswith("--models-roots="):
@@ -355,6 +360,7 @@ EXPRESSIONS = {
     "@@KSERVECONFIG@@": "{{ .Values.kserveConfig.namespace }}/{{ .Values.kserveConfig.name }}",
     "@@MODELSROOT@@": "{{ .Values.modelsRoot }}",
     "@@KSERVEMODELSROOT@@": "{{ .Values.kserveModelsRoot }}",
+    "@@KUBELETDIR@@": "{{ .Values.kubeletDir }}",
 }
 
 

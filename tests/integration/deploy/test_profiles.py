@@ -69,12 +69,20 @@ def test_helm_values_reach_every_place() -> None:
         "modelsRoot=/data/models",
         "--set",
         "kserveModelsRoot=/data/kserve",
+        "--set",
+        "kubeletDir=/var/lib/k0s/kubelet",
         "--set-json",
         # Helm merges maps with the default: null removes the default label
         'nodeSelector={"kserve/localmodel":null,"pool":"gpu"}',
     )
     text = json.dumps(docs)
-    defaults = ("localcache:0.1.0", "/mnt/models", "kserve/localmodel", "localmodel-jobs")
+    defaults = (
+        "localcache:0.1.0",
+        "/mnt/models",
+        "kserve/localmodel",
+        "localmodel-jobs",
+        "/var/lib/kubelet",
+    )
     for default in (*defaults, '"localcache-jobs"'):
         assert default not in text, default
     assert not [d for d in docs if d["metadata"].get("namespace") == "localcache"]
@@ -85,6 +93,14 @@ def test_helm_values_reach_every_place() -> None:
     assert spec["volumes"][1]["hostPath"]["path"] == "/data/kserve"
     roots = "--models-roots=/data/models=/data/models,/data/kserve=/mnt/kserve-models"
     assert roots in spec["containers"][0]["args"]
+    (csi,) = [c for c in spec["containers"] if c["name"] == "csi-node"]
+    socket = "/var/lib/k0s/kubelet/plugins/localcache.csi.kserve.io/csi.sock"
+    assert f"--kubelet-endpoint={socket}" in csi["args"]
+    pods = next(m for m in csi["volumeMounts"] if m["name"] == "kubelet-pods")
+    assert pods["mountPath"] == "/var/lib/k0s/kubelet/pods"  # the kubelet's target paths
+    host = {v["name"]: v.get("hostPath", {}).get("path") for v in spec["volumes"]}
+    assert host["kubelet-pods"] == "/var/lib/k0s/kubelet/pods"
+    assert host["csi-registration"] == "/var/lib/k0s/kubelet/plugins_registry"
     (config,) = [d for d in docs if d["kind"] == "ConfigMap"]
     assert json.loads(config["data"]["localModel"])["jobNamespace"] == "models-jobs"
     assert "system:serviceaccount:models-system:localcache-agent" in text
