@@ -2,7 +2,8 @@
 KServe's controller created (names of reference §2.2, its ownerReferences, PVC.volumeName,
 the binder's claimRef, no annotations of ours) are adopted in place, KServe's download pair
 in its own job namespace is replaced by one in ours, and a stranger holding a wanted name is
-reported and left alone."""
+reported and left alone. With CSI volumes (the default), an adopted pair that shows the whole
+models root is replaced by a CSI pair over the same names once no pod mounts its claim."""
 
 from __future__ import annotations
 
@@ -199,7 +200,9 @@ async def test_kserves_volumes_are_adopted_replaced_or_reported_and_freed_on_del
     }
 
     try:
-        await env.start()
+        # volumeSource hostPath: KServe's kind of volume is what localcache wants, so adopted
+        # pairs stay as they are (with csi, unused ones are then replaced: the next test)
+        await env.start(volumeSource="hostPath")
         # 1. the serving pairs are adopted in place: same objects, specs untouched
         for key, res, name, ns in (
             ("pv", kube.PERSISTENT_VOLUMES, serving_pv, None),
@@ -299,3 +302,69 @@ async def test_kserves_volumes_are_adopted_replaced_or_reported_and_freed_on_del
 
 async def _count(env: Env, cache: Obj, reason: str, want: int) -> bool:
     return len(await _events(env, cache, reason)) == want
+
+
+async def test_an_adopted_hostpath_pair_becomes_a_csi_pair_once_no_pod_mounts_its_claim(
+    plain_namespaces: Callable[[str], str], env: Env
+) -> None:
+    sfx = env.suffix
+    group_name = await env.group(f"gpu{sfx}", f"gpu{sfx}")
+    group = await _must_get(env, state.LOCAL_MODEL_NODE_GROUPS, group_name)
+    prod = plain_namespaces(f"prod{sfx}")
+    iris = f"iris{sfx}"
+    cluster = await env.cache(iris, [group_name])
+    pv, claim = names.serving_pv(iris, group_name, prod), names.serving_pvc(iris, group_name)
+    await _kserve_pair(
+        env, group, pv=pv, pvc=(prod, claim), pv_owner=_owner(cluster), pvc_owner=_owner(cluster)
+    )
+    await wait_until(
+        phase_is(env, kube.PERSISTENT_VOLUME_CLAIMS, claim, prod, "Bound"),
+        what=f"KServe's PVC {prod}/{claim} is bound",
+    )
+    await env.isvc("served", prod, cache=iris)
+    # a model server's pod (no kubelet here: it stays Pending, which pvc-protection counts)
+    await env.api.create(
+        kube.PODS,
+        {
+            "metadata": {"name": "server", "namespace": prod},
+            "spec": {
+                "containers": [{"name": "c", "image": "server"}],
+                "volumes": [{"name": "m", "persistentVolumeClaim": {"claimName": claim}}],
+            },
+        },
+        namespace=prod,
+    )
+    old = await _must_get(env, kube.PERSISTENT_VOLUME_CLAIMS, claim, prod)
+    old_pv = await _must_get(env, kube.PERSISTENT_VOLUMES, pv)
+    await env.start()
+    await wait_until(
+        _adopted(env, kube.PERSISTENT_VOLUME_CLAIMS, claim, prod, old["metadata"]["uid"]),
+        what="KServe's serving claim is adopted",
+    )
+    await wait_until(
+        functools.partial(_count, env, cluster, "VolumeAdopted", 2),
+        what="the pair is adopted (two VolumeAdopted events)",
+    )
+    kept = await _must_get(env, kube.PERSISTENT_VOLUMES, pv)
+    assert kept["metadata"]["uid"] == old_pv["metadata"]["uid"], "replaced under its pod"
+    assert "csi" not in kept["spec"]
+
+    await env.api.delete(kube.PODS, "server", namespace=prod)
+
+    async def replaced() -> Obj | None:
+        now_claim = await env.get(kube.PERSISTENT_VOLUME_CLAIMS, claim, prod)
+        now_pv = await env.get(kube.PERSISTENT_VOLUMES, pv)
+        if now_claim is None or now_pv is None:
+            return None
+        fresh = now_claim["metadata"]["uid"] != old["metadata"]["uid"]
+        bound = (now_claim.get("status") or {}).get("phase") == "Bound"
+        return now_pv if fresh and bound and now_pv["spec"].get("csi") else None
+
+    new_pv = await wait_until(
+        replaced,
+        timeout=90,
+        what=f"claim {prod}/{claim} made anew and bound to a CSI PV {pv} once the pod is gone",
+    )
+    assert new_pv is not None
+    assert new_pv["metadata"]["uid"] != old_pv["metadata"]["uid"]
+    assert new_pv["spec"]["csi"]["volumeAttributes"], new_pv["spec"]["csi"]
