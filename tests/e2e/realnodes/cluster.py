@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
-import yaml
 
 from localcache.api import groupversion
 from localcache.devenv import realnodes
@@ -151,11 +150,14 @@ class Cluster:
             parts.append(f"$ kubectl {' '.join(args)}\n{out}{done.stderr}")
         return "\n".join(parts)
 
+    # JSON, not YAML: PyYAML (YAML 1.1) leaves strings such as "08" or "1e5" unquoted, which
+    # kubectl's YAML reader takes for numbers (a random label value "08..." failed a test)
     def apply(self, *objs: Obj) -> None:
-        self.kubectl("apply", "-f", "-", input_text=yaml.safe_dump_all(objs))
+        listed = {"apiVersion": "v1", "kind": "List", "items": list(objs)}
+        self.kubectl("apply", "-f", "-", input_text=json.dumps(listed))
 
     def create(self, obj: Obj, *, check: bool = True) -> subprocess.CompletedProcess[str]:
-        return self.kubectl("create", "-f", "-", input_text=yaml.safe_dump(obj), check=check)
+        return self.kubectl("create", "-f", "-", input_text=json.dumps(obj), check=check)
 
     def get(self, kind: str, name: str = "", *, namespace: str | None = None) -> Obj | None:
         args = ["get", kind, *([name] if name else []), "-o", "json"]
