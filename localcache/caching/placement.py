@@ -254,7 +254,10 @@ class Snapshot:
     node_groups: dict[str, frozenset[str]] = field(init=False)
     """Node name → names of the groups it belongs to."""
     _desired: dict[frozenset[str], entries.Desired] = field(init=False, default_factory=dict)
-    _entries: dict[tuple[int, str], Obj] = field(init=False, default_factory=dict)
+    _entries: dict[tuple[int, str], tuple[Obj, int]] = field(init=False, default_factory=dict)
+    """(cache index, group) → the entry and its budget cost, made once per snapshot."""
+    _order: list[int] | None = field(init=False, default=None)
+    """Cache indexes in budget order, sorted once per snapshot."""
 
     def __post_init__(self) -> None:
         self.node_groups = {name: groups_of(node, self.groups) for name, node in self.nodes.items()}
@@ -296,17 +299,20 @@ class Snapshot:
             return entries.Desired.of(desired)
         spent: dict[str, int] = {}
         total = 0
-        for index in sorted(range(len(self.caches)), key=self._budget_order):
+        if self._order is None:
+            self._order = sorted(range(len(self.caches)), key=self._budget_order)
+        for index in self._order:
             cache = self.caches[index]
             if cache.deleting:
                 continue
             group = first_group(cache.spec.node_groups, member_of)
             if group is None:
                 continue
-            entry = self._entries.get((index, group))
-            if entry is None:
-                entry = self._entries[(index, group)] = entry_for(cache, group).to_dict()
-            cost = entries.entry_cost(entry)
+            made = self._entries.get((index, group))
+            if made is None:
+                entry = entry_for(cache, group).to_dict()
+                made = self._entries[(index, group)] = (entry, entries.entry_cost(entry))
+            entry, cost = made
             namespace = cache.namespace
             if namespace and spent.get(namespace, 0) + cost > entries.NAMESPACE_BUDGET:
                 left_out[cache.entry_key] = (

@@ -18,7 +18,6 @@ import uuid
 from typing import Any
 
 import pytest
-import yaml
 
 from localcache.caching import keys, names
 from tests.e2e.realnodes import objects
@@ -33,7 +32,7 @@ pytestmark = pytest.mark.timeout(420)
 def _as(cluster: Cluster, user: str, namespace: str, obj: Obj) -> tuple[bool, str]:
     done = cluster.kubectl(
         f"--as={user}", "create", "-n", namespace, "-f", "-",
-        input_text=yaml.safe_dump(obj, width=2**31), check=False, timeout=120,
+        input_text=json.dumps(obj), check=False, timeout=120,
     )  # fmt: skip
     return done.returncode == 0, done.stderr
 
