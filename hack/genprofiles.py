@@ -31,7 +31,8 @@ serves both (`--models-roots`), so node groups with either PV path work.
 
 The chart's templates are the same objects with the configurable values (namespace, job
 namespace, images, node selector, models roots, KServe's ConfigMap) put back as Helm
-expressions, so `helm template` with the default values renders exactly the kustomize
+expressions (and the agent's `agentTolerations`, absent from the build, after its node
+selector), so `helm template` with the default values renders exactly the kustomize
 build (tests/integration/deploy/test_profiles.py checks it). kubectl comes from the
 control plane's cache (hack/build-control-plane.sh) unless KUBECTL is set.
 """
@@ -374,6 +375,12 @@ def _helmify(docs: list[Doc]) -> str:
             indent = len(match.group(1)) + 2
             expr = f"{{{{- toYaml .Values.nodeSelector | nindent {indent} }}}}"
             line = f"{match.group(1)}nodeSelector:{expr}"
+            # the installer's agent tolerations (the controller adds the node groups' own)
+            lines.append(line)
+            lines.append("{{- with .Values.agentTolerations }}")
+            line = f"{match.group(1)}tolerations:{{{{- toYaml . | nindent {indent} }}}}"
+            lines.extend([line, "{{- end }}"])
+            continue
         lines.append(line)
     text = "\n".join(lines) + "\n"
     for token, expr in EXPRESSIONS.items():

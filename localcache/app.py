@@ -36,6 +36,7 @@ from localcache.agent.disk import roots
 from localcache.api import crdgen, groupversion
 from localcache.caching import config as config_mod
 from localcache.caching import liveconfig
+from localcache.controllers import agenttolerations
 from localcache.controllers import setup as controllers_setup
 from localcache.runtime import errors, factory, informer, kube, leaderelection, manager, metrics
 from localcache.runtime import logging as logging_mod
@@ -282,6 +283,16 @@ async def run_components(
             )
             for inf in config_maps:  # a flip of disableVolumeManagement reconciles every cache
                 inf.add_handler(lambda _event: caches.config_changed())
+        if components.controller and settings.controller.agent_daemonset:
+            # the agent DaemonSet tolerates every node group's taints (README "Agent tolerations")
+            agenttolerations.setup(
+                mgr,
+                kube=api,
+                factory=informers,
+                daemonset=ObjectKey(cfg.namespace, settings.controller.agent_daemonset),
+                registry=registry,
+                instance=lead.identity,
+            )
         if components.controller:
             # every replica checks that the served CRDs keep the fields we write
             crdcheck.setup(

@@ -117,6 +117,8 @@ FLAGS: tuple[Flag, ...] = (
              "lowest TLS version of the admission server: VersionTLS12 or VersionTLS13"),
         Flag("--tls-cipher-suites", "LOCALCACHE_TLS_CIPHER_SUITES", "",
              "its TLS 1.2 cipher suites, Go's names, comma-separated (empty: ECDHE with AEAD)"),
+        Flag("--agent-daemonset", "LOCALCACHE_AGENT_DAEMONSET", "kserve-localmodelnode-agent",
+             "agent DaemonSet (in --config-namespace) given the node groups' tolerations, or ''"),
     ),
     *_for(("agent",),
         Flag("--node-name", "NODE_NAME", "",
@@ -178,6 +180,7 @@ class Leadership:
 @dataclass(frozen=True)
 class Controller:
     workers: int
+    agent_daemonset: str = ""  # its tolerations follow the node groups' (empty: left alone)
 
 
 @dataclass(frozen=True)
@@ -233,11 +236,8 @@ class SettingsError(ValueError):
 
 
 def _parse_bool(text: str, flag: Flag) -> bool:
-    lowered = text.strip().lower()
-    if lowered in ("1", "true", "yes", "on"):
-        return True
-    if lowered in ("0", "false", "no", "off"):
-        return False
+    if (lowered := text.strip().lower()) in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+        return lowered in ("1", "true", "yes", "on")
     raise SettingsError(f"{flag.flag} / {flag.env}: expected true or false, got {text!r}")
 
 
@@ -333,8 +333,7 @@ def from_args(
         tls = tlsoptions.resolve(s("tls_min_version"), s("tls_cipher_suites"))
     except ValueError as exc:
         raise SettingsError(f"--tls-min-version / --tls-cipher-suites: {exc}") from exc
-    hooks_text = s("webhook_configurations")
-    hooks = hooks_text.split(",")
+    hooks = (hooks_text := s("webhook_configurations")).split(",")
     if len(hooks) != 2 or not all(hooks):
         raise SettingsError(
             f"--webhook-configurations: want <mutating>,<validating>, got {hooks_text!r}"
@@ -362,7 +361,7 @@ def from_args(
             renew_deadline=renew,
             retry_period=retry,
         ),
-        controller=Controller(workers=max(1, int(n("workers")))),
+        controller=Controller(max(1, int(n("workers"))), s("agent_daemonset")),
         webhook=Webhook(
             port=int(n("webhook_port")),
             cert_dir=Path(s("webhook_cert_dir")),

@@ -71,6 +71,7 @@ EVENTS = Resource("", "v1", "events", "Event")
 PERSISTENT_VOLUMES = Resource("", "v1", "persistentvolumes", "PersistentVolume", namespaced=False)
 PERSISTENT_VOLUME_CLAIMS = Resource("", "v1", "persistentvolumeclaims", "PersistentVolumeClaim")
 JOBS = Resource("batch", "v1", "jobs", "Job")
+DAEMON_SETS = Resource("apps", "v1", "daemonsets", "DaemonSet")
 LEASES = Resource("coordination.k8s.io", "v1", "leases", "Lease")
 MUTATING_WEBHOOK_CONFIGURATIONS = Resource(
     "admissionregistration.k8s.io",

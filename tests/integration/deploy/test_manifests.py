@@ -41,6 +41,7 @@ TENANT = "team-a"  # any namespace: access reviews do not need it to exist
 MUTATING = "localmodel.inferenceservice.serving.kserve.io"
 VALIDATING = "localmodelcache.serving.kserve.io"
 CERT_SECRET = "localmodel-webhook-server-cert"
+AGENT_DAEMONSET = "kserve-localmodelnode-agent"
 KEPT_KINDS = {"Namespace", "CustomResourceDefinition"}  # shared with the rest of the session
 LMC = "/apis/serving.kserve.io/v1alpha1/localmodelcaches"
 
@@ -95,6 +96,8 @@ ACCESS: dict[str, list[A]] = {
         A("get create update patch", "leases.coordination.k8s.io", NS),
         A("get update patch", "secrets", NS, CERT_SECRET),
         A("create", "secrets", NS),
+        # the agent DaemonSet's tolerations follow the node groups' (agenttolerations.py)
+        A("get list watch patch", "daemonsets.apps", NS, AGENT_DAEMONSET),
         # legacy (hostPath) pairs are replaced only once no pod mounts their claim
         A("list", "pods", TENANT),
     ],
@@ -143,6 +146,9 @@ DENIED: dict[str, list[A]] = {
         A("create delete", "jobs.batch", JOBS_NS),
         A("create delete get watch", "pods", TENANT),
         A("delete", "nodes"),
+        A("get patch update delete", "daemonsets.apps", NS, "someone-elses"),
+        A("list create", "daemonsets.apps", NS),
+        A("get patch", "daemonsets.apps", TENANT, AGENT_DAEMONSET),
         A("escalate bind", "clusterroles.rbac.authorization.k8s.io"),
         EVERYTHING,
     ],
