@@ -74,6 +74,8 @@ def test_helm_values_reach_every_place() -> None:
         "--set-json",
         # Helm merges maps with the default: null removes the default label
         'nodeSelector={"kserve/localmodel":null,"pool":"gpu"}',
+        "--set-json",
+        'agentTolerations=[{"key":"dedicated","operator":"Exists","effect":"NoSchedule"}]',
     )
     text = json.dumps(docs)
     defaults = (
@@ -89,6 +91,8 @@ def test_helm_values_reach_every_place() -> None:
     (agent,) = [d for d in docs if d["kind"] == "DaemonSet"]
     spec = agent["spec"]["template"]["spec"]
     assert spec["nodeSelector"] == {"pool": "gpu"}
+    dedicated = {"key": "dedicated", "operator": "Exists", "effect": "NoSchedule"}
+    assert spec["tolerations"] == [dedicated]
     assert spec["volumes"][0]["hostPath"]["path"] == "/data/models"
     assert spec["volumes"][1]["hostPath"]["path"] == "/data/kserve"
     roots = "--models-roots=/data/models=/data/models,/data/kserve=/mnt/kserve-models"
