@@ -291,6 +291,7 @@ def profile(default: list[Doc], name: str) -> list[Doc]:
                     "--webhook-service=localcache-webhook",
                     "--webhook-secret=localcache-webhook-cert",
                     f"--webhook-configurations={MUTATING},{VALIDATING}",
+                    f"--agent-daemonset={RENAMES['kserve-localmodelnode-agent']}",
                 ],
             )
         if kind == "DaemonSet":

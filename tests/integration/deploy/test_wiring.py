@@ -105,6 +105,8 @@ def test_the_container_command_is_what_localcache_accepts(
     writable = {m["mountPath"] for m in container["volumeMounts"] if not m.get("readOnly")}
     if command == "controller":
         assert (parsed.leadership.elect, parsed.leadership.identity) == (True, "pod-1")
+        (agent,) = [d for d in docs if d["kind"] == "DaemonSet"]
+        assert parsed.controller.agent_daemonset == agent["metadata"]["name"]
         assert parsed.webhook.port == ports["webhook-server"]
         assert any(parsed.webhook.cert_dir.is_relative_to(m) for m in writable)
     else:
