@@ -46,15 +46,17 @@ class World:
     def key(self, base: str) -> str:
         return f"example.com/{base}-{self.suffix}"
 
-    def installer_apply(self, tolerations: list[Obj], *, name: str | None = None) -> None:
-        """`kubectl apply` (client-side) of the shipped DaemonSet with `tolerations`."""
+    def installer_apply(self, tolerations: list[Obj] | None, *, name: str | None = None) -> str:
+        """`kubectl apply` (client-side) of the shipped DaemonSet with `tolerations` (None:
+        the shipped one's, none at all); returns kubectl's output."""
         doc = copy.deepcopy(self.shipped)
         doc["metadata"]["namespace"] = self.namespace
         doc["metadata"]["name"] = name or self.name
         pod = doc["spec"]["template"]["spec"]
         pod["nodeSelector"] = {f"example.com/no-such-node-{self.suffix}": "true"}
-        pod["tolerations"] = tolerations
-        self.plane.kubectl("apply", "-f", "-", input_text=json.dumps(doc))
+        if tolerations is not None:
+            pod["tolerations"] = tolerations
+        return self.plane.kubectl("apply", "-f", "-", input_text=json.dumps(doc)).stdout
 
     async def tolerations(self, name: str | None = None) -> list[Obj]:
         ds = await self.api.get(kube.DAEMON_SETS, name or self.name, namespace=self.namespace)
@@ -214,3 +216,18 @@ async def test_a_toleration_both_installer_and_group_have_is_the_installers(
     # only what the controller added goes: the installer's stays
     await _wait_for(world, [gpu], "the group's own toleration removed", absent=[tpu])
     assert (await world.tolerations()).count(gpu) == 1
+
+
+async def test_a_reapply_without_installer_tolerations_leaves_the_groups_alone(
+    world: World, controller: None
+) -> None:
+    gpu = _tol(world.key("gpu"))
+    world.installer_apply(None)  # as shipped: no tolerations at all
+    await world.group("gpus", [gpu])
+    await _wait_for(world, [gpu], "the group's toleration added", absent=[])
+    before = await world.api.get(kube.DAEMON_SETS, world.name, namespace=world.namespace)
+    out = world.installer_apply(None)
+    assert "unchanged" in out, out
+    after = await world.api.get(kube.DAEMON_SETS, world.name, namespace=world.namespace)
+    assert after["metadata"]["generation"] == before["metadata"]["generation"]
+    assert gpu in await world.tolerations()
