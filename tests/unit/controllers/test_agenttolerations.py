@@ -6,9 +6,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
+
 from localcache.caching import agenttolerations as rules
 from localcache.controllers import agenttolerations
-from localcache.runtime import events, keys, kube, store
+from localcache.runtime import errors, events, keys, kube, store
 
 Obj = dict[str, Any]
 KEY = keys.ObjectKey("localcache", "localcache-agent")
@@ -157,3 +159,14 @@ async def test_a_rejected_toleration_is_reported_once_per_group_version() -> Non
     await rec.reconcile(KEY)
     bumps = [p for p in api.patches if p[0] == kube.EVENTS]  # the same Event, count 2
     assert [p[1] for p in bumps] == [event["metadata"]["name"]]
+
+
+async def test_a_conflict_is_raised_for_a_retry_with_backoff() -> None:
+    class Conflicting(FakeApi):
+        async def patch(self, res: kube.Resource, name: str, patch: Any, **_: Any) -> Obj:
+            raise errors.Conflict(409, "the object has been modified", reason="Conflict")
+
+    rec, _, _ = _reconciler(_daemonset([INFRA]), [_group("gpus", [GPU])])
+    rec._api = Conflicting()  # type: ignore[assignment]
+    with pytest.raises(errors.Conflict):
+        await rec.reconcile(KEY)
