@@ -56,7 +56,16 @@ def test_llmisvc_mutation_covers_both_versions_and_is_reinvoked() -> None:
     ]
     # The apiserver calls configurations in name order: KServe's own LLMInferenceService
     # defaulter configuration sorts before ours.
-    assert webhooks_setup.MUTATING_CONFIGURATION > "llminferenceservice.serving.kserve.io"
+    kserves = "llminferenceservice.serving.kserve.io"
+    assert webhooks_setup.MUTATING_CONFIGURATION > kserves
+    for profile in ("standalone", "with-kserve"):  # the profiles rename the configuration
+        path = ROOT.parent / "profiles" / profile / "localcache.yaml"
+        (renamed,) = [
+            doc["metadata"]["name"]
+            for doc in yaml.safe_load_all(path.read_text())
+            if doc and doc["kind"] == "MutatingWebhookConfiguration"
+        ]
+        assert renamed > kserves
 
 
 def test_both_cache_kinds_are_validated_and_failures_reject() -> None:
