@@ -57,7 +57,7 @@ def test_llmisvc_mutation_covers_both_versions_and_is_reinvoked() -> None:
     # The apiserver calls configurations in name order: KServe's own LLMInferenceService
     # defaulter configuration sorts before ours.
     kserves = "llminferenceservice.serving.kserve.io"
-    assert webhooks_setup.MUTATING_CONFIGURATION > kserves
+    assert kserves < webhooks_setup.MUTATING_CONFIGURATION
     for profile in ("standalone", "with-kserve"):  # the profiles rename the configuration
         path = ROOT.parent / "profiles" / profile / "localcache.yaml"
         (renamed,) = [
