@@ -96,12 +96,16 @@ class Harness:
         return doc
 
     @contextlib.asynccontextmanager
-    async def mutating(self) -> AsyncIterator[None]:
+    async def mutating(self, *, llm: bool = False) -> AsyncIterator[None]:
+        """The shipped mutating configuration, in effect; with `llm`, for LLMInferenceServices
+        too (their CRD must be installed)."""
         async with wh.installed(self.plane, self.configuration("mutating")):
             probe = self._probe(ISVC, isvc_obj("probe", "gs://probe/model"), self.namespace)
             await wh.wait_until_called(self.server, isvc.MUTATE_PATH, probe)
-            llm_probe = self._probe(LLMISVC, llmisvc_obj("probe", "hf://probe/m"), self.namespace)
-            await wh.wait_until_called(self.server, llmisvc.MUTATE_PATH, llm_probe)
+            if llm:
+                llm_obj = llmisvc_obj("probe", "hf://probe/m")
+                llm_probe = self._probe(LLMISVC, llm_obj, self.namespace)
+                await wh.wait_until_called(self.server, llmisvc.MUTATE_PATH, llm_probe)
             yield
 
     @contextlib.asynccontextmanager

@@ -80,7 +80,7 @@ async def test_both_versions_get_the_namespace_cache_first_then_the_cluster_cach
     cluster_name = harness.name("llama")
     await harness.cache(cluster_name, "hf://org/llama", status=DOWNLOADED)
     await harness.cache("team-8b", "hf://org/llama/8b", namespace=ns, status=DOWNLOADED)
-    async with harness.mutating():
+    async with harness.mutating(llm=True):
         own = await create(harness, llmisvc_obj("own", "hf://org/llama/8b", version=version))
         shared = await create(harness, llmisvc_obj("shared", "hf://org/llama/70b", version=version))
         assert own.warnings == shared.warnings == ()
@@ -111,7 +111,7 @@ async def test_a_base_ref_supplies_the_uri_and_an_unresolved_one_warns(harness: 
     cache = harness.name("llama")
     await harness.cache(cache, "hf://org/llama", status=DOWNLOADED)
     await config(harness, "llama-base", ns, {"model": {"uri": "hf://org/llama/8b"}})
-    async with harness.mutating():
+    async with harness.mutating(llm=True):
         based = await create(
             harness, llmisvc_obj("based", None, spec={"baseRefs": [{"name": "llama-base"}]})
         )
@@ -142,7 +142,7 @@ async def test_lora_adapters_get_the_lora_annotation(harness: Harness) -> None:
             }
         }
     }
-    async with harness.mutating():
+    async with harness.mutating(llm=True):
         answer = await create(harness, llmisvc_obj("lora", "hf://org/base", spec=spec))
         assert answer.warnings == ()
         labels, annotations = await stored(harness, "lora")
