@@ -318,6 +318,10 @@ async def run_components(
                 namespace_share_percent=lambda: (
                     source().local_model.namespace_storage_share_percent
                 ),
+                # where KServe's LLMInferenceServiceConfigs live: its ConfigMap's namespace
+                kserve_namespace=(
+                    cfg.kserve.namespace if cfg.kserve else webhooks_setup.DEFAULT_NAMESPACE
+                ),
             )
             if cert_manager is not None:
                 mgr.add_runnable("webhook-cert-rotation", cert_manager, needs_leader=False)

@@ -181,8 +181,29 @@ def decide(
     uri = isvc.storage_uri
     if not enabled or isvc.local_model_disabled or not uri:
         return _cleared()
-    requested = isvc.node_group
-    own = [c for c in namespace_caches if c.namespace == isvc.namespace]
+    return match(
+        uri,
+        namespace=isvc.namespace,
+        requested=isvc.node_group,
+        namespace_caches=namespace_caches,
+        cluster_caches=cluster_caches,
+        node_group_exists=node_group_exists,
+    )
+
+
+def match(
+    uri: str,
+    *,
+    namespace: str,
+    requested: str | None,
+    namespace_caches: Iterable[modelcache.LocalModelNamespaceCache],
+    cluster_caches: Iterable[modelcache.LocalModelCache],
+    node_group_exists: NodeGroupExists | None = None,
+) -> Decision:
+    """The cache of `uri` for a serving object in `namespace` that asked for node group
+    `requested` (None: none asked): the rule of the module docstring past its first point,
+    shared by InferenceService and LLMInferenceService mutation."""
+    own = [c for c in namespace_caches if c.namespace == namespace]
     choice, excluded = choose(uri, own, node_group=requested, node_group_exists=node_group_exists)
     if choice is None:
         choice, excluded_cluster = choose(

@@ -3,14 +3,19 @@
 `setup()` takes three informers (LocalModelCache, LocalModelNamespaceCache in all
 namespaces, LocalModelNodeGroup), and optional ones (`optional.OptionalInformer`: watched
 only while KServe's CRD serves, so the webhooks start without KServe) on InferenceServices in
-all namespaces and, when `storage_containers` is on, on KServe's ClusterStorageContainers (the
-validators accept URIs they claim), from an
+all namespaces, on LLMInferenceServiceConfigs in all namespaces (the `spec.baseRefs` of
+LLMInferenceServices) and, when `storage_containers` is on, on KServe's
+ClusterStorageContainers (the validators accept URIs they claim), from an
 `InformerFactory`, with the indexes the handlers read (the process's shared factory when
 given, so the cache controllers of the same Manager reuse the same watches and caches; the
 Manager starts them and gates /readyz on their sync), and registers three handlers at the
 paths of `manifests/webhook/`:
 - `isvc.MUTATE_PATH`: InferenceService mutation; a handler failure is answered with an HTTP
   error so the configuration's `failurePolicy: Ignore` admits the ISVC unchanged;
+- `llmisvc.MUTATE_PATH`: LLMInferenceService mutation (v1alpha1 and v1alpha2), the same way;
+  it reads LLMInferenceServiceConfigs in the object's namespace, then in `kserve_namespace`
+  (KServe's, where its controller looks them up), and never waits for their informer (an
+  unsynced or absent kind is a warning on the request, `llmbase`);
 - `validation.CACHE_PATH`, `validation.NAMESPACE_CACHE_PATH`: cache validation; a handler
   failure is a denial (the configuration's policy is Fail anyway).
 Handlers answer from the stores only (no API call per request); until every store has synced
@@ -40,7 +45,7 @@ from localcache.runtime import informer, kube
 from localcache.runtime import manager as manager_mod
 from localcache.runtime.crds import optional
 from localcache.runtime.serving import admission
-from localcache.webhooks import isvc, validation
+from localcache.webhooks import isvc, llmisvc, validation
 
 Obj = dict[str, Any]
 
@@ -61,8 +66,10 @@ class Webhooks:
     namespace_caches: informer.Informer
     node_groups: informer.Informer
     inference_services: optional.OptionalInformer
+    llm_configs: optional.OptionalInformer
     storage_containers: optional.OptionalInformer | None
     mutator: isvc.IsvcMutator
+    llm_mutator: llmisvc.LlmIsvcMutator
     cache_validator: validation.CacheValidator
     namespace_cache_validator: validation.CacheValidator
 
@@ -71,7 +78,7 @@ class Webhooks:
         not being listed right now)."""
         return _all_synced(
             (self.caches, self.namespace_caches, self.node_groups),
-            (self.inference_services, self.storage_containers),
+            (self.inference_services, self.llm_configs, self.storage_containers),
         )
 
 
@@ -95,6 +102,7 @@ def setup(
     storage_containers: bool = False,
     allow_file_uris: bool = False,
     namespace_share_percent: Callable[[], int] | None = None,
+    kserve_namespace: str = DEFAULT_NAMESPACE,
 ) -> Webhooks:
     """Register the webhook handlers on `server`, reading through informers from `factory`
     (a new one over `client` and `clock` on `manager` when None).
@@ -130,6 +138,9 @@ def setup(
         indexers={validation.USED_CACHE_INDEX: indexes.isvc_used_cache},
         transform=indexes.isvc_use,
     )
+    llm_configs = shared.optional_informer(
+        groupversion.LLM_INFERENCE_SERVICE_CONFIG.api, transform=llmisvc.config_use
+    )
     containers = (
         shared.optional_informer(groupversion.CLUSTER_STORAGE_CONTAINER.api)
         if storage_containers
@@ -150,6 +161,16 @@ def setup(
         enabled=local_model_enabled,
         synced=required_synced,  # mutation reads no ISVC: a listing ISVC kind must not skip it
     )
+    llm_mutator = llmisvc.LlmIsvcMutator(
+        caches=caches.reader(),
+        namespace_caches=namespace_caches.reader(),
+        node_groups=node_groups.reader(),
+        configs=llm_configs.reader(),
+        configs_served=lambda: llm_configs.availability is not optional.Availability.ABSENT,
+        kserve_namespace=kserve_namespace,
+        enabled=local_model_enabled,
+        synced=required_synced,
+    )
     validators = [
         validation.CacheValidator(
             namespaced=namespaced,
@@ -166,6 +187,7 @@ def setup(
         for namespaced in (False, True)
     ]
     server.register(isvc.MUTATE_PATH, mutator, on_failure="error")
+    server.register(llmisvc.MUTATE_PATH, llm_mutator, on_failure="error")
     server.register(validation.CACHE_PATH, validators[0], on_failure="deny")
     server.register(validation.NAMESPACE_CACHE_PATH, validators[1], on_failure="deny")
     return Webhooks(
@@ -173,8 +195,10 @@ def setup(
         namespace_caches=namespace_caches,
         node_groups=node_groups,
         inference_services=isvcs,
+        llm_configs=llm_configs,
         storage_containers=containers,
         mutator=mutator,
+        llm_mutator=llm_mutator,
         cache_validator=validators[0],
         namespace_cache_validator=validators[1],
     )

@@ -174,7 +174,7 @@ def test_with_kserve_controller_runs_on_the_profile_rbac_and_names(
                 assert proc.poll() is None, log.read_text()[-3000:]
                 wait_until_sync(
                     lambda: all(
-                        _ca_bundles(installer, kind, name)[0]
+                        all(_ca_bundles(installer, kind, name))
                         for kind, name in (
                             ("mutatingwebhookconfiguration", "localcache-inferenceservice"),
                             ("validatingwebhookconfiguration", "localcache-caches"),

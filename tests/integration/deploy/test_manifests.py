@@ -77,8 +77,11 @@ ACCESS: dict[str, list[A]] = {
         A("get update patch", f"localmodelnodegroups.{SERVING}/status"),
         A("get list watch", f"inferenceservices.{SERVING}", TENANT),
         A("get list watch", f"clusterstoragecontainers.{SERVING}"),
+        # spec.baseRefs of LLMInferenceServices, resolved by the webhook
+        A("get list watch", f"llminferenceserviceconfigs.{SERVING}", TENANT),
         A("get list watch", CRDS, name=f"inferenceservices.{SERVING}"),
         A("get list watch", CRDS, name=f"clusterstoragecontainers.{SERVING}"),
+        A("get list watch", CRDS, name=f"llminferenceserviceconfigs.{SERVING}"),
         A("get list watch", CRDS, name=f"localmodelcaches.{SERVING}"),
         A("get list watch", CRDS, name=f"localmodelnamespacecaches.{SERVING}"),
         A("get list watch", CRDS, name=f"localmodelnodes.{SERVING}"),

@@ -29,7 +29,7 @@ from localcache.devenv.waiting import wait_until
 from localcache.runtime import errors, informer, kube
 from localcache.runtime.crds import optional
 from localcache.runtime.keys import ObjectKey
-from localcache.webhooks import isvc, validation
+from localcache.webhooks import isvc, llmisvc, validation
 from localcache.webhooks import setup as webhook_setup
 from tests.support import webhooks as wh
 
@@ -41,6 +41,8 @@ LMC = groupversion.LOCAL_MODEL_CACHE.api
 LMNC = groupversion.LOCAL_MODEL_NAMESPACE_CACHE.api
 LMNG = groupversion.LOCAL_MODEL_NODE_GROUP.api
 ISVC = groupversion.INFERENCE_SERVICE.api
+LLMISVC = groupversion.LLM_INFERENCE_SERVICE.api
+LLMISVC_CONFIG = groupversion.LLM_INFERENCE_SERVICE_CONFIG.api
 DOWNLOADED = {"copies": {"available": 1, "total": 1}, "nodeStatus": {"node-1": "NodeDownloaded"}}
 
 Obj = dict[str, Any]
@@ -94,10 +96,16 @@ class Harness:
         return doc
 
     @contextlib.asynccontextmanager
-    async def mutating(self) -> AsyncIterator[None]:
+    async def mutating(self, *, llm: bool = False) -> AsyncIterator[None]:
+        """The shipped mutating configuration, in effect; with `llm`, for LLMInferenceServices
+        too (their CRD must be installed)."""
         async with wh.installed(self.plane, self.configuration("mutating")):
             probe = self._probe(ISVC, isvc_obj("probe", "gs://probe/model"), self.namespace)
             await wh.wait_until_called(self.server, isvc.MUTATE_PATH, probe)
+            if llm:
+                llm_obj = llmisvc_obj("probe", "hf://probe/m")
+                llm_probe = self._probe(LLMISVC, llm_obj, self.namespace)
+                await wh.wait_until_called(self.server, llmisvc.MUTATE_PATH, llm_probe)
             yield
 
     @contextlib.asynccontextmanager
@@ -248,4 +256,26 @@ def isvc_obj(name: str, uri: str | None, *, annotations: dict[str, str] | None =
         "kind": groupversion.INFERENCE_SERVICE.kind,
         "metadata": meta,
         "spec": {"predictor": {"model": model}},
+    }
+
+
+def llmisvc_obj(
+    name: str,
+    uri: str | None,
+    *,
+    version: str = groupversion.LLM_INFERENCE_SERVICE.version,
+    annotations: dict[str, str] | None = None,
+    spec: Obj | None = None,
+) -> Obj:
+    meta: Obj = {"name": name}
+    if annotations:
+        meta["annotations"] = annotations
+    body: Obj = dict(spec or {})
+    if uri is not None:
+        body["model"] = {**body.get("model", {}), "uri": uri}
+    return {
+        "apiVersion": f"{groupversion.GROUP}/{version}",
+        "kind": groupversion.LLM_INFERENCE_SERVICE.kind,
+        "metadata": meta,
+        "spec": body,
     }

@@ -8,6 +8,7 @@ from typing import Any
 import yaml
 
 from localcache.runtime.serving import certgen
+from localcache.webhooks import llmisvc
 from localcache.webhooks import setup as webhooks_setup
 
 ROOT = Path(__file__).resolve().parents[3] / "manifests" / "webhook"
@@ -37,6 +38,34 @@ def test_isvc_mutation_ignores_failures_and_matches_create_and_update() -> None:
             "scope": "Namespaced",
         }
     ]
+
+
+def test_llmisvc_mutation_covers_both_versions_and_is_reinvoked() -> None:
+    hook = _hooks("mutating.yaml")[llmisvc.MUTATE_PATH]
+    assert hook["failurePolicy"] == "Ignore"
+    # IfNeeded: KServe's defaulter strips the keys and is not reinvoked; ours is (README).
+    assert hook["reinvocationPolicy"] == "IfNeeded"
+    assert hook["rules"] == [
+        {
+            "apiGroups": ["serving.kserve.io"],
+            "apiVersions": ["v1alpha1", "v1alpha2"],
+            "resources": ["llminferenceservices"],
+            "operations": ["CREATE", "UPDATE"],
+            "scope": "Namespaced",
+        }
+    ]
+    # The apiserver calls configurations in name order: KServe's own LLMInferenceService
+    # defaulter configuration sorts before ours.
+    kserves = "llminferenceservice.serving.kserve.io"
+    assert kserves < webhooks_setup.MUTATING_CONFIGURATION
+    for profile in ("standalone", "with-kserve"):  # the profiles rename the configuration
+        path = ROOT.parent / "profiles" / profile / "localcache.yaml"
+        (renamed,) = [
+            doc["metadata"]["name"]
+            for doc in yaml.safe_load_all(path.read_text())
+            if doc and doc["kind"] == "MutatingWebhookConfiguration"
+        ]
+        assert renamed > kserves
 
 
 def test_both_cache_kinds_are_validated_and_failures_reject() -> None:
