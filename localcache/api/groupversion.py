@@ -131,6 +131,17 @@ INFERENCE_SERVICE: Final = KindInfo(
     short_names=("isvc",),
     version="v1beta1",
 )
+LLM_INFERENCE_SERVICE: Final = KindInfo(
+    kind="LLMInferenceService",
+    plural="llminferenceservices",
+    singular="llminferenceservice",
+    list_kind="LLMInferenceServiceList",
+    namespaced=True,
+    status_subresource=True,
+    short_names=("llmisvc",),
+    version="v1alpha2",
+)
+"""Read at v1alpha2, KServe v0.20's storage version (v1alpha1 is served too, same objects)."""
 CLUSTER_STORAGE_CONTAINER: Final = KindInfo(
     kind="ClusterStorageContainer",
     plural="clusterstoragecontainers",
