@@ -28,6 +28,7 @@ keeps the metadata and, of the spec, only `model.uri` and the adapters' `name`/`
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
@@ -45,6 +46,9 @@ MAX_LORA_ANNOTATION: Final = 16 * 1024
 MAX_LORA_ENTRIES: Final = 64
 MAX_ADAPTERS: Final = 256
 MAX_URI: Final = 4096
+
+USED_CACHE_INDEX: Final = "localcache/llmisvc-used-cache"
+"""The index of `used_caches`, shared by the controllers and the webhooks."""
 
 How = Literal["base model", "LoRA adapter"]
 
@@ -187,6 +191,23 @@ def used_caches(obj: Obj) -> list[str]:
         except ValueError:
             continue
     return sorted(found)
+
+
+def proven(
+    objs: Iterable[Obj], *, cache_namespace: str, cache_name: str, cache_uri: str
+) -> list[tuple[Obj, list[Use]]]:
+    """The objects of `objs` (e.g. from `USED_CACHE_INDEX`) whose use of the cache is proven,
+    with their uses; a namespace cache's users are only those of its namespace."""
+    found = []
+    for obj in objs:
+        if cache_namespace and _meta(obj).get("namespace") != cache_namespace:
+            continue
+        used = uses(
+            obj, cache_namespace=cache_namespace, cache_name=cache_name, cache_uri=cache_uri
+        )
+        if used:
+            found.append((obj, used))
+    return found
 
 
 def uses(obj: Obj, *, cache_namespace: str, cache_name: str, cache_uri: str) -> list[Use]:

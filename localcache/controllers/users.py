@@ -31,7 +31,7 @@ from localcache.runtime import store
 _log = structlog.get_logger(__name__)
 
 Obj = dict[str, Any]
-BY_USED_CACHE: Final = "localcache/llmisvc-used-cache"
+BY_USED_CACHE: Final = llmuse.USED_CACHE_INDEX
 """LLMInferenceServices by the status key of each cache they are labelled/annotated for."""
 LLMISVC_INDEXERS: Final = {BY_USED_CACHE: llmuse.used_caches}
 
@@ -60,20 +60,13 @@ def llm_users_of(sc: scope.Scope, stores: state.Stores, cache: scope.CacheModel)
     reader: store.Reader | None = stores.llm_inference_services
     if reader is None:
         return []
-    namespace = cache.namespace if sc.namespaced else ""
-    found = []
-    for obj in reader.by_index(BY_USED_CACHE, sc.status_key(cache)):
-        if sc.namespaced and _meta(obj).get("namespace") != namespace:
-            continue
-        used = llmuse.uses(
-            obj,
-            cache_namespace=namespace,
-            cache_name=cache.name,
-            cache_uri=cache.spec.source_model_uri,
-        )
-        if used:
-            found.append(LlmUser(obj, used))
-    return found
+    found = llmuse.proven(
+        reader.by_index(BY_USED_CACHE, sc.status_key(cache)),
+        cache_namespace=cache.namespace if sc.namespaced else "",
+        cache_name=cache.name,
+        cache_uri=cache.spec.source_model_uri,
+    )
+    return [LlmUser(obj, used) for obj, used in found]
 
 
 def _group(cache: scope.CacheModel, obj: Obj) -> str | None:
