@@ -161,7 +161,7 @@ async def test_two_caches_whose_plain_claim_names_clash_do_not_share_a_claim(env
 
     async def reported() -> bool:
         conds = (await env.cache_status(second)).get("conditions") or []
-        degraded = next((c for c in conds if c["type"] == "Degraded"), {})
+        degraded: Obj = next((c for c in conds if c["type"] == "Degraded"), {})
         return degraded.get("reason") == "VolumeNameTaken" and clash in degraded.get("message", "")
 
     await wait_until(reported, what=f"cache {second} is Degraded: {clash} is taken")
