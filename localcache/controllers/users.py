@@ -34,6 +34,8 @@ Obj = dict[str, Any]
 BY_USED_CACHE: Final = llmuse.USED_CACHE_INDEX
 """LLMInferenceServices by the status key of each cache they are labelled/annotated for."""
 LLMISVC_INDEXERS: Final = {BY_USED_CACHE: llmuse.used_caches}
+MAX_TRACKED: Final = 1000
+"""Entries of each users list in a cache's status (`tracked`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,9 +124,12 @@ def _check_plain(cache: scope.CacheModel, group: str, obj: Obj, use: llmuse.Use)
 
 
 def tracked(objs: Iterable[Obj]) -> list[Obj]:
-    """`status.inferenceServices` / `status.llmInferenceServices` entries, sorted, distinct."""
+    """`status.inferenceServices` / `status.llmInferenceServices` entries, sorted, distinct,
+    the first `MAX_TRACKED` only: tenants of every namespace may label objects for a cluster
+    cache, and its status must stay far below etcd's object size limit (deletion is guarded
+    from the stores, not from this list)."""
     refs = {(str(_meta(o).get("namespace")), str(_meta(o).get("name"))) for o in objs}
-    return [{"namespace": ns, "name": name} for ns, name in sorted(refs)]
+    return [{"namespace": ns, "name": name} for ns, name in sorted(refs)[:MAX_TRACKED]]
 
 
 # ------------------------------------------------------------------------ watch wiring

@@ -133,3 +133,11 @@ def test_an_update_that_changes_a_use_passes_the_predicate() -> None:
     after = _llm("prod", "chat", annotations={llmuse.LORA_ANNOTATION: "{}"})
     assert users.llmisvc_changed(before, after)
     assert not users.llmisvc_changed(before, _llm("prod", "chat"))
+
+
+def test_status_lists_are_sorted_distinct_and_bounded() -> None:
+    objs = [_obj("X", f"ns{i:05d}", "a") for i in range(users.MAX_TRACKED + 5)]
+    listed = users.tracked([*reversed(objs), objs[0]])
+    assert len(listed) == users.MAX_TRACKED
+    assert listed[0] == {"namespace": "ns00000", "name": "a"}
+    assert listed == sorted(listed, key=lambda e: (e["namespace"], e["name"]))
