@@ -132,16 +132,6 @@ INFERENCE_SERVICE: Final = KindInfo(
     short_names=("isvc",),
     version="v1beta1",
 )
-CLUSTER_STORAGE_CONTAINER: Final = KindInfo(
-    kind="ClusterStorageContainer",
-    plural="clusterstoragecontainers",
-    singular="clusterstoragecontainer",
-    list_kind="ClusterStorageContainerList",
-    namespaced=False,
-    status_subresource=False,
-)
-
-# KServe serves both v1alpha1 and v1alpha2 (the storage version); we read v1alpha2.
 LLM_INFERENCE_SERVICE: Final = KindInfo(
     kind="LLMInferenceService",
     plural="llminferenceservices",
@@ -152,6 +142,17 @@ LLM_INFERENCE_SERVICE: Final = KindInfo(
     short_names=("llmisvc",),
     version="v1alpha2",
 )
+"""Read at v1alpha2, KServe v0.20's storage version (v1alpha1 is served too, same objects)."""
+CLUSTER_STORAGE_CONTAINER: Final = KindInfo(
+    kind="ClusterStorageContainer",
+    plural="clusterstoragecontainers",
+    singular="clusterstoragecontainer",
+    list_kind="ClusterStorageContainerList",
+    namespaced=False,
+    status_subresource=False,
+)
+
+# KServe serves both v1alpha1 and v1alpha2 (the storage version); we read v1alpha2.
 LLM_INFERENCE_SERVICE_CONFIG: Final = KindInfo(
     kind="LLMInferenceServiceConfig",
     plural="llminferenceserviceconfigs",

@@ -31,11 +31,34 @@ as its serving PVC, the name KServe's own defaulter would set.
 Not promised: that the same (cache, group) gives different names for its serving PVC and its
 cluster download PVC when both are kept in KServe's form (an InferenceService in jobNamespace
 itself); KServe's add-on has the same clash.
+
+**The serving PVC is an exception** (issue 21): KServe's LLMInferenceService controller does
+not read a claim name for a LoRA adapter, it recomputes `<cache>-<nodeGroup>` (KServe #5690,
+`pvcNameForNodeGroup`). So `serving_pvc` is KServe's plain join whenever that is a valid
+name (a DNS-1123 subdomain of at most 253 characters), ambiguous or not. The ambiguity is
+handled where it can bite, in one namespace at plan time: the first cache whose claim holds
+the name keeps it; another cache whose derivation gives the same name finds it held by a
+claim that is not provably its own (`controllers.adoption`), leaves it alone and reports
+`Degraded`/`VolumeNameTaken` with a Warning Event naming the claim and its owner; two caches
+never share a claim. Where the plain join is longer than 253 characters the claim gets the
+hash-shortened name (the base model still works: it reads `localmodel-pvc-name`); a LoRA
+adapter of that cache cannot be served from it: KServe's controller names a claim that does
+not exist and the pods of that LLMInferenceService stay Pending (`persistentvolumeclaim
+"<name>" not found`); the controller logs `lora_claim_name_not_plain`.
+
+Migration: earlier versions hashed the serving PVC whenever the plain join was ambiguous
+(`legacy_serving_pvc`). Such claims stay in place while an InferenceService or
+LLMInferenceService of their namespace still names them in `localmodel-pvc-name` (its pods
+mount them); the plain claim is made next to them with a PV of its own (`serving_pv` gives
+the plain claim's PV a hashed name of its own role wherever the two claim names differ), and
+the old pair is deleted once no user names it (a pod that still mounts it holds the claim
+Terminating until it ends, pvc-protection).
 """
 
 from __future__ import annotations
 
 import hashlib
+import re
 from typing import Final, Literal
 
 MAX_NAME: Final = 253
@@ -52,7 +75,10 @@ Role = Literal[
     "cluster-download-pv",
     "namespace-download-pv",
     "serving-pv",
+    "plain-serving-pv",
 ]
+
+_SUBDOMAIN: Final = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
 
 def _keepable(part: str, *, single_word: bool) -> bool:
@@ -74,13 +100,37 @@ def _derive(role: Role, parts: tuple[str, ...], *, words: tuple[bool, ...], suff
         _keepable(part, single_word=word) for part, word in zip(parts, words, strict=True)
     ):
         return plain
+    return _hashed(role, parts, plain)
+
+
+def _hashed(role: Role, parts: tuple[str, ...], plain: str) -> str:
     digest = hashlib.sha256("\n".join([role, *parts]).encode("utf-8")).hexdigest()
     head = plain[: MAX_NAME - len(MARK) - HASH_LENGTH].rstrip("-.")
     return f"{head}{MARK}{digest[:HASH_LENGTH]}"
 
 
+def is_valid_name(name: str) -> bool:
+    """A DNS-1123 subdomain: what PV and PVC names must be."""
+    return len(name) <= MAX_NAME and _SUBDOMAIN.fullmatch(name) is not None
+
+
+def plain_serving_pvc(cache: str, group: str) -> str:
+    """`{cache}-{group}` as KServe's LLMInferenceService controller computes it for a LoRA
+    adapter (whether or not it is a valid name)."""
+    return f"{cache}-{group}"
+
+
 def serving_pvc(cache: str, group: str) -> str:
-    """`{cache}-{group}`: the serving PVC in each InferenceService namespace (both kinds)."""
+    """`{cache}-{group}` wherever that is a valid name (module docstring), else shortened:
+    the serving PVC in each namespace with users of the cache (both kinds)."""
+    plain = plain_serving_pvc(cache, group)
+    if is_valid_name(plain):
+        return plain
+    return legacy_serving_pvc(cache, group)
+
+
+def legacy_serving_pvc(cache: str, group: str) -> str:
+    """The serving PVC's name before issue 21: KServe's form only when unambiguous."""
     return _derive("serving-pvc", (cache, group), words=(False, True), suffix="")
 
 
@@ -108,5 +158,16 @@ def download_pv(cache: str, group: str, namespace: str | None) -> str:
 
 
 def serving_pv(cache: str, group: str, namespace: str) -> str:
-    """`{cache}-{group}-{ns}`: the serving PV for InferenceServices of `namespace`."""
+    """`{cache}-{group}-{ns}`: the serving PV for the users of `namespace`, bound to
+    `serving_pvc`. Where that claim name differs from `legacy_serving_pvc`, the PV's name is
+    hashed under a role of its own, so the old pair (`legacy_serving_pv`) can stay beside it
+    during a migration (module docstring)."""
+    if serving_pvc(cache, group) == legacy_serving_pvc(cache, group):
+        return legacy_serving_pv(cache, group, namespace)
+    parts = (cache, group, namespace)
+    return _hashed("plain-serving-pv", parts, "-".join(parts))
+
+
+def legacy_serving_pv(cache: str, group: str, namespace: str) -> str:
+    """The serving PV's name before issue 21 (bound to `legacy_serving_pvc`)."""
     return _derive("serving-pv", (cache, group, namespace), words=(False, True, True), suffix="")

@@ -8,15 +8,18 @@ A reconcile of cache C (level-based, reading informer stores, writing only what 
    still lists C, gets its desired entry list (`nodes.LocalModelNodes`: the list covers all
    caches and is computed at write time).
 4. Volumes: the download pair per existing group and, when InferenceServices are watched and
-   `disableVolumeManagement` is off, a serving pair per (ISVC namespace, node group)
-   (`volumes.reconcile_volumes`): existing objects that are provably the cache's but not
-   annotated (KServe's, after a migration) are adopted, with a Normal Event `VolumeAdopted`
-   each; a wanted name held by an object that is not the cache's is reported (`Degraded`,
-   reason `VolumeNameTaken`, and one Warning Event and log line when first reported) and the
-   cache is looked at again after `volumes.TAKEN_RECHECK` seconds.
-5. Status: `nodeStatus`, `copies`, `conditions` and `inferenceServices`, patched only when
-   they differ (from what this process last wrote, when the store lags behind it); Events
-   for downloads completed or failed, derived objects refused, and condition changes.
+   `disableVolumeManagement` is off, a serving pair per (namespace, node group) of its users,
+   InferenceServices and LLMInferenceServices (base model or LoRA adapter; plus the old-named
+   pair a user still names, `users.serving`) (`volumes.reconcile_volumes`): existing objects
+   that are provably the cache's but not annotated (KServe's, after a migration) are adopted,
+   with a Normal Event `VolumeAdopted` each; a wanted name held by an object that is not the
+   cache's (another cache's claim of the same plain name, `caching.names`) is reported
+   (`Degraded`, reason `VolumeNameTaken`, and one Warning Event and log line when first
+   reported) and the cache is looked at again after `volumes.TAKEN_RECHECK` seconds.
+5. Status: `nodeStatus`, `copies`, `conditions`, `inferenceServices` and (while that kind is
+   watched) `llmInferenceServices`, patched only when they differ (from what this process last
+   wrote, when the store lags behind it); Events for downloads completed or failed, derived
+   objects refused, and condition changes.
 Failures of steps 3 and 4 do not stop the others; the first is raised at the end (retry with
 backoff), after the status was written, except when step 4 got no answer from the apiserver
 (a transport error): then the status is left as it is. A PV/PVC write the apiserver refuses
@@ -40,7 +43,7 @@ from typing import Any
 import pydantic
 import structlog
 
-from localcache.api import inferenceservice, modelcache
+from localcache.api import modelcache
 from localcache.caching import conditions, placement
 from localcache.controllers import (
     legacy,
@@ -48,6 +51,7 @@ from localcache.controllers import (
     scope,
     state,
     status,
+    users,
     volumeplan,
     volumes,
     volumewriter,
@@ -59,31 +63,6 @@ from localcache.runtime import keys as runtime_keys
 _log = structlog.get_logger(__name__)
 
 Obj = dict[str, Any]
-
-
-def serving_pairs(cache: scope.CacheModel, isvcs: list[Obj]) -> set[tuple[str, str]]:
-    """(ISVC namespace, node group) for each InferenceService: its `serving.kserve.io/
-    nodegroup` annotation when that is one of the cache's groups, else the first group."""
-    pairs = set()
-    for isvc in isvcs:
-        meta = isvc.get("metadata") or {}
-        wanted = (meta.get("annotations") or {}).get(inferenceservice.NODE_GROUP_ANNOTATION)
-        if wanted and wanted not in cache.spec.node_groups:
-            _log.info("isvc_node_group_not_in_cache", isvc=meta.get("name"), node_group=wanted)
-            continue
-        pairs.add((str(meta.get("namespace") or ""), wanted or cache.spec.node_groups[0]))
-    return pairs
-
-
-def _tracked(isvcs: list[Obj]) -> list[Obj]:
-    refs = {
-        (
-            str((i.get("metadata") or {}).get("namespace")),
-            str((i.get("metadata") or {}).get("name")),
-        )
-        for i in isvcs
-    }
-    return [{"namespace": ns, "name": name} for ns, name in sorted(refs)]
 
 
 def _int_or_none(value: Any) -> int | None:
@@ -149,11 +128,14 @@ class CacheReconciler:
             self._stores.inference_services is not None and not cfg.disable_volume_management
         )
         isvcs = self.scope.isvcs_of(self._stores, cache)
+        llms = users.llm_users_of(self.scope, self._stores, cache)
+        wanted = users.serving(cache, isvcs=isvcs, llm_users=llms) if manage_serving else None
         pairs = volumeplan.plan(
             self.scope,
             cache,
             groups=snap.groups,
-            serving=serving_pairs(cache, isvcs) if manage_serving else (),
+            serving=wanted.pairs if wanted else (),
+            legacy_serving=wanted.legacy if wanted else (),
             job_namespace=cfg.job_namespace,
             volume_source=cfg.volume_source,
         )
@@ -183,7 +165,7 @@ class CacheReconciler:
                     "Normal", conditions.REASON_VOLUME_ADOPTED, adopted.describe()
                 ),
             )
-        await self._write_status(raw, cache, snap, members, isvcs, outcome)
+        await self._write_status(raw, cache, snap, members, (isvcs, llms), outcome)
         if failures:
             raise failures[0]
         if outcome.taken:
@@ -242,7 +224,7 @@ class CacheReconciler:
         cache: scope.CacheModel,
         snap: placement.Snapshot,
         members: dict[str, str],
-        isvcs: list[Obj],
+        used_by: tuple[list[Obj], list[users.LlmUser]],
         outcome: volumewriter.Outcome,
     ) -> None:
         key = self.scope.status_key(cache)
@@ -297,7 +279,9 @@ class CacheReconciler:
             "conditions": [c.to_dict() for c in conds],
         }
         if self._stores.inference_services is not None:
-            desired["inferenceServices"] = _tracked(isvcs)
+            desired["inferenceServices"] = users.tracked(used_by[0])
+        if self._stores.llm_inference_services is not None:
+            desired["llmInferenceServices"] = users.tracked(u.obj for u in used_by[1])
         if not await status.write_status(
             self._api, self.scope, current=raw, desired=desired, written=self._written
         ):

@@ -8,11 +8,14 @@ its status-key style, its PV/PVC names and which InferenceServices belong to it.
     download PVC        {c}-{g} in jobNamespace (owned)   {c}-{g}-download in ns (owned)
     serving PV          {c}-{g}-{isvcNs} (owned)          {c}-{g}-{ns} (no owner)
     serving PVC         {c}-{g} in isvcNs (owned)         {c}-{g} in ns (owned)
+    (users: InferenceServices, and LLMInferenceServices by base model or LoRA adapter,
+    `controllers.users`)
     InferenceServices   localmodel label = c, and no      localmodel label = c, namespace
                         localmodel-namespace label [P2]   label = ns, and the ISVC is in ns
 
-The PV/PVC names are KServe's forms when those are unambiguous and fit, else hash-shortened
-(`caching.names`, the one place that derives them for controller, agent and webhooks).
+The PV/PVC names are KServe's forms when those are unambiguous and fit, else hash-shortened;
+the serving PVC is KServe's plain join wherever that is a valid name (`caching.names`, the
+one place that derives them for controller, agent and webhooks).
 
 Everything else (the reconcile steps) is shared and parameterised by a Scope.
 """
@@ -117,6 +120,15 @@ class Scope:
 
     def serving_pvc_name(self, cache: CacheModel, group: str) -> str:
         return names.serving_pvc(cache.name, group)
+
+    def legacy_serving_names(
+        self, cache: CacheModel, group: str, namespace: str
+    ) -> tuple[str, str]:
+        """(PV, PVC) names of a serving pair as named before issue 21 (`names` docstring)."""
+        return (
+            names.legacy_serving_pv(cache.name, group, namespace),
+            names.legacy_serving_pvc(cache.name, group),
+        )
 
     @property
     def pvs_owned(self) -> bool:

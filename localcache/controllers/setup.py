@@ -16,8 +16,12 @@ kind's Scope) and `localmodelnodegroup` (group usage). Each cache controller is 
                                                                    after the change [P6]
     LocalModelNode        deleted, status changed                  caches named by its status
                                                                    keys and entries
-    InferenceService      added, deleted, localmodel labels or     the cache its labels name
-                          node-group annotation changed [P12]      (old and new)
+    InferenceService      added, deleted, localmodel labels,       the cache its labels name
+                          node-group or pvc-name annotation, or    (old and new)
+                          storage URI changed [P12]
+    LLMInferenceService   added, deleted, localmodel labels, LoRA  the caches its labels and
+                          or node-group or pvc-name annotation,    LoRA annotation name
+                          model or adapter URIs changed            (`users`)
     PV, PVC               deleted, turned Released/Failed/Lost,    the owning cache (our
                           deletion started, reclaim policy         annotation or ownerRef)
                           changed (a stale download PV set to
@@ -28,16 +32,19 @@ Status-only changes of a cache do not trigger it (its own status writes would lo
 A live `disableVolumeManagement` is read at every reconcile (`volumegate`), and
 `CacheControllers.config_changed()` reconciles every cache again when it (or `volumeSource`)
 changes.
-InferenceServices are an optional kind (`optional.OptionalInformer`: watched only while
-KServe's CRD serves; reads raise `optional.NotSynced` while it lists, so a reconcile retries
-instead of treating "not listed yet" as "no ISVC"); every cache is enqueued again when the
-kind starts or stops being watched.
+(LLM)InferenceServices are optional kinds (`optional.OptionalInformer`: watched only while
+KServe's CRD serves, also when installed later; reads raise `optional.NotSynced` while it
+lists, so a reconcile retries instead of reading "not listed yet" as "no user"); every cache
+is enqueued again when a kind starts or stops being watched. LLMInferenceServices are watched
+whole: a LoRA user carries only an annotation, which no selector can select on; they are few
+(each a GPU deployment) and kept slim (`llmuse.slim`).
 `CacheControllers.resync()` enqueues every cache and group, the "forced resync".
 
 Shapes in the caches (what sharing consumers must agree on): full objects compacted
 (`informer.compact`) for everything but Nodes (`_slim_node`: name, labels and the Ready
-condition, read only here) and InferenceServices (`caching.indexes.isvc_use`: the controllers
-read only their metadata and storage URI, like the webhooks). Stores are shared: the
+condition, read only here), InferenceServices (`caching.indexes.isvc_use`: the controllers
+read only their metadata and storage URI, like the webhooks) and LLMInferenceServices
+(`caching.llmuse.slim`). Stores are shared: the
 reconcilers never mutate what they read.
 """
 
@@ -51,9 +58,8 @@ from typing import Any
 
 import structlog
 
-from localcache.api import inferenceservice
 from localcache.caching import config as config_mod
-from localcache.caching import indexes, placement
+from localcache.caching import indexes, llmuse, placement
 from localcache.controllers import (
     adoption,
     clustercache,
@@ -64,6 +70,7 @@ from localcache.controllers import (
     scope,
     state,
     status,
+    users,
     volumegate,
     volumes,
 )
@@ -99,6 +106,8 @@ class CacheControllers:
     writer: nodes.LocalModelNodes
     inference_services: optional.OptionalInformer | None = None
     """KServe's InferenceServices, watched while their CRD serves (None when disabled)."""
+    llm_inference_services: optional.OptionalInformer | None = None
+    """KServe's LLMInferenceServices, likewise."""
     volume_management: volumegate.VolumeManagement | None = None
     """The live configuration's `disableVolumeManagement` (None with a fixed config)."""
 
@@ -144,20 +153,6 @@ def _node_changed(old: Obj, new: Obj) -> bool:
     )
 
 
-def _isvc_changed(old: Obj, new: Obj) -> bool:
-    def relevant(obj: Obj) -> tuple[Any, ...]:
-        labels = _meta(obj).get("labels") or {}
-        annotations = _meta(obj).get("annotations") or {}
-        return (
-            labels.get(inferenceservice.LOCAL_MODEL_LABEL),
-            labels.get(inferenceservice.LOCAL_MODEL_NAMESPACE_LABEL),
-            annotations.get(inferenceservice.NODE_GROUP_ANNOTATION),
-            indexes.isvc_storage_uri(obj),  # a use is proven by the URI too (scope.isvcs_of)
-        )
-
-    return relevant(old) != relevant(new)
-
-
 def _volume_changed(old: Obj, new: Obj) -> bool:
     """A PV/PVC turned broken (Released, Failed, Lost), started terminating, or (a PV) had
     its reclaim policy changed."""
@@ -174,9 +169,6 @@ _BROKEN_PHASES = volumes.BROKEN_PV_PHASES | volumes.BROKEN_PVC_PHASES
 
 def _lmn_changed(old: Obj, new: Obj) -> bool:
     return old.get("status") != new.get("status")
-
-
-# ------------------------------------------------------------------------ transforms
 
 
 # ------------------------------------------------------------------------ mappings
@@ -286,12 +278,16 @@ def setup(
         ),
     }
     isvcs: optional.OptionalInformer | None = None
+    llms: optional.OptionalInformer | None = None
     if watch_isvcs:
-        # KServe's CRD may be missing or come later: watched only while it serves.
+        # KServe's CRDs may be missing or come later: watched only while they serve.
         isvcs = shared.optional_informer(
             state.INFERENCE_SERVICES,
             indexers=state.ISVC_INDEXERS,
             transform=indexes.isvc_use,
+        )
+        llms = shared.optional_informer(
+            state.LLM_INFERENCE_SERVICES, indexers=users.LLMISVC_INDEXERS, transform=llmuse.slim
         )
     stores = state.Stores(
         caches=informers["caches"].reader(),
@@ -302,9 +298,12 @@ def setup(
         persistent_volumes=informers["persistent_volumes"].reader(),
         persistent_volume_claims=informers["persistent_volume_claims"].reader(),
         inference_services=isvcs.reader() if isvcs is not None else None,
+        llm_inference_services=llms.reader() if llms is not None else None,
     )
     reader = state.StateReader(stores)
-    unmanaged = state.StateReader(dataclasses.replace(stores, inference_services=None))
+    unmanaged = state.StateReader(
+        dataclasses.replace(stores, inference_services=None, llm_inference_services=None)
+    )
     recorder = status.EventRecorder(kube, instance=socket.gethostname())
     writer = nodes.LocalModelNodes(kube, store=stores.local_model_nodes, snapshot=reader.snapshot)
     built: dict[str, controller.Controller] = {}
@@ -321,7 +320,7 @@ def setup(
             )
             rec = volumegate.Gated(mode, managed=rec, unmanaged=without)
         ctl = _controller(sc.name, rec, clock=clk, workers=workers, registry=metrics)
-        _wire_cache_controller(sc, ctl.queue, informers, reader, isvcs)
+        _wire_cache_controller(sc, ctl.queue, informers, reader, (isvcs, llms))
         own.add_handler(handlers.enqueue_self(ctl.queue, predicates.funcs(updated=_cache_changed)))
         built[sc.name] = manager.add_controller(ctl)
     usage = _controller(
@@ -349,12 +348,14 @@ def setup(
         stores=stores,
         writer=writer,
         inference_services=isvcs,
+        llm_inference_services=llms,
         volume_management=mode,
     )
-    if isvcs is not None:
-        # Serving volumes and `status.inferenceServices` depend on every ISVC: when the
-        # kind starts (or stops) being watched, reconcile every cache again.
-        isvcs.on_change(lambda _availability: _resync(handle))
+    for opt in (isvcs, llms):
+        if opt is not None:
+            # Serving volumes and `status.(llm)InferenceServices` depend on every user: when
+            # the kind starts (or stops) being watched, reconcile every cache again.
+            opt.on_change(lambda _availability: _resync(handle))
     return handle
 
 
@@ -368,7 +369,7 @@ def _wire_cache_controller(
     queue: workqueue.WorkQueue,
     informers: dict[str, informer.Informer],
     reader: state.StateReader,
-    isvcs: optional.OptionalInformer | None,
+    serving_kinds: tuple[optional.OptionalInformer | None, optional.OptionalInformer | None],
 ) -> None:
     fn = predicates.funcs
     informers["nodes"].add_handler(
@@ -388,5 +389,12 @@ def _wire_cache_controller(
                 queue, _map_volume(sc), fn(added=lambda _: False, updated=_volume_changed)
             )
         )
+    isvcs, llms = serving_kinds
     if isvcs is not None:
-        isvcs.add_handler(handlers.enqueue_mapped(queue, _map_isvc(sc), fn(updated=_isvc_changed)))
+        isvcs.add_handler(
+            handlers.enqueue_mapped(queue, _map_isvc(sc), fn(updated=users.isvc_changed))
+        )
+    if llms is not None:
+        llms.add_handler(
+            handlers.enqueue_mapped(queue, users.map_llmisvc(sc), fn(updated=users.llmisvc_changed))
+        )

@@ -53,6 +53,7 @@ LOCAL_MODEL_NAMESPACE_CACHES: Final = groupversion.LOCAL_MODEL_NAMESPACE_CACHE.a
 LOCAL_MODEL_NODES: Final = groupversion.LOCAL_MODEL_NODE.api
 LOCAL_MODEL_NODE_GROUPS: Final = groupversion.LOCAL_MODEL_NODE_GROUP.api
 INFERENCE_SERVICES: Final = groupversion.INFERENCE_SERVICE.api
+LLM_INFERENCE_SERVICES: Final = groupversion.LLM_INFERENCE_SERVICE.api
 
 
 def owner_id(kind: str, namespace: str, name: str) -> str:
@@ -175,6 +176,8 @@ class Stores:
     persistent_volume_claims: store.Reader
     inference_services: store.Reader | None
     """None when InferenceServices are not watched (`disableVolumeManagement` at start-up)."""
+    llm_inference_services: store.Reader | None = None
+    """KServe's LLMInferenceServices (`users.LLMISVC_INDEXERS`); None when not watched."""
 
 
 # ------------------------------------------------------------------------ parsing

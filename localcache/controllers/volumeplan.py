@@ -145,8 +145,11 @@ def plan(
     serving: Iterable[tuple[str, str]],
     job_namespace: str,
     volume_source: VolumeSource = "csi",
+    legacy_serving: Iterable[tuple[str, str]] = (),
 ) -> list[Pair]:
-    """The wanted pairs: download per existing group, serving per (namespace, group)."""
+    """The wanted pairs: download per existing group, serving per (namespace, group), and
+    per (namespace, group) of `legacy_serving` the serving pair under its old names (kept
+    while a user still names its claim, `caching.names` "Migration")."""
     pairs = []
     for name in dict.fromkeys(cache.spec.node_groups):
         group = groups.get(name)
@@ -179,6 +182,23 @@ def plan(
                 pv_name=sc.serving_pv_name(cache, name, namespace),
                 pvc_namespace=namespace,
                 pvc_name=sc.serving_pvc_name(cache, name),
+                volume_source=volume_source,
+            )
+        )
+    for namespace, name in sorted(set(legacy_serving)):
+        group = groups.get(name)
+        pv_name, pvc_name = sc.legacy_serving_names(cache, name, namespace)
+        if group is None or pvc_name == sc.serving_pvc_name(cache, name):
+            continue
+        pairs.append(
+            _pair(
+                sc,
+                cache,
+                group,
+                role="serving",
+                pv_name=pv_name,
+                pvc_namespace=namespace,
+                pvc_name=pvc_name,
                 volume_source=volume_source,
             )
         )

@@ -2,10 +2,11 @@
 
 `setup()` takes three informers (LocalModelCache, LocalModelNamespaceCache in all
 namespaces, LocalModelNodeGroup), and optional ones (`optional.OptionalInformer`: watched
-only while KServe's CRD serves, so the webhooks start without KServe) on InferenceServices in
-all namespaces, on LLMInferenceServiceConfigs in all namespaces (the `spec.baseRefs` of
-LLMInferenceServices) and, when `storage_containers` is on, on KServe's
-ClusterStorageContainers (the validators accept URIs they claim), from an
+only while KServe's CRD serves, so the webhooks start without KServe) on InferenceServices,
+LLMInferenceServices (`caching.llmuse.slim`, read by delete validation) and
+LLMInferenceServiceConfigs (the `spec.baseRefs` of LLMInferenceServices) in all namespaces
+and, when `storage_containers` is on, on KServe's ClusterStorageContainers (the validators
+accept URIs they claim), from an
 `InformerFactory`, with the indexes the handlers read (the process's shared factory when
 given, so the cache controllers of the same Manager reuse the same watches and caches; the
 Manager starts them and gates /readyz on their sync), and registers three handlers at the
@@ -38,7 +39,7 @@ from typing import Any
 
 from localcache.api import groupversion
 from localcache.caching import config as config_mod
-from localcache.caching import indexes
+from localcache.caching import indexes, llmuse
 from localcache.runtime import clock as clock_mod
 from localcache.runtime import factory as factory_mod
 from localcache.runtime import informer, kube
@@ -68,6 +69,7 @@ class Webhooks:
     inference_services: optional.OptionalInformer
     llm_configs: optional.OptionalInformer
     storage_containers: optional.OptionalInformer | None
+    llm_inference_services: optional.OptionalInformer
     mutator: isvc.IsvcMutator
     llm_mutator: llmisvc.LlmIsvcMutator
     cache_validator: validation.CacheValidator
@@ -78,7 +80,12 @@ class Webhooks:
         not being listed right now)."""
         return _all_synced(
             (self.caches, self.namespace_caches, self.node_groups),
-            (self.inference_services, self.llm_configs, self.storage_containers),
+            (
+                self.inference_services,
+                self.llm_configs,
+                self.storage_containers,
+                self.llm_inference_services,
+            ),
         )
 
 
@@ -141,6 +148,11 @@ def setup(
     llm_configs = shared.optional_informer(
         groupversion.LLM_INFERENCE_SERVICE_CONFIG.api, transform=llmisvc.config_use
     )
+    llmisvcs = shared.optional_informer(
+        groupversion.LLM_INFERENCE_SERVICE.api,
+        indexers={llmuse.USED_CACHE_INDEX: llmuse.used_caches},
+        transform=llmuse.slim,
+    )
     containers = (
         shared.optional_informer(groupversion.CLUSTER_STORAGE_CONTAINER.api)
         if storage_containers
@@ -152,7 +164,7 @@ def setup(
         return _all_synced(required, ())
 
     def synced() -> bool:
-        return _all_synced(required, (isvcs, containers))
+        return _all_synced(required, (isvcs, containers, llmisvcs))
 
     mutator = isvc.IsvcMutator(
         caches=caches.reader(),
@@ -178,6 +190,7 @@ def setup(
             namespace_caches=namespace_caches.reader(),
             node_groups=node_groups.reader(),
             inference_services=isvcs.reader(),
+            llm_inference_services=llmisvcs.reader(),
             synced=synced,
             storage_containers=containers.reader() if containers else None,
             allow_file_uris=allow_file_uris,
@@ -197,6 +210,7 @@ def setup(
         inference_services=isvcs,
         llm_configs=llm_configs,
         storage_containers=containers,
+        llm_inference_services=llmisvcs,
         mutator=mutator,
         llm_mutator=llm_mutator,
         cache_validator=validators[0],

@@ -28,10 +28,14 @@ Create and update (an update of an object being deleted is always allowed, as in
 Delete: denied while a live InferenceService is labelled for the cache (label
 `internal.serving.kserve.io/localmodel` = name, plus `…/localmodel-namespace` = namespace for a
 namespace cache, none for a cluster cache) and the cache serves its storage URI
-(`caching.indexes.isvc_uses_uri`). The labels are the truth the cache's
-`status.inferenceServices` is derived from, so an ISVC listed in status that no longer exists
-(or no longer carries the label) does not block [P4], and one labelled but not yet in status
-does. LLMInferenceServices are not consulted.
+(`caching.indexes.isvc_uses_uri`), or while a live LLMInferenceService uses it, by its base
+model (the same labels, `spec.model.uri`) or a LoRA adapter (the `…/localmodel-lora`
+annotation, an adapter's URI; `caching.llmuse`). The denial names each kind's first user
+(kind, namespace/name, and how an LLMInferenceService uses it) and how many more there are.
+The labels and annotation are the truth the cache's `status.inferenceServices` and
+`status.llmInferenceServices` are derived from, so a user listed in status that no longer
+exists (or no longer carries the keys) does not block [P4], and one labelled but not yet in
+status does.
 """
 
 from __future__ import annotations
@@ -45,7 +49,7 @@ import structlog
 
 from localcache.api import modelcache, nodegroup, storage
 from localcache.caching import config as config_mod
-from localcache.caching import indexes, uris
+from localcache.caching import indexes, llmuse, uris
 from localcache.caching import keys as cache_keys
 from localcache.runtime import keys as runtime_keys
 from localcache.runtime.serving import review
@@ -80,6 +84,8 @@ class Snapshot:
     namespace_caches: Sequence[modelcache.LocalModelNamespaceCache] = ()
     users: Sequence[runtime_keys.ObjectKey] = ()
     """Live InferenceServices labelled for the cache under review (delete only)."""
+    llm_users: Sequence[tuple[runtime_keys.ObjectKey, str]] = ()
+    """Live LLMInferenceServices using the cache under review, with how (delete only)."""
     storage_containers: Sequence[storage.ClusterStorageContainer] = ()
     allow_file_uris: bool = False
     namespace_share_percent: int = config_mod.DEFAULT_NAMESPACE_SHARE_PERCENT
@@ -178,18 +184,24 @@ def check_name(cache: AnyCache, *, old: AnyCache | None, snapshot: Snapshot) -> 
     return []
 
 
-def check_in_use(cache: AnyCache, *, users: Sequence[runtime_keys.ObjectKey]) -> list[Violation]:
-    if not users:
-        return []
-    first, *rest = sorted(users)
-    more = f" (and {len(rest)} more)" if rest else ""
-    return [
-        Violation(
-            "status.inferenceServices",
-            f"{isvc.describe(cache)} is being used by InferenceService "
-            f"{first.namespace}/{first.name}{more}",
-        )
-    ]
+def check_in_use(
+    cache: AnyCache,
+    *,
+    users: Sequence[runtime_keys.ObjectKey],
+    llm_users: Sequence[tuple[runtime_keys.ObjectKey, str]] = (),
+) -> list[Violation]:
+    kinds = (
+        ("status.inferenceServices", "InferenceService", [(k, "") for k in users]),
+        ("status.llmInferenceServices", "LLMInferenceService", list(llm_users)),
+    )
+    found = []
+    for where, kind, named in kinds:
+        if named:
+            (key, how), *rest = sorted(named)
+            more = f" (and {len(rest)} more)" if rest else ""
+            used = f"{kind} {key.namespace}/{key.name}" + (f" ({how})" if how else "")
+            found.append(Violation(where, f"{isvc.describe(cache)} is being used by {used}{more}"))
+    return found
 
 
 def validate_write(
@@ -226,10 +238,10 @@ def validate_write(
 
 
 def validate_delete(cache: AnyCache, *, snapshot: Snapshot) -> list[Violation]:
-    """Violations of deleting `cache`: live InferenceServices using it."""
+    """Violations of deleting `cache`: live (LLM)InferenceServices using it."""
     if cache.metadata.deletion_timestamp:
         return []  # already accepted once; a repeated delete changes nothing
-    return check_in_use(cache, users=snapshot.users)
+    return check_in_use(cache, users=snapshot.users, llm_users=snapshot.llm_users)
 
 
 # ------------------------------------------------------------------------ admission handler
@@ -253,6 +265,7 @@ class CacheValidator:
         node_groups: isvc.Lister,
         inference_services: IndexedLister,
         synced: Callable[[], bool],
+        llm_inference_services: IndexedLister | None = None,
         storage_containers: isvc.Lister | None = None,
         allow_file_uris: bool = False,
         namespace_share_percent: Callable[[], int] = lambda: (
@@ -260,7 +273,9 @@ class CacheValidator:
         ),
     ) -> None:
         """`storage_containers` reads KServe's ClusterStorageContainers; None where the
-        apiserver does not serve that kind (only the built-in schemes are supported then)."""
+        apiserver does not serve that kind (only the built-in schemes are supported then).
+        `llm_inference_services` reads LLMInferenceServices (`caching.llmuse.slim`, with
+        its `USED_CACHE_INDEX`); None: not consulted."""
         self._model: type[AnyCache] = (
             modelcache.LocalModelNamespaceCache if namespaced else modelcache.LocalModelCache
         )
@@ -268,6 +283,7 @@ class CacheValidator:
         self._namespace_caches = namespace_caches
         self._node_groups = node_groups
         self._isvcs = inference_services
+        self._llmisvcs = llm_inference_services
         self._synced = synced
         self._storage_containers = storage_containers
         self._allow_file_uris = allow_file_uris
@@ -302,7 +318,8 @@ class CacheValidator:
         if request.operation == "DELETE":
             if old is None:
                 return review.allowed()
-            violations = validate_delete(old, snapshot=Snapshot(users=self._users(old)))
+            snapshot = Snapshot(users=self._users(old), llm_users=self._llm_users(old))
+            violations = validate_delete(old, snapshot=snapshot)
         elif request.operation in ("CREATE", "UPDATE") and new is not None:
             violations = validate_write(new, old=old, snapshot=self._snapshot(new, old))
         else:
@@ -320,6 +337,22 @@ class CacheValidator:
             runtime_keys.ObjectKey.of(o)
             for o in self._isvcs.by_index(USED_CACHE_INDEX, key)
             if indexes.isvc_uses_uri(o, cache.spec.source_model_uri)
+        ]
+
+    def _llm_users(self, cache: AnyCache) -> list[tuple[runtime_keys.ObjectKey, str]]:
+        """The live LLMInferenceServices whose use of `cache` is proven (`llmuse.uses`)."""
+        if self._llmisvcs is None:
+            return []
+        key = cache_keys.status_key(cache.name, cache.namespace or None)
+        found = llmuse.proven(
+            self._llmisvcs.by_index(llmuse.USED_CACHE_INDEX, key),
+            cache_namespace=cache.namespace or "",
+            cache_name=cache.name,
+            cache_uri=cache.spec.source_model_uri,
+        )
+        return [
+            (runtime_keys.ObjectKey.of(o), ", ".join(u.describe() for u in sorted(used)))
+            for o, used in found
         ]
 
     def _snapshot(self, cache: AnyCache, old: AnyCache | None) -> Snapshot:

@@ -76,10 +76,12 @@ ACCESS: dict[str, list[A]] = {
         A("get list watch update patch", f"localmodelnodegroups.{SERVING}"),
         A("get update patch", f"localmodelnodegroups.{SERVING}/status"),
         A("get list watch", f"inferenceservices.{SERVING}", TENANT),
+        A("get list watch", f"llminferenceservices.{SERVING}", TENANT),
         A("get list watch", f"clusterstoragecontainers.{SERVING}"),
         # spec.baseRefs of LLMInferenceServices, resolved by the webhook
         A("get list watch", f"llminferenceserviceconfigs.{SERVING}", TENANT),
         A("get list watch", CRDS, name=f"inferenceservices.{SERVING}"),
+        A("get list watch", CRDS, name=f"llminferenceservices.{SERVING}"),
         A("get list watch", CRDS, name=f"clusterstoragecontainers.{SERVING}"),
         A("get list watch", CRDS, name=f"llminferenceserviceconfigs.{SERVING}"),
         A("get list watch", CRDS, name=f"localmodelcaches.{SERVING}"),

@@ -26,15 +26,20 @@ def pv_names(caches: list[str], groups: list[str], namespaces: list[str]) -> lis
         for ns in namespaces:
             out.append((f"namespace-download {c} {g} {ns}", names.download_pv(c, g, ns)))
             out.append((f"serving {c} {g} {ns}", names.serving_pv(c, g, ns)))
+            legacy = names.legacy_serving_pv(c, g, ns)
+            if legacy != names.serving_pv(c, g, ns):  # both live during a migration
+                out.append((f"legacy-serving {c} {g} {ns}", legacy))
     return out
 
 
 def pvc_names(caches: list[str], groups: list[str]) -> list[tuple[str, str]]:
-    """(derivation, name) of every PVC that may live in one namespace: serving PVCs and the
-    download PVCs of both kinds (jobNamespace may also hold namespace caches)."""
+    """(derivation, name) of every PVC with a hash-guarded name that may live in one
+    namespace: serving PVCs as named before issue 21 and the download PVCs of both kinds
+    (jobNamespace may also hold namespace caches). Today's serving PVC is KServe's plain join,
+    whose ambiguity the controller reports at plan time (`VolumeNameTaken`)."""
     out = []
     for c, g in itertools.product(caches, groups):
-        serving = names.serving_pvc(c, g)
+        serving = names.legacy_serving_pvc(c, g)
         cluster_download = names.download_pvc(c, g, namespaced=False)
         if serving == cluster_download:  # KServe's `{cache}-{group}` for both roles
             out.append((f"pair {c} {g}", serving))
@@ -69,11 +74,38 @@ def test_a_dashed_cache_name_keeps_kserves_serving_pvc_name() -> None:
 
 
 def test_a_dash_moved_between_cache_and_group_gives_different_names() -> None:
-    """`a-b`+`c` and `a`+`b-c` were both `a-b-c`."""
-    assert names.serving_pvc("a-b", "c") != names.serving_pvc("a", "b-c")
-    assert names.serving_pvc("a-b", "c") == "a-b-c"
-    assert names.serving_pvc("a", "b-c").startswith("a-b-c--")
+    """`a-b`+`c` and `a`+`b-c` were both `a-b-c`: the old serving PVC names told them apart;
+    the PVs still do."""
+    assert names.legacy_serving_pvc("a-b", "c") != names.legacy_serving_pvc("a", "b-c")
+    assert names.legacy_serving_pvc("a-b", "c") == "a-b-c"
+    assert names.legacy_serving_pvc("a", "b-c").startswith("a-b-c--")
     assert names.serving_pv("a", "b-c", "ns") != names.serving_pv("a", "b", "c-ns")
+    assert names.serving_pv("a", "b-c", "ns") != names.serving_pv("a-b", "c", "ns")
+
+
+def test_the_serving_pvc_is_kserves_plain_join_wherever_it_is_a_valid_name() -> None:
+    """What KServe's LLMInferenceService controller recomputes for a LoRA adapter."""
+    for cache, group in [("a", "b-c"), ("a-b", "c"), ("m", "download"), ("x", "gpu-a100")]:
+        assert names.serving_pvc(cache, group) == f"{cache}-{group}"
+        assert names.serving_pvc(cache, group) == names.plain_serving_pvc(cache, group)
+
+
+def test_the_plain_claims_pv_differs_from_the_old_one_only_where_the_claim_name_changed() -> None:
+    assert names.serving_pv("iris", "gpu1", "prod") == "iris-gpu1-prod"
+    assert names.legacy_serving_pv("iris", "gpu1", "prod") == "iris-gpu1-prod"
+    moved = names.serving_pv("llama", "gpu-a100", "prod")
+    assert moved != names.legacy_serving_pv("llama", "gpu-a100", "prod")
+    assert names.MARK in moved
+    assert valid(moved)
+
+
+def test_a_plain_join_over_253_characters_is_shortened() -> None:
+    cache, group = "m" * 200, "g" * 60
+    assert names.plain_serving_pvc(cache, group) == f"{cache}-{group}"
+    shortened = names.serving_pvc(cache, group)
+    assert valid(shortened)
+    assert shortened != names.plain_serving_pvc(cache, group)
+    assert shortened == names.legacy_serving_pvc(cache, group)
 
 
 def test_cluster_and_namespace_download_pvs_do_not_collide() -> None:

@@ -8,7 +8,7 @@ import pytest
 
 from localcache.api import inferenceservice, modelcache
 from localcache.caching import indexes
-from localcache.controllers import clustercache, namespacecache, reconciler, state
+from localcache.controllers import clustercache, namespacecache, state, users
 from localcache.runtime import store
 from localcache.runtime.keys import ObjectKey
 
@@ -59,10 +59,12 @@ def _named(kind: type[Any], name: str, namespace: str | None = None) -> Any:
 
 def test_volume_names_of_different_caches_and_groups_never_collide() -> None:
     """Issue 14: `a-b`+`c` and `a`+`b-c` were both `a-b-c`; issue 13: cluster cache
-    `llama-cpu` on `gpu` and namespace cache `llama` on `cpu` in `gpu` shared a PV name."""
+    `llama-cpu` on `gpu` and namespace cache `llama` on `cpu` in `gpu` shared a PV name.
+    Issue 21: the serving PVC alone is KServe's plain join (LoRA adapters), so its clash is
+    reported at plan time (`VolumeNameTaken`); its PV names still differ."""
     sc, ns = clustercache.SCOPE, namespacecache.SCOPE
     ab, a = _named(modelcache.LocalModelCache, "a-b"), _named(modelcache.LocalModelCache, "a")
-    assert sc.serving_pvc_name(ab, "c") != sc.serving_pvc_name(a, "b-c")
+    assert sc.serving_pvc_name(ab, "c") == sc.serving_pvc_name(a, "b-c") == "a-b-c"
     assert sc.download_pvc(ab, "c", job_namespace="j") != sc.download_pvc(
         a, "b-c", job_namespace="j"
     )
@@ -171,7 +173,9 @@ def test_serving_pairs_use_the_annotated_group_or_the_first() -> None:
         _isvc("b", {}, **{inferenceservice.NODE_GROUP_ANNOTATION: "gpu2"}),
         _isvc("c", {}, **{inferenceservice.NODE_GROUP_ANNOTATION: "unknown"}),
     ]
-    assert reconciler.serving_pairs(cache, isvcs) == {("a", "gpu1"), ("b", "gpu2")}
+    wanted = users.serving(cache, isvcs=isvcs, llm_users=[])
+    assert wanted.pairs == {("a", "gpu1"), ("b", "gpu2")}
+    assert wanted.legacy == set()
 
 
 def _isvc_of(name: str, uri: str | None) -> dict[str, Any]:

@@ -339,6 +339,26 @@ def test_several_users_are_summarised() -> None:
     )
 
 
+def test_llm_inference_service_users_are_named_with_how_beside_isvc_users() -> None:
+    llm = [
+        (ObjectKey("b", "chat"), "LoRA adapter colorist"),
+        (ObjectKey("a", "chat"), "base model"),
+    ]
+    found = validation.validate_delete(
+        lmc("foo"), snapshot=snapshot(users=[ObjectKey("a", "one")], llm_users=llm)
+    )
+    assert messages(found) == [
+        "status.inferenceServices: LocalModelCache foo is being used by InferenceService a/one",
+        "status.llmInferenceServices: LocalModelCache foo is being used by LLMInferenceService "
+        "a/chat (base model) (and 1 more)",
+    ]
+    only_llm = validation.validate_delete(lmc("foo"), snapshot=snapshot(llm_users=llm[:1]))
+    assert messages(only_llm) == [
+        "status.llmInferenceServices: LocalModelCache foo is being used by LLMInferenceService "
+        "b/chat (LoRA adapter colorist)"
+    ]
+
+
 @pytest.mark.parametrize(
     ("namespace", "labels", "expected"),
     [
