@@ -14,8 +14,12 @@ cache in two ways, both with the keys KServe v0.20+ sets and reads:
 
 A label or annotation alone proves nothing (anyone who can edit the object can set it; with
 the webhook down nothing checks it): a use also needs the URI, as for InferenceServices
-(`indexes.isvc_uses_uri`). Not promised: a base model whose URI comes only from
-`spec.baseRefs` (an LLMInferenceServiceConfig) is not proven here and gets no serving claim.
+(`indexes.isvc_uses_uri`). A model whose URI comes only from `spec.baseRefs` (an
+LLMInferenceServiceConfig, resolved by the mutating webhook) has no URI in the object's spec:
+for such an object (non-empty `spec.baseRefs`, no `spec.model.uri`, or no adapter URIs) the
+URI the webhook recorded stands in, the annotation `…/localmodel-sourceuri` for the base model
+and an entry's `sourceUri` for an adapter. That is the same proof (a tenant who knows the URI
+could as well write it into the spec) and no weaker: the name alone still proves nothing.
 
 The annotation is tenant input: it is read only when at most `MAX_LORA_ANNOTATION` characters
 long, with at most `MAX_LORA_ENTRIES` entries, and as a JSON object of objects; anything else
@@ -61,6 +65,8 @@ class LoraEntry:
     adapter: str
     cache: str
     namespace: str
+    source_uri: str = ""
+    """`sourceUri` as the webhook writes it ('' when absent or too long)."""
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -100,7 +106,9 @@ def parse_lora(raw: object) -> list[LoraEntry] | str:
         cache, namespace = ref.get("cache"), ref.get("namespace") or ""
         if not isinstance(cache, str) or not cache or not isinstance(namespace, str):
             return f"entry {adapter[:63]!r} names no cache"
-        entries.append(LoraEntry(adapter, cache, namespace))
+        source = ref.get("sourceUri")
+        source = source if isinstance(source, str) and len(source) <= MAX_URI else ""
+        entries.append(LoraEntry(adapter, cache, namespace, source))
     return sorted(entries)
 
 
@@ -116,6 +124,20 @@ def lora_entries(obj: Obj) -> list[LoraEntry]:
 def model_uri(obj: Obj) -> str | None:
     model = (obj.get("spec") or {}).get("model")
     uri = model.get("uri") if isinstance(model, dict) else None
+    return uri if isinstance(uri, str) and len(uri) <= MAX_URI else None
+
+
+def has_base_refs(obj: Obj) -> bool:
+    """True when `spec.baseRefs` is a non-empty list (the model may come from a config)."""
+    refs = (obj.get("spec") or {}).get("baseRefs")
+    return isinstance(refs, list) and bool(refs)
+
+
+def recorded_source_uri(obj: Obj) -> str | None:
+    """The `…/localmodel-sourceuri` annotation, when a string of at most `MAX_URI`."""
+    uri = (_meta(obj).get("annotations") or {}).get(
+        inferenceservice.LOCAL_MODEL_SOURCE_URI_ANNOTATION
+    )
     return uri if isinstance(uri, str) and len(uri) <= MAX_URI else None
 
 
@@ -153,8 +175,11 @@ def slim(obj: Obj) -> Obj:
         model["uri"] = uri
     if uris := adapter_uris(obj):
         model["lora"] = {"adapters": [{"uri": u} for u in uris]}
-    if model:
-        out["spec"] = {"model": model}
+    spec: Obj = {"model": model} if model else {}
+    if has_base_refs(obj):
+        spec["baseRefs"] = [{}]  # only whether there are any is read
+    if spec:
+        out["spec"] = spec
     return out
 
 
@@ -213,13 +238,21 @@ def proven(
 def uses(obj: Obj, *, cache_namespace: str, cache_name: str, cache_uri: str) -> list[Use]:
     """The proven uses of the cache (`cache_namespace` '' for a cluster cache) by `obj`."""
     found: list[Use] = []
+    from_configs = has_base_refs(obj)
     if _base_cache(obj) == (cache_namespace, cache_name):
         uri = model_uri(obj)
+        if uri is None and from_configs:
+            uri = recorded_source_uri(obj)
         if uri is not None and keys.match_storage_uri(cache_uri, uri):
             found.append(Use("base model"))
-    served = [u for u in adapter_uris(obj) if keys.match_storage_uri(cache_uri, u)]
-    if served:
-        for namespace, name, adapter in _lora_caches(obj):
-            if (namespace, name) == (cache_namespace, cache_name):
-                found.append(Use("LoRA adapter", adapter))
+    spec_uris = adapter_uris(obj)
+    served = any(keys.match_storage_uri(cache_uri, u) for u in spec_uris)
+    for entry in lora_entries(obj):
+        if (entry.namespace, entry.cache) != (cache_namespace, cache_name):
+            continue
+        if entry.namespace not in ("", _meta(obj).get("namespace")):
+            continue
+        recorded = from_configs and not spec_uris and bool(entry.source_uri)
+        if served or (recorded and keys.match_storage_uri(cache_uri, entry.source_uri)):
+            found.append(Use("LoRA adapter", entry.adapter))
     return found

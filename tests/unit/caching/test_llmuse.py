@@ -69,10 +69,41 @@ def test_a_namespace_cache_label_counts_only_in_its_own_namespace() -> None:
     )
 
 
-def test_a_model_uri_from_base_refs_only_proves_no_use() -> None:
+def test_a_model_uri_absent_from_the_spec_proves_no_use_without_base_refs() -> None:
     obj = _llm(labels=BASE, uri=None)
+    obj["metadata"]["annotations"][inferenceservice.LOCAL_MODEL_SOURCE_URI_ANNOTATION] = URI
     assert llmuse.used_caches(obj) == ["base"]
     assert llmuse.uses(obj, cache_namespace="", cache_name="base", cache_uri=URI) == []
+
+
+def test_a_model_from_base_refs_is_proven_by_the_uri_the_webhook_recorded() -> None:
+    obj = _llm(labels=BASE, uri=None)
+    obj["spec"]["baseRefs"] = [{"name": "llama-preset"}]
+    assert llmuse.uses(obj, cache_namespace="", cache_name="base", cache_uri=URI) == []
+    obj["metadata"]["annotations"][inferenceservice.LOCAL_MODEL_SOURCE_URI_ANNOTATION] = URI
+    assert llmuse.uses(obj, cache_namespace="", cache_name="base", cache_uri=URI) == [
+        llmuse.Use("base model")
+    ]
+    assert llmuse.uses(obj, cache_namespace="", cache_name="base", cache_uri="hf://o/x") == []
+    slim = llmuse.slim(obj)
+    assert llmuse.uses(slim, cache_namespace="", cache_name="base", cache_uri=URI) == [
+        llmuse.Use("base model")
+    ]
+
+
+def test_a_lora_adapter_from_base_refs_is_proven_by_its_entrys_source_uri() -> None:
+    entry = {"cache": "adapters", "sourceUri": LORA_URI}
+    obj = _llm(uri=None, lora={"colorist": entry})
+    assert llmuse.uses(obj, cache_namespace="", cache_name="adapters", cache_uri=LORA_URI) == []
+    obj["spec"]["baseRefs"] = [{"name": "with-adapters"}]
+    found = llmuse.uses(
+        llmuse.slim(obj), cache_namespace="", cache_name="adapters", cache_uri=LORA_URI
+    )
+    assert found == [llmuse.Use("LoRA adapter", "colorist")]
+    assert llmuse.uses(obj, cache_namespace="", cache_name="adapters", cache_uri=URI) == []
+    # adapters in the spec itself are the proof whenever there are any
+    obj["spec"]["model"]["lora"] = {"adapters": [{"name": "x", "uri": "hf://org/other"}]}
+    assert llmuse.uses(obj, cache_namespace="", cache_name="adapters", cache_uri=LORA_URI) == []
 
 
 def test_a_lora_adapter_is_a_use_of_the_cache_its_annotation_names() -> None:
