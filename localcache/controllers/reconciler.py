@@ -41,7 +41,7 @@ import pydantic
 import structlog
 
 from localcache.api import inferenceservice, modelcache
-from localcache.caching import conditions, placement
+from localcache.caching import conditions, names, placement
 from localcache.controllers import (
     legacy,
     nodes,
@@ -62,16 +62,22 @@ Obj = dict[str, Any]
 
 
 def serving_pairs(cache: scope.CacheModel, isvcs: list[Obj]) -> set[tuple[str, str]]:
-    """(ISVC namespace, node group) for each InferenceService: its `serving.kserve.io/
-    nodegroup` annotation when that is one of the cache's groups, else the first group."""
+    """(ISVC namespace, node group) for each InferenceService: the group whose serving claim
+    its `localmodel-pvc-name` annotation names (the webhook may pick any group of the cache,
+    the one the workload can run on), else its `serving.kserve.io/nodegroup` annotation when
+    that is one of the cache's groups, else the first group."""
     pairs = set()
+    by_claim = {names.serving_pvc(cache.name, g): g for g in cache.spec.node_groups}
     for isvc in isvcs:
         meta = isvc.get("metadata") or {}
-        wanted = (meta.get("annotations") or {}).get(inferenceservice.NODE_GROUP_ANNOTATION)
-        if wanted and wanted not in cache.spec.node_groups:
+        annotations = meta.get("annotations") or {}
+        claimed = by_claim.get(annotations.get(inferenceservice.LOCAL_MODEL_PVC_NAME_ANNOTATION))
+        wanted = annotations.get(inferenceservice.NODE_GROUP_ANNOTATION)
+        if claimed is None and wanted and wanted not in cache.spec.node_groups:
             _log.info("isvc_node_group_not_in_cache", isvc=meta.get("name"), node_group=wanted)
             continue
-        pairs.add((str(meta.get("namespace") or ""), wanted or cache.spec.node_groups[0]))
+        group = claimed or wanted or cache.spec.node_groups[0]
+        pairs.add((str(meta.get("namespace") or ""), group))
     return pairs
 
 

@@ -152,6 +152,7 @@ def _isvc_changed(old: Obj, new: Obj) -> bool:
             labels.get(inferenceservice.LOCAL_MODEL_LABEL),
             labels.get(inferenceservice.LOCAL_MODEL_NAMESPACE_LABEL),
             annotations.get(inferenceservice.NODE_GROUP_ANNOTATION),
+            annotations.get(inferenceservice.LOCAL_MODEL_PVC_NAME_ANNOTATION),  # the group
             indexes.isvc_storage_uri(obj),  # a use is proven by the URI too (scope.isvcs_of)
         )
 

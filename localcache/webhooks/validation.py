@@ -5,6 +5,9 @@ admission handler `CacheValidator` that builds the snapshot from informer stores
 `Violation` names the field and the conflicting object; one denial carries all of them.
 
 Create and update (an update of an object being deleted is always allowed, as in KServe):
+- on create, `metadata.name` can be a label value (`caching.cachename`: at most 63
+  characters), as it becomes label `internal.serving.kserve.io/localmodel` of every
+  InferenceService served; existing longer-named caches stay updatable and deletable;
 - `spec.sourceModelUri` has a download path (`caching.uris`: a scheme the storage initializer
   recognises, or a ClusterStorageContainer for download Jobs that claims it); the message
   lists the supported schemes. Checked on create and when the URI changes, so a container
@@ -44,8 +47,8 @@ import pydantic
 import structlog
 
 from localcache.api import modelcache, nodegroup, storage
+from localcache.caching import cachename, indexes, uris
 from localcache.caching import config as config_mod
-from localcache.caching import indexes, uris
 from localcache.caching import keys as cache_keys
 from localcache.runtime import keys as runtime_keys
 from localcache.runtime.serving import review
@@ -157,6 +160,12 @@ def check_unique_uri(
     return []
 
 
+def check_name_length(cache: AnyCache, *, old: AnyCache | None) -> list[Violation]:
+    if old is not None or cachename.fits_label(cache.name):
+        return []  # names are immutable: checked once, on create
+    return [Violation("metadata.name", cachename.too_long(cache.name))]
+
+
 def check_name(cache: AnyCache, *, old: AnyCache | None, snapshot: Snapshot) -> list[Violation]:
     if old is not None:
         return []  # names are immutable: checked once, on create
@@ -199,6 +208,7 @@ def validate_write(
     if old is not None and cache.metadata.deletion_timestamp:
         return []
     return [
+        *check_name_length(cache, old=old),
         *check_uri(
             cache,
             old=old,
