@@ -71,7 +71,9 @@ def serving_pairs(cache: scope.CacheModel, isvcs: list[Obj]) -> set[tuple[str, s
     for isvc in isvcs:
         meta = isvc.get("metadata") or {}
         annotations = meta.get("annotations") or {}
-        claimed = by_claim.get(annotations.get(inferenceservice.LOCAL_MODEL_PVC_NAME_ANNOTATION))
+        claimed = by_claim.get(
+            str(annotations.get(inferenceservice.LOCAL_MODEL_PVC_NAME_ANNOTATION) or "")
+        )
         wanted = annotations.get(inferenceservice.NODE_GROUP_ANNOTATION)
         if claimed is None and wanted and wanted not in cache.spec.node_groups:
             _log.info("isvc_node_group_not_in_cache", isvc=meta.get("name"), node_group=wanted)
