@@ -35,6 +35,7 @@ and the nodes the group is judged by are as fresh as the informer caches.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol, TypeVar
@@ -156,7 +157,7 @@ def choose(
 ) -> tuple[Choice | None, bool]:
     """The most specific cache serving `storage_uri`, and whether some cache matched the URI
     but had no usable node group (see the module docstring). Caches whose name cannot be a
-    label value are not candidates (`name_fits_label`)."""
+    label value are not candidates (`caching.cachename`)."""
     candidates: list[Choice] = []
     excluded = False
     for cache in caches:
@@ -230,15 +231,13 @@ def decide(
     requested = isvc.node_group
     own = [c for c in namespace_caches if c.namespace == isvc.namespace]
     cluster = list(cluster_caches)
-    kw: dict[str, Any] = {
-        "node_group": requested,
-        "node_group_exists": node_group_exists,
-        "fit": fit,
-    }
-    choice, excluded = choose(uri, own, **kw)
+    pick = functools.partial(
+        choose, uri, node_group=requested, node_group_exists=node_group_exists, fit=fit
+    )
+    choice, excluded = pick(own)
     long_names = _long_names(uri, own)
     if choice is None:
-        choice, excluded_cluster = choose(uri, cluster, **kw)
+        choice, excluded_cluster = pick(cluster)
         excluded = excluded or excluded_cluster
         long_names += _long_names(uri, cluster)
     if choice is None:
