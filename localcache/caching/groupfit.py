@@ -7,17 +7,20 @@ LLMInferenceService's `spec.template`, `spec.worker`, `spec.prefill.template`) i
 one `Workload` per pod template: its `nodeSelector` and its `affinity` dicts, as in the
 object's JSON.
 
-`pick_group(cache_groups, node_groups=..., nodes=..., workloads=..., requested=...)`:
+`pick_group(cache_groups, node_groups=..., nodes=..., workloads=..., requested=..., current=...)`
+(or `GroupFit(...).pick(cache, cache_groups, requested=...)`, which finds `current` itself):
 - Only groups of `cache_groups` that exist (keys of `node_groups`) count, in spec order.
 - `requested` (the `serving.kserve.io/nodegroup` annotation) wins when it is one of them,
   fitting or not (a warning says so when it does not fit); when it is not, no group is picked.
 - Without any constraint (no workload has a nodeSelector or a required node affinity), or
   when the nodes are unknown (`nodes` None), the first existing group: KServe's choice.
-- Otherwise the first existing group that fits. A group fits when every workload can be
-  scheduled on at least one of the group's nodes: a node is the group's when it matches the
-  group's PV node affinity (`placement.node_matches`), and a workload can be scheduled on it
-  when the node carries every `nodeSelector` label with that value and matches the
-  workload's `affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution
+- Otherwise the group the object uses now (`current`, read from its claim annotation) when it
+  still exists and fits, so that an update does not move running pods to another group that
+  has started to fit; else the first existing group that fits. A group fits when every
+  workload can be scheduled on at least one of its nodes: a node is the group's when it
+  matches the group's PV node affinity (`placement.node_matches`), and a workload can be
+  scheduled on it when the node carries every `nodeSelector` label with that value and
+  matches the workload's `affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution
   .nodeSelectorTerms` (the same matcher: terms ORed, all operators, `matchFields`). Taints,
   resources and preferred affinity are not considered (the scheduler weighs them later).
 - When no group fits, the first existing group with `fits=False` and a `why` that names the
@@ -34,7 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from localcache.api import nodegroup
-from localcache.caching import placement
+from localcache.caching import names, placement
 
 Obj = dict[str, Any]
 
@@ -133,12 +136,14 @@ def pick_group(
     nodes: Iterable[Obj] | None,
     workloads: Sequence[Workload] = (),
     requested: str | None = None,
+    current: str | None = None,
 ) -> GroupPick:
     """The node group a serving object's claim should come from (module docstring).
 
     `cache_groups`: the cache's `spec.nodeGroups`; `node_groups`: the LocalModelNodeGroups
     that exist, by name; `nodes`: the cluster's Node objects (None: unknown); `workloads`:
-    the object's pod templates; `requested`: the `serving.kserve.io/nodegroup` annotation.
+    the object's pod templates; `requested`: the `serving.kserve.io/nodegroup` annotation;
+    `current`: the group whose claim the object names now (None: none of this cache's).
     """
     existing = [g for g in dict.fromkeys(cache_groups) if g in node_groups]
     constrained = [w for w in workloads if w.constrained]
@@ -155,6 +160,8 @@ def pick_group(
         return GroupPick(None)
     if not judge:
         return GroupPick(existing[0])
+    if current in existing and fits(node_groups[current], nodes=seen, workloads=constrained):
+        return GroupPick(current, True)
     for name in existing:
         if fits(node_groups[name], nodes=seen, workloads=constrained):
             return GroupPick(name, True)
@@ -169,16 +176,25 @@ class GroupFit:
     node_groups: Mapping[str, nodegroup.LocalModelNodeGroup]
     nodes: Sequence[Obj] | None
     workloads: Sequence[Workload]
+    current_claim: str | None = None
+    """The serving claim the object names now (`internal.serving.kserve.io/localmodel-pvc-name`)."""
 
     @property
     def constrained(self) -> bool:
         return any(w.constrained for w in self.workloads)
 
-    def pick(self, cache_groups: Sequence[str], *, requested: str | None = None) -> GroupPick:
+    def pick(
+        self, cache: str, cache_groups: Sequence[str], *, requested: str | None = None
+    ) -> GroupPick:
+        """`pick_group` for the cache named `cache`; its group whose serving claim is
+        `current_claim` is the current one."""
+        claim = self.current_claim
+        current = next((g for g in cache_groups if names.serving_pvc(cache, g) == claim), None)
         return pick_group(
             cache_groups,
             node_groups=self.node_groups,
             nodes=self.nodes,
             workloads=self.workloads,
             requested=requested,
+            current=current if claim else None,
         )

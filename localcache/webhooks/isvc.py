@@ -11,8 +11,8 @@
   cache lists it, else the first of its `nodeGroups`; with a node-group lookup, groups that
   do not exist are skipped (an unknown node group gives no labels). With a `groupfit.GroupFit`
   and a predictor `nodeSelector` or required node affinity, the group follows the workload
-  (`caching.groupfit`: the first group with a node the predictor can run on; the annotation
-  still wins; none fits: the first group, with a warning saying why).
+  (`caching.groupfit`: the group it uses now while it fits, else the first group with a node
+  the predictor can run on; the annotation still wins; none fits: the first group, warned).
 - LocalModelNamespaceCaches of the ISVC's own namespace are tried first, then
   LocalModelCaches. Among candidates the most specific wins: the longest `sourceModelUri`
   (one trailing `/` ignored, as matching ignores it), ties by name [P23].
@@ -135,7 +135,7 @@ def _node_group(
 ) -> groupfit.GroupPick:
     groups = cache.spec.node_groups
     if fit is not None and fit.constrained:
-        return fit.pick(groups, requested=requested)
+        return fit.pick(cache.name, groups, requested=requested)
     if requested is not None:
         ok = requested in groups and (exists is None or exists(requested))
         return groupfit.GroupPick(requested if ok else None)
@@ -338,10 +338,12 @@ class IsvcMutator:
         if not workload.constrained:
             return None
         groups = parse_all(nodegroup.LocalModelNodeGroup, self._node_groups.list())
+        annotations = (obj.get("metadata") or {}).get("annotations") or {}
         return groupfit.GroupFit(
             node_groups={g.name: g for g in groups},
             nodes=self._nodes.list() if self._nodes is not None else None,
             workloads=(workload,),
+            current_claim=annotations.get(isvc_api.LOCAL_MODEL_PVC_NAME_ANNOTATION),
         )
 
     async def __call__(self, request: review.Request) -> review.Response:

@@ -74,9 +74,15 @@ def pick(
     cache_groups: tuple[str, ...] = ("a100", "h100"),
     nodes: list[Obj] | None = NODES,
     requested: str | None = None,
+    current: str | None = None,
 ) -> groupfit.GroupPick:
     return groupfit.pick_group(
-        cache_groups, node_groups=GROUPS, nodes=nodes, workloads=workloads, requested=requested
+        cache_groups,
+        node_groups=GROUPS,
+        nodes=nodes,
+        workloads=workloads,
+        requested=requested,
+        current=current,
     )
 
 
@@ -216,8 +222,26 @@ def test_every_workload_must_fit_on_the_same_group() -> None:
 def test_a_group_fit_picks_per_cache() -> None:
     fit = groupfit.GroupFit(GROUPS, NODES, (predictor({"gpu": "h100"}),))
     assert fit.constrained
-    assert fit.pick(["a100", "h100"]).group == "h100"
-    assert fit.pick(["a100"]).fits is False
+    assert fit.pick("llm", ["a100", "h100"]).group == "h100"
+    assert fit.pick("llm", ["a100"]).fits is False
+
+
+def test_the_current_group_is_kept_while_it_fits() -> None:
+    """An update must not move running pods because an earlier group started to fit."""
+    anywhere = predictor(affinity=required([req("gpu", "Exists")]))
+    assert pick(anywhere).group == "a100"
+    assert pick(anywhere, current="h100") == groupfit.GroupPick("h100", True)
+    h100_only = predictor({"gpu": "h100"})
+    assert pick(h100_only, current="a100").group == "h100"  # no longer fits: moves
+    assert pick(anywhere, current="gone").group == "a100"
+
+
+def test_a_group_fit_reads_the_current_group_from_the_claim_name() -> None:
+    anywhere = predictor(affinity=required([req("gpu", "Exists")]))
+    fit = groupfit.GroupFit(GROUPS, NODES, (anywhere,), current_claim="llm-h100")
+    assert fit.pick("llm", ["a100", "h100"]).group == "h100"
+    assert fit.pick("other", ["a100", "h100"]).group == "a100"  # another cache's claim
+    assert fit.pick("llm", ["a100", "h100"], requested="a100").group == "a100"
 
 
 def test_workload_of_ignores_what_is_not_a_dict() -> None:

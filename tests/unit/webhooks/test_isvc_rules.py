@@ -109,6 +109,33 @@ def test_a_63_character_name_is_used() -> None:
     assert decide(isvc_obj(URI), cluster(name, URI)).labels[LABEL] == name
 
 
+async def test_an_update_keeps_the_claim_the_isvc_has_while_its_group_fits() -> None:
+    stores = Stores()
+    for g in ("a100", "h100"):
+        stores.node_groups.upsert(group(g, g[0]).to_dict())
+    nodes = store.Store()
+    for n in NODES:
+        nodes.upsert(n)
+    stores.caches.upsert(cache_obj("model1", URI, groups=("a100", "h100")))
+    mutator = isvc.IsvcMutator(
+        caches=stores.caches.view(),
+        namespace_caches=stores.namespace_caches.view(),
+        node_groups=stores.node_groups.view(),
+        nodes=nodes.view(),
+        enabled=lambda: True,
+        synced=lambda: True,
+    )
+    anywhere = {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "gpu", "operator": "Exists"}]}
+    ]}}  # fmt: skip
+    obj = with_predictor(isvc_obj(URI), affinity={"nodeAffinity": anywhere})
+    created = apply(obj, (await mutator(request(obj))).patch)
+    assert created["metadata"]["annotations"][PVC] == "model1-a100"
+    created["metadata"]["annotations"][PVC] = "model1-h100"  # chosen when only h100 fitted
+    updated = apply(created, (await mutator(request(created, operation="UPDATE"))).patch)
+    assert updated["metadata"]["annotations"][PVC] == "model1-h100"
+
+
 async def test_the_handler_judges_the_group_by_the_nodes_it_sees() -> None:
     stores = Stores()
     for g in ("a100", "h100"):
