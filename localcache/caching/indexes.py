@@ -82,3 +82,16 @@ def isvc_uses_uri(obj: dict[str, Any], cache_uri: str) -> bool:
     label a use (a label alone proves nothing: anyone who can edit the ISVC can set it)."""
     storage_uri = isvc_storage_uri(obj)
     return storage_uri is not None and keys.match_storage_uri(cache_uri, storage_uri)
+
+
+def slim_node(obj: dict[str, Any]) -> dict[str, Any]:
+    """The informer transform of Nodes, shared by the controllers and the webhooks: name,
+    uid, labels and the Ready condition (Nodes carry large statuses: images, addresses)."""
+    meta = obj.get("metadata") or {}
+    conditions = (obj.get("status") or {}).get("conditions") or []
+    return {
+        "apiVersion": obj.get("apiVersion"),
+        "kind": obj.get("kind"),
+        "metadata": {k: meta[k] for k in ("name", "uid", "resourceVersion", "labels") if k in meta},
+        "status": {"conditions": [c for c in conditions if c.get("type") == "Ready"]},
+    }

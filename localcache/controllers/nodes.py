@@ -37,7 +37,7 @@ from typing import Any, Final
 import structlog
 
 from localcache.api import groupversion
-from localcache.caching import entries, placement
+from localcache.caching import entries, indexes, placement
 from localcache.controllers import state
 from localcache.runtime import errors, store
 from localcache.runtime import keys as runtime_keys
@@ -319,13 +319,6 @@ class LocalModelNodes:
             return None
 
 
-def slim_node(obj: Obj) -> Obj:
-    """Nodes carry large statuses (images, addresses); we need labels and conditions."""
-    meta = obj.get("metadata") or {}
-    conditions = (obj.get("status") or {}).get("conditions") or []
-    return {
-        "apiVersion": obj.get("apiVersion"),
-        "kind": obj.get("kind"),
-        "metadata": {k: meta[k] for k in ("name", "uid", "resourceVersion", "labels") if k in meta},
-        "status": {"conditions": [c for c in conditions if c.get("type") == "Ready"]},
-    }
+slim_node = indexes.slim_node
+"""Nodes carry large statuses (images, addresses); we need labels and conditions. The
+webhooks' node informer uses the same function, so one shared informer serves both."""

@@ -71,9 +71,22 @@ def llm_users_of(sc: scope.Scope, stores: state.Stores, cache: scope.CacheModel)
     return [LlmUser(obj, used) for obj, used in found]
 
 
-def _group(cache: scope.CacheModel, obj: Obj) -> str | None:
+def _group(cache: scope.CacheModel, obj: Obj, *, reads_claim_name: bool = False) -> str | None:
+    """The node group whose serving claim `obj` needs: for a user that reads
+    `localmodel-pvc-name` (an InferenceService, an LLMInferenceService's base model), the group
+    of the claim it names (the webhook picks the group the workload can run on), else the
+    `serving.kserve.io/nodegroup` annotation when the cache lists it, else the first group."""
     meta = _meta(obj)
-    wanted = (meta.get("annotations") or {}).get(inferenceservice.NODE_GROUP_ANNOTATION)
+    annotations = meta.get("annotations") or {}
+    if reads_claim_name:
+        claim = annotations.get(inferenceservice.LOCAL_MODEL_PVC_NAME_ANNOTATION)
+        for group in cache.spec.node_groups:
+            if claim in (
+                names.serving_pvc(cache.name, group),
+                names.legacy_serving_pvc(cache.name, group),
+            ):
+                return group
+    wanted = annotations.get(inferenceservice.NODE_GROUP_ANNOTATION)
     if wanted and wanted not in cache.spec.node_groups:
         _log.info(
             "user_node_group_not_in_cache",
@@ -97,7 +110,7 @@ def serving(
             if use.how == "LoRA adapter" and (group := _group(cache, user.obj)) is not None:
                 _check_plain(cache, group, user.obj, use)
     for obj, reads_claim_name in named:
-        group = _group(cache, obj)
+        group = _group(cache, obj, reads_claim_name=reads_claim_name)
         if group is None:
             continue
         namespace = str(_meta(obj).get("namespace") or "")
@@ -154,8 +167,10 @@ def _relevant(obj: Obj) -> tuple[Any, ...]:
         annotations.get(llmuse.LORA_ANNOTATION),
         annotations.get(inferenceservice.NODE_GROUP_ANNOTATION),
         annotations.get(inferenceservice.LOCAL_MODEL_PVC_NAME_ANNOTATION),
+        annotations.get(inferenceservice.LOCAL_MODEL_SOURCE_URI_ANNOTATION),  # baseRefs proof
         llmuse.model_uri(obj),
         tuple(llmuse.adapter_uris(obj)),
+        llmuse.has_base_refs(obj),
     )
 
 

@@ -5,10 +5,14 @@
   storage URI, carries `serving.kserve.io/disable-localmodel` (presence alone counts), or
   `localModel.enabled` is false. An ISVC created that way is left untouched.
 - Candidates are the caches whose `sourceModelUri` serves the storage URI (equal or a
-  sub-path, `caching.keys.match_storage_uri`) and that are not being deleted. A candidate needs
-  a node group: the one named by `serving.kserve.io/nodegroup` when the cache lists it, else
-  the first of its `nodeGroups`; with a node-group lookup, groups that do not exist are skipped
-  (so an unknown node group gives no labels).
+  sub-path, `caching.keys.match_storage_uri`), that are not being deleted and whose name can
+  be a label value (`caching.cachename`; a longer one is skipped with a warning naming it).
+  A candidate needs a node group: the one named by `serving.kserve.io/nodegroup` when the
+  cache lists it, else the first of its `nodeGroups`; with a node-group lookup, groups that
+  do not exist are skipped (an unknown node group gives no labels). With a `groupfit.GroupFit`
+  and a predictor `nodeSelector` or required node affinity, the group follows the workload
+  (`caching.groupfit`: the group it uses now while it fits, else the first group with a node
+  the predictor can run on; the annotation still wins; none fits: the first group, warned).
 - LocalModelNamespaceCaches of the ISVC's own namespace are tried first, then
   LocalModelCaches. Among candidates the most specific wins: the longest `sourceModelUri`
   (one trailing `/` ignored, as matching ignores it), ties by name [P23].
@@ -18,30 +22,34 @@
   annotation `internal.serving.kserve.io/localmodel-pvc-name` (`{cache}-{nodeGroup}`); with no
   candidate all four are removed (stale labels never survive).
 - Warnings: the chosen cache has no downloaded copy yet (`copies.available` is 0 or no node
-  reports `NodeDownloaded`), or the node-group annotation excluded every cache of the URI.
+  reports `NodeDownloaded`), the node-group annotation excluded every cache of the URI, the
+  chosen group has no node the predictor can be scheduled on, or a cache of the URI has a
+  name too long for a label.
 
-`IsvcMutator` is the thin admission handler: it reads caches and node groups from informer
-stores (the narrow `Lister` protocol; no API call per request) and answers with a JSON patch.
-Until those stores have synced it admits the ISVC unchanged with a warning, so an empty cache
-at start-up never strips labels. Not promised: the download state in the warning is as fresh
-as the informer cache.
+`IsvcMutator` is the thin admission handler: it reads caches, node groups and nodes from
+informer stores (the narrow `Lister` protocol; no API call per request) and answers with a
+JSON patch. Until those stores have synced it admits the ISVC unchanged with a warning, so an
+empty cache at start-up never strips labels. Not promised: the download state in the warning
+and the nodes the group is judged by are as fresh as the informer caches.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final, Protocol, TypeVar
+from typing import Any, Final, TypeVar
 
 import pydantic
 import structlog
 
 from localcache.api import inferenceservice as isvc_api
-from localcache.api import modelcache
+from localcache.api import modelcache, nodegroup
+from localcache.caching import cachename, groupfit, names
 from localcache.caching import keys as cache_keys
-from localcache.caching import names
 from localcache.runtime import keys as runtime_keys
 from localcache.runtime.serving import review
+from localcache.webhooks import stores
 
 log = structlog.get_logger(__name__)
 
@@ -89,6 +97,8 @@ class Choice:
 
     cache: AnyCache
     node_group: str
+    unfit: str | None = None
+    """Why the workload cannot be scheduled on the group's nodes (None: it can, or unknown)."""
 
     @property
     def pvc_name(self) -> str:
@@ -119,12 +129,18 @@ def _cleared(warnings: Sequence[str] = ()) -> Decision:
 
 
 def _node_group(
-    cache: AnyCache, requested: str | None, exists: NodeGroupExists | None
-) -> str | None:
+    cache: AnyCache,
+    requested: str | None,
+    exists: NodeGroupExists | None,
+    fit: groupfit.GroupFit | None = None,
+) -> groupfit.GroupPick:
     groups = cache.spec.node_groups
+    if fit is not None and fit.constrained:
+        return fit.pick(cache.name, groups, requested=requested)
     if requested is not None:
-        return requested if requested in groups and (exists is None or exists(requested)) else None
-    return next((g for g in groups if exists is None or exists(g)), None)
+        ok = requested in groups and (exists is None or exists(requested))
+        return groupfit.GroupPick(requested if ok else None)
+    return groupfit.GroupPick(next((g for g in groups if exists is None or exists(g)), None))
 
 
 def _specificity(choice: Choice) -> tuple[int, str]:
@@ -138,9 +154,11 @@ def choose(
     *,
     node_group: str | None = None,
     node_group_exists: NodeGroupExists | None = None,
+    fit: groupfit.GroupFit | None = None,
 ) -> tuple[Choice | None, bool]:
     """The most specific cache serving `storage_uri`, and whether some cache matched the URI
-    but had no usable node group (see the module docstring)."""
+    but had no usable node group (see the module docstring). Caches whose name cannot be a
+    label value are not candidates (`caching.cachename`)."""
     candidates: list[Choice] = []
     excluded = False
     for cache in caches:
@@ -148,11 +166,13 @@ def choose(
             continue
         if not cache_keys.match_storage_uri(cache.spec.source_model_uri, storage_uri):
             continue
-        group = _node_group(cache, node_group, node_group_exists)
-        if group is None:
+        if not cachename.fits_label(cache.name):
+            continue
+        pick = _node_group(cache, node_group, node_group_exists, fit)
+        if pick.group is None:
             excluded = True
             continue
-        candidates.append(Choice(cache, group))
+        candidates.append(Choice(cache, pick.group, pick.why if pick.fits is False else None))
     return (min(candidates, key=_specificity) if candidates else None), excluded
 
 
@@ -165,6 +185,32 @@ def _not_downloaded_warning(choice: Choice) -> str:
     )
 
 
+def _unfit_warning(choice: Choice, requested: str | None) -> str:
+    if requested is not None:
+        how = f"using node group {choice.node_group} as annotation {_NODE_GROUP} asks"
+    else:
+        how = f"keeping its first node group {choice.node_group}, as KServe would"
+    return (
+        f"{describe(choice.cache)}: {choice.unfit}; {how} (claim {choice.pvc_name}): the pods "
+        "cannot be scheduled where the model is cached"
+    )
+
+
+def _long_names(uri: str, caches: Iterable[AnyCache]) -> list[str]:
+    """Warnings for the live caches serving `uri` whose names cannot be label values."""
+    return [
+        f"{describe(c)} serves {uri} but is not used: metadata.name {cachename.too_long(c.name)}; "
+        "create a cache with a shorter name"
+        for c in caches
+        if not c.metadata.deletion_timestamp
+        and not cachename.fits_label(c.name)
+        and cache_keys.match_storage_uri(c.spec.source_model_uri, uri)
+    ]
+
+
+_NODE_GROUP: Final = isvc_api.NODE_GROUP_ANNOTATION
+
+
 def decide(
     isvc: isvc_api.InferenceService,
     *,
@@ -172,11 +218,13 @@ def decide(
     cluster_caches: Iterable[modelcache.LocalModelCache],
     node_group_exists: NodeGroupExists | None = None,
     enabled: bool = True,
+    fit: groupfit.GroupFit | None = None,
 ) -> Decision:
     """The local-model labels and annotations `isvc` should carry (module docstring).
 
     `namespace_caches` should be those of the ISVC's namespace; others are ignored.
-    `node_group_exists` (optional) tells whether a LocalModelNodeGroup exists.
+    `node_group_exists` (optional) tells whether a LocalModelNodeGroup exists; `fit`
+    (optional) judges the node group by the predictor's constraints (used when it has any).
     """
     uri = isvc.storage_uri
     if not enabled or isvc.local_model_disabled or not uri:
@@ -188,6 +236,7 @@ def decide(
         namespace_caches=namespace_caches,
         cluster_caches=cluster_caches,
         node_group_exists=node_group_exists,
+        fit=fit,
     )
 
 
@@ -199,26 +248,35 @@ def match(
     namespace_caches: Iterable[modelcache.LocalModelNamespaceCache],
     cluster_caches: Iterable[modelcache.LocalModelCache],
     node_group_exists: NodeGroupExists | None = None,
+    fit: groupfit.GroupFit | None = None,
 ) -> Decision:
     """The cache of `uri` for a serving object in `namespace` that asked for node group
-    `requested` (None: none asked): the rule of the module docstring past its first point,
-    shared by InferenceService and LLMInferenceService mutation."""
+    `requested` (None: none asked) and whose workloads `fit` judges: the rule of the module
+    docstring past its first point, shared by InferenceService and LLMInferenceService."""
     own = [c for c in namespace_caches if c.namespace == namespace]
-    choice, excluded = choose(uri, own, node_group=requested, node_group_exists=node_group_exists)
+    cluster = list(cluster_caches)
+    pick = functools.partial(
+        choose, uri, node_group=requested, node_group_exists=node_group_exists, fit=fit
+    )
+    choice, excluded = pick(own)
+    long_names = _long_names(uri, own)
     if choice is None:
-        choice, excluded_cluster = choose(
-            uri, cluster_caches, node_group=requested, node_group_exists=node_group_exists
-        )
+        choice, excluded_cluster = pick(cluster)
         excluded = excluded or excluded_cluster
+        long_names += _long_names(uri, cluster)
     if choice is None:
         if not excluded:
-            return _cleared()
+            return _cleared(long_names)
         if requested is not None:
             why = f"no local model cache of {uri} is on node group {requested}"
         else:
             why = f"the node groups of the local model caches of {uri} do not exist"
-        return _cleared([f"{why}: not using a local model cache"])
-    warnings = () if has_downloaded_copy(choice.cache) else (_not_downloaded_warning(choice),)
+        return _cleared([f"{why}: not using a local model cache", *long_names])
+    warnings = [*long_names]
+    if choice.unfit is not None:
+        warnings.append(_unfit_warning(choice, requested))
+    if not has_downloaded_copy(choice.cache):
+        warnings.append(_not_downloaded_warning(choice))
     return Decision(
         labels={
             isvc_api.LOCAL_MODEL_LABEL: choice.cache.name,
@@ -229,47 +287,11 @@ def match(
             isvc_api.LOCAL_MODEL_PVC_NAME_ANNOTATION: choice.pvc_name,
         },
         choice=choice,
-        warnings=warnings,
+        warnings=tuple(warnings),
     )
 
 
 # ------------------------------------------------------------------------ admission handler
-
-
-class Lister(Protocol):
-    """The part of an informer store (`runtime.store.Reader`) the mutator reads."""
-
-    def get(self, key: runtime_keys.ObjectKey) -> Obj | None: ...
-
-    def list(self, namespace: str | None = None) -> Objs: ...
-
-
-def _serving(objs: Iterable[Obj], uri: str) -> list[Obj]:
-    """Raw cache objects whose source URI serves `uri` (cheap filter before parsing)."""
-    found = []
-    for obj in objs:
-        source = (obj.get("spec") or {}).get("sourceModelUri")
-        if isinstance(source, str) and cache_keys.match_storage_uri(source, uri):
-            found.append(obj)
-    return found
-
-
-def parse_all(model: type[M], objs: Iterable[Obj]) -> list[M]:
-    """`objs` parsed as `model`; an object that does not parse is logged and skipped."""
-    parsed: list[M] = []
-    for obj in objs:
-        try:
-            parsed.append(model.model_validate(obj))
-        except pydantic.ValidationError as exc:
-            meta = obj.get("metadata") or {}
-            log.warning(
-                "webhook.object_unreadable",
-                kind=model.__name__,
-                name=meta.get("name"),
-                object_namespace=meta.get("namespace"),
-                error=str(exc.errors()[0]["msg"]) if exc.errors() else "invalid",
-            )
-    return parsed
 
 
 class IsvcMutator:
@@ -278,20 +300,39 @@ class IsvcMutator:
     def __init__(
         self,
         *,
-        caches: Lister,
-        namespace_caches: Lister,
-        node_groups: Lister,
+        caches: stores.Lister,
+        namespace_caches: stores.Lister,
+        node_groups: stores.Lister,
         enabled: Callable[[], bool],
         synced: Callable[[], bool],
+        nodes: stores.Lister | None = None,
     ) -> None:
+        """`nodes` reads the cluster's Node objects (labels suffice); without it a constrained
+        predictor still gets the first group (KServe's choice), unjudged."""
         self._caches = caches
         self._namespace_caches = namespace_caches
         self._node_groups = node_groups
+        self._nodes = nodes
         self._enabled = enabled
         self._synced = synced
 
     def _node_group_exists(self, name: str) -> bool:
         return self._node_groups.get(runtime_keys.ObjectKey("", name)) is not None
+
+    def _fit(self, obj: Obj) -> groupfit.GroupFit | None:
+        """The group fit of the ISVC's predictor; None when it has no node constraint."""
+        predictor = (obj.get("spec") or {}).get("predictor")
+        workload = groupfit.Workload.of(predictor, "the predictor")
+        if not workload.constrained:
+            return None
+        groups = stores.parse_all(nodegroup.LocalModelNodeGroup, self._node_groups.list())
+        annotations = (obj.get("metadata") or {}).get("annotations") or {}
+        return groupfit.GroupFit(
+            node_groups={g.name: g for g in groups},
+            nodes=self._nodes.list() if self._nodes is not None else None,
+            workloads=(workload,),
+            current_claim=annotations.get(isvc_api.LOCAL_MODEL_PVC_NAME_ANNOTATION),
+        )
 
     async def __call__(self, request: review.Request) -> review.Response:
         obj = request.object
@@ -318,12 +359,12 @@ class IsvcMutator:
         namespace_caches: list[modelcache.LocalModelNamespaceCache] = []
         cluster_caches: list[modelcache.LocalModelCache] = []
         if uri and enabled and not isvc.local_model_disabled:
-            namespace_caches = parse_all(
+            namespace_caches = stores.parse_all(
                 modelcache.LocalModelNamespaceCache,
-                _serving(self._namespace_caches.list(isvc.namespace), uri),
+                stores.serving_caches(self._namespace_caches.list(isvc.namespace), uri),
             )
-            cluster_caches = parse_all(
-                modelcache.LocalModelCache, _serving(self._caches.list(), uri)
+            cluster_caches = stores.parse_all(
+                modelcache.LocalModelCache, stores.serving_caches(self._caches.list(), uri)
             )
         decision = decide(
             isvc,
@@ -331,6 +372,7 @@ class IsvcMutator:
             cluster_caches=cluster_caches,
             node_group_exists=self._node_group_exists,
             enabled=enabled,
+            fit=self._fit(obj) if cluster_caches or namespace_caches else None,
         )
         ops = review.metadata_patch(obj, labels=decision.labels, annotations=decision.annotations)
         if decision.choice is not None:

@@ -46,7 +46,7 @@ from localcache.runtime import informer
 from localcache.runtime import keys as runtime_keys
 from localcache.runtime.crds import optional
 from localcache.runtime.serving import review
-from localcache.webhooks import isvc, llmbase
+from localcache.webhooks import isvc, llmbase, stores
 
 log = structlog.get_logger(__name__)
 
@@ -181,10 +181,10 @@ class LlmIsvcMutator:
     def __init__(
         self,
         *,
-        caches: isvc.Lister,
-        namespace_caches: isvc.Lister,
-        node_groups: isvc.Lister,
-        configs: isvc.Lister,
+        caches: stores.Lister,
+        namespace_caches: stores.Lister,
+        node_groups: stores.Lister,
+        configs: stores.Lister,
         configs_served: Callable[[], bool],
         kserve_namespace: str,
         enabled: Callable[[], bool],
@@ -248,11 +248,11 @@ class LlmIsvcMutator:
             adapters, _ = llm_api.adapters(resolved.adapters, limit=MAX_ADAPTERS)
             uris = [u for u in (resolved.uri, *(a.uri for a in adapters)) if u]
             if uris:
-                namespace_caches = isvc.parse_all(
+                namespace_caches = stores.parse_all(
                     modelcache.LocalModelNamespaceCache,
                     _serving(self._namespace_caches.list(llmisvc.namespace), uris),
                 )
-                cluster_caches = isvc.parse_all(
+                cluster_caches = stores.parse_all(
                     modelcache.LocalModelCache, _serving(self._caches.list(), uris)
                 )
         decision = decide(

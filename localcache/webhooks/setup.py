@@ -1,9 +1,11 @@
 """Wiring of the admission webhooks: informers on the Manager, handlers on the AdmissionServer.
 
-`setup()` takes three informers (LocalModelCache, LocalModelNamespaceCache in all
-namespaces, LocalModelNodeGroup), and optional ones (`optional.OptionalInformer`: watched
-only while KServe's CRD serves, so the webhooks start without KServe) on InferenceServices,
-LLMInferenceServices (`caching.llmuse.slim`, read by delete validation) and
+`setup()` takes four informers (LocalModelCache, LocalModelNamespaceCache in all
+namespaces, LocalModelNodeGroup, Node: the mutation picks the node group whose nodes the
+workload can run on; the controller of the same process watches Nodes with the same
+transform, so this costs no second watch), and optional ones (`optional.OptionalInformer`:
+watched only while KServe's CRD serves, so the webhooks start without KServe) on
+InferenceServices, LLMInferenceServices (`caching.llmuse.slim`, read by delete validation) and
 LLMInferenceServiceConfigs (the `spec.baseRefs` of LLMInferenceServices) in all namespaces
 and, when `storage_containers` is on, on KServe's ClusterStorageContainers (the validators
 accept URIs they claim), from an
@@ -26,8 +28,9 @@ empty), mutation admits unchanged with a warning and validation denies with 503.
 The InferenceService informer keeps only apiVersion, kind, metadata and the predictor's
 storage URI (`caching.indexes.isvc_use`: the handlers read labels and that URI), so watching
 every ISVC of the cluster costs little memory; the caches and node groups are full objects
-(`informer.compact`). Those are the transforms the cache controllers use too, so a shared
-factory serves both from one informer each. The returned `Webhooks` exposes the informers
+(`informer.compact`), Nodes only name, labels and Ready (`caching.indexes.slim_node`). Those
+are the transforms the cache controllers use too, so a shared factory serves both from one
+informer each. The returned `Webhooks` exposes the informers
 (read-only: shared stores).
 """
 
@@ -66,6 +69,7 @@ class Webhooks:
     caches: informer.Informer
     namespace_caches: informer.Informer
     node_groups: informer.Informer
+    nodes: informer.Informer
     inference_services: optional.OptionalInformer
     llm_configs: optional.OptionalInformer
     storage_containers: optional.OptionalInformer | None
@@ -79,7 +83,7 @@ class Webhooks:
         """True once every informer the handlers read has synced (an optional kind: is
         not being listed right now)."""
         return _all_synced(
-            (self.caches, self.namespace_caches, self.node_groups),
+            (self.caches, self.namespace_caches, self.node_groups, self.nodes),
             (
                 self.inference_services,
                 self.llm_configs,
@@ -139,6 +143,7 @@ def setup(
         },
     )
     node_groups = make(groupversion.LOCAL_MODEL_NODE_GROUP, {})
+    nodes = shared.informer(kube.NODES, transform=indexes.slim_node)
     # KServe's kinds: watched only while their CRDs serve (they may come later, or go).
     isvcs = shared.optional_informer(
         groupversion.INFERENCE_SERVICE.api,
@@ -158,7 +163,7 @@ def setup(
         if storage_containers
         else None
     )
-    required = (caches, namespace_caches, node_groups)
+    required = (caches, namespace_caches, node_groups, nodes)
 
     def required_synced() -> bool:
         return _all_synced(required, ())
@@ -170,6 +175,7 @@ def setup(
         caches=caches.reader(),
         namespace_caches=namespace_caches.reader(),
         node_groups=node_groups.reader(),
+        nodes=nodes.reader(),
         enabled=local_model_enabled,
         synced=required_synced,  # mutation reads no ISVC: a listing ISVC kind must not skip it
     )
@@ -207,6 +213,7 @@ def setup(
         caches=caches,
         namespace_caches=namespace_caches,
         node_groups=node_groups,
+        nodes=nodes,
         inference_services=isvcs,
         llm_configs=llm_configs,
         storage_containers=containers,

@@ -5,6 +5,9 @@ admission handler `CacheValidator` that builds the snapshot from informer stores
 `Violation` names the field and the conflicting object; one denial carries all of them.
 
 Create and update (an update of an object being deleted is always allowed, as in KServe):
+- on create, `metadata.name` can be a label value (`caching.cachename`: at most 63
+  characters), as it becomes label `internal.serving.kserve.io/localmodel` of every
+  InferenceService served; existing longer-named caches stay updatable and deletable;
 - `spec.sourceModelUri` has a download path (`caching.uris`: a scheme the storage initializer
   recognises, or a ClusterStorageContainer for download Jobs that claims it); the message
   lists the supported schemes. Checked on create and when the URI changes, so a container
@@ -48,12 +51,11 @@ import pydantic
 import structlog
 
 from localcache.api import modelcache, nodegroup, storage
+from localcache.caching import cachename, indexes, uris
 from localcache.caching import config as config_mod
-from localcache.caching import indexes, llmuse, uris
-from localcache.caching import keys as cache_keys
 from localcache.runtime import keys as runtime_keys
 from localcache.runtime.serving import review
-from localcache.webhooks import capacity, isvc
+from localcache.webhooks import capacity, inuse, isvc, stores
 
 log = structlog.get_logger(__name__)
 
@@ -163,6 +165,12 @@ def check_unique_uri(
     return []
 
 
+def check_name_length(cache: AnyCache, *, old: AnyCache | None) -> list[Violation]:
+    if old is not None or cachename.fits_label(cache.name):
+        return []  # names are immutable: checked once, on create
+    return [Violation("metadata.name", cachename.too_long(cache.name))]
+
+
 def check_name(cache: AnyCache, *, old: AnyCache | None, snapshot: Snapshot) -> list[Violation]:
     if old is not None:
         return []  # names are immutable: checked once, on create
@@ -184,26 +192,6 @@ def check_name(cache: AnyCache, *, old: AnyCache | None, snapshot: Snapshot) -> 
     return []
 
 
-def check_in_use(
-    cache: AnyCache,
-    *,
-    users: Sequence[runtime_keys.ObjectKey],
-    llm_users: Sequence[tuple[runtime_keys.ObjectKey, str]] = (),
-) -> list[Violation]:
-    kinds = (
-        ("status.inferenceServices", "InferenceService", [(k, "") for k in users]),
-        ("status.llmInferenceServices", "LLMInferenceService", list(llm_users)),
-    )
-    found = []
-    for where, kind, named in kinds:
-        if named:
-            (key, how), *rest = sorted(named)
-            more = f" (and {len(rest)} more)" if rest else ""
-            used = f"{kind} {key.namespace}/{key.name}" + (f" ({how})" if how else "")
-            found.append(Violation(where, f"{isvc.describe(cache)} is being used by {used}{more}"))
-    return found
-
-
 def validate_write(
     cache: AnyCache, *, old: AnyCache | None = None, snapshot: Snapshot
 ) -> list[Violation]:
@@ -211,6 +199,7 @@ def validate_write(
     if old is not None and cache.metadata.deletion_timestamp:
         return []
     return [
+        *check_name_length(cache, old=old),
         *check_uri(
             cache,
             old=old,
@@ -241,13 +230,13 @@ def validate_delete(cache: AnyCache, *, snapshot: Snapshot) -> list[Violation]:
     """Violations of deleting `cache`: live (LLM)InferenceServices using it."""
     if cache.metadata.deletion_timestamp:
         return []  # already accepted once; a repeated delete changes nothing
-    return check_in_use(cache, users=snapshot.users, llm_users=snapshot.llm_users)
+    return inuse.check_in_use(cache, users=snapshot.users, llm_users=snapshot.llm_users)
 
 
 # ------------------------------------------------------------------------ admission handler
 
 
-class IndexedLister(isvc.Lister, Protocol):
+class IndexedLister(stores.Lister, Protocol):
     """The part of an informer store the validator reads (`runtime.store.Reader`)."""
 
     def by_index(self, index: str, value: str) -> Objs: ...
@@ -262,11 +251,11 @@ class CacheValidator:
         namespaced: bool,
         caches: IndexedLister,
         namespace_caches: IndexedLister,
-        node_groups: isvc.Lister,
+        node_groups: stores.Lister,
         inference_services: IndexedLister,
         synced: Callable[[], bool],
         llm_inference_services: IndexedLister | None = None,
-        storage_containers: isvc.Lister | None = None,
+        storage_containers: stores.Lister | None = None,
         allow_file_uris: bool = False,
         namespace_share_percent: Callable[[], int] = lambda: (
             config_mod.DEFAULT_NAMESPACE_SHARE_PERCENT
@@ -318,7 +307,10 @@ class CacheValidator:
         if request.operation == "DELETE":
             if old is None:
                 return review.allowed()
-            snapshot = Snapshot(users=self._users(old), llm_users=self._llm_users(old))
+            snapshot = Snapshot(
+                users=inuse.isvc_users(self._isvcs, old, index=USED_CACHE_INDEX),
+                llm_users=inuse.llm_users(self._llmisvcs, old),
+            )
             violations = validate_delete(old, snapshot=snapshot)
         elif request.operation in ("CREATE", "UPDATE") and new is not None:
             violations = validate_write(new, old=old, snapshot=self._snapshot(new, old))
@@ -328,39 +320,12 @@ class CacheValidator:
             return review.allowed()
         return review.denied("; ".join(str(v) for v in violations), field=violations[0].field)
 
-    def _users(self, cache: AnyCache) -> list[runtime_keys.ObjectKey]:
-        """The live InferenceServices labelled for `cache` whose storage URI it serves: a
-        label alone is no use (a tenant could label one with any cluster cache's name and
-        so block its deletion)."""
-        key = cache_keys.status_key(cache.name, cache.namespace or None)
-        return [
-            runtime_keys.ObjectKey.of(o)
-            for o in self._isvcs.by_index(USED_CACHE_INDEX, key)
-            if indexes.isvc_uses_uri(o, cache.spec.source_model_uri)
-        ]
-
-    def _llm_users(self, cache: AnyCache) -> list[tuple[runtime_keys.ObjectKey, str]]:
-        """The live LLMInferenceServices whose use of `cache` is proven (`llmuse.uses`)."""
-        if self._llmisvcs is None:
-            return []
-        key = cache_keys.status_key(cache.name, cache.namespace or None)
-        found = llmuse.proven(
-            self._llmisvcs.by_index(llmuse.USED_CACHE_INDEX, key),
-            cache_namespace=cache.namespace or "",
-            cache_name=cache.name,
-            cache_uri=cache.spec.source_model_uri,
-        )
-        return [
-            (runtime_keys.ObjectKey.of(o), ", ".join(u.describe() for u in sorted(used)))
-            for o, used in found
-        ]
-
     def _snapshot(self, cache: AnyCache, old: AnyCache | None) -> Snapshot:
         groups = dict.fromkeys([*cache.spec.node_groups, *(old.spec.node_groups if old else [])])
         node_groups: dict[str, nodegroup.LocalModelNodeGroup] = {}
         for group in groups:
             raw = self._node_groups.get(runtime_keys.ObjectKey("", group))
-            parsed = isvc.parse_all(nodegroup.LocalModelNodeGroup, [raw] if raw else [])
+            parsed = stores.parse_all(nodegroup.LocalModelNodeGroup, [raw] if raw else [])
             if parsed:
                 node_groups[group] = parsed[0]
         cluster: dict[runtime_keys.ObjectKey, Obj] = {}
@@ -378,12 +343,12 @@ class CacheValidator:
         return Snapshot(
             allow_file_uris=self._allow_file_uris,
             namespace_share_percent=self._namespace_share_percent(),
-            storage_containers=isvc.parse_all(
+            storage_containers=stores.parse_all(
                 storage.ClusterStorageContainer, containers.list() if containers else []
             ),
             node_groups=node_groups,
-            cluster_caches=isvc.parse_all(modelcache.LocalModelCache, cluster.values()),
-            namespace_caches=isvc.parse_all(
+            cluster_caches=stores.parse_all(modelcache.LocalModelCache, cluster.values()),
+            namespace_caches=stores.parse_all(
                 modelcache.LocalModelNamespaceCache, namespaced.values()
             ),
         )

@@ -41,7 +41,7 @@ SHARED = {
     str(state.LOCAL_MODEL_NODE_GROUPS): 3,
     str(state.INFERENCE_SERVICES): 2,  # controllers, webhooks (metadata only, both)
     str(state.LOCAL_MODEL_NODES): 1,  # controllers (the agent watches only its own)
-    str(kube.NODES): 1,
+    str(kube.NODES): 2,  # controllers, webhooks (the group fit; the same slim transform)
     str(kube.PERSISTENT_VOLUMES): 1,
     str(kube.PERSISTENT_VOLUME_CLAIMS): 1,
 }

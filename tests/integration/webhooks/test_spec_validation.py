@@ -1,7 +1,8 @@
 """Admission of the spec's own values through the real apiserver (issue 14): a source URI
 without a download path is refused with the supported schemes, unless a
-ClusterStorageContainer for download Jobs claims it; long names are admitted (their derived
-names are shortened, so nothing about a name is refused)."""
+ClusterStorageContainer for download Jobs claims it; names up to 63 characters (the longest
+label value, issue 21: test_webhook_rules.py refuses longer ones) are admitted, their derived
+names shortened where they would not fit."""
 
 from __future__ import annotations
 
@@ -76,9 +77,13 @@ async def test_a_storage_container_for_download_jobs_makes_its_scheme_admissible
         assert after.returncode == 0, after.stderr
 
 
-async def test_a_namespace_cache_with_a_240_character_name_is_admitted(harness: Harness) -> None:
+async def test_a_namespace_cache_with_a_63_character_name_is_admitted(harness: Harness) -> None:
     await harness.node_group()
     async with harness.validating():
-        long = harness.cache_obj("m" * 240, "gs://b/long", namespaced=True)
+        long = harness.cache_obj("m" * 63, "gs://b/long", namespaced=True)
         done = await harness.kubectl_create(long, harness.namespace)
         assert done.returncode == 0, done.stderr
+        longer = harness.cache_obj("m" * 240, "gs://b/longer", namespaced=True)
+        done = await harness.kubectl_create(longer, harness.namespace)
+        assert done.returncode != 0
+        assert f"{DENIED}metadata.name: " in done.stderr

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from localcache.api import inferenceservice, modelcache
-from localcache.caching import indexes
+from localcache.caching import indexes, names
 from localcache.controllers import clustercache, namespacecache, state, users
 from localcache.runtime import store
 from localcache.runtime.keys import ObjectKey
@@ -176,6 +176,27 @@ def test_serving_pairs_use_the_annotated_group_or_the_first() -> None:
     wanted = users.serving(cache, isvcs=isvcs, llm_users=[])
     assert wanted.pairs == {("a", "gpu1"), ("b", "gpu2")}
     assert wanted.legacy == set()
+
+
+def test_serving_pairs_follow_the_claim_the_webhook_chose() -> None:
+    """The webhook may pick a later group (the one the predictor can run on): the claim its
+    `localmodel-pvc-name` annotation names is the one created, whatever the other keys say."""
+    cache = _cluster()
+    chosen = names.serving_pvc(cache.name, "gpu2")
+    isvcs = [
+        _isvc("a", {}, **{inferenceservice.LOCAL_MODEL_PVC_NAME_ANNOTATION: chosen}),
+        _isvc(
+            "b",
+            {},
+            **{
+                inferenceservice.LOCAL_MODEL_PVC_NAME_ANNOTATION: chosen,
+                inferenceservice.NODE_GROUP_ANNOTATION: "unknown",
+            },
+        ),
+        _isvc("c", {}, **{inferenceservice.LOCAL_MODEL_PVC_NAME_ANNOTATION: "someone-else"}),
+    ]
+    wanted = users.serving(cache, isvcs=isvcs, llm_users=[])
+    assert wanted.pairs == {("a", "gpu2"), ("b", "gpu2"), ("c", "gpu1")}
 
 
 def _isvc_of(name: str, uri: str | None) -> dict[str, Any]:
