@@ -39,8 +39,10 @@ from typing import Any, Final
 import pydantic
 import structlog
 
+from localcache.api import inferenceservice as isvc_api
 from localcache.api import llminferenceservice as llm_api
-from localcache.api import modelcache
+from localcache.api import modelcache, nodegroup
+from localcache.caching import groupfit
 from localcache.caching import keys as cache_keys
 from localcache.runtime import informer
 from localcache.runtime import keys as runtime_keys
@@ -93,9 +95,11 @@ def decide(
     cluster_caches: Iterable[modelcache.LocalModelCache],
     node_group_exists: isvc.NodeGroupExists | None = None,
     enabled: bool = True,
+    fit: groupfit.GroupFit | None = None,
 ) -> isvc.Decision:
     """The local-model labels and annotations `llmisvc` should carry (module docstring);
-    `resolved` is its spec merged with its base configurations (`llmbase.resolve`)."""
+    `resolved` is its spec merged with its base configurations (`llmbase.resolve`); `fit`
+    (optional) judges the base model's node group by the workloads' node constraints."""
     if not enabled or llmisvc.local_model_disabled:
         return _cleared()
     if resolved.storage_initializer_enabled is False:
@@ -110,7 +114,7 @@ def decide(
     own_caches = [c for c in namespace_caches if c.namespace == llmisvc.namespace]
     clusters = list(cluster_caches)
 
-    def match(uri: str) -> isvc.Decision:
+    def match(uri: str, fit: groupfit.GroupFit | None = None) -> isvc.Decision:
         return isvc.match(
             uri,
             namespace=llmisvc.namespace,
@@ -118,6 +122,7 @@ def decide(
             namespace_caches=own_caches,
             cluster_caches=clusters,
             node_group_exists=node_group_exists,
+            fit=fit,
         )
 
     warnings: list[str] = []
@@ -127,7 +132,7 @@ def decide(
     annotations: dict[str, str | None] = {}
     choice: isvc.Choice | None = None
     if resolved.uri:
-        base = match(resolved.uri)
+        base = match(resolved.uri, fit)
         labels, annotations, choice = dict(base.labels), dict(base.annotations), base.choice
         warnings.extend(base.warnings)
     elif not resolved.unresolved:
@@ -175,6 +180,27 @@ def _serving(objs: Iterable[Obj], uris: Iterable[str]) -> list[Obj]:
     return found
 
 
+WORKLOADS: Final = (
+    (("template",), "spec.template"),
+    (("worker",), "spec.worker"),
+    (("prefill", "template"), "spec.prefill.template"),
+    (("prefill", "worker"), "spec.prefill.worker"),
+)
+"""The pod templates of an LLMInferenceService that mount the model (KServe renders decode,
+prefill and LeaderWorkerSet workers from them): the node group must fit them all."""
+
+
+def _workloads(obj: Obj) -> list[tuple[Any, str]]:
+    found = []
+    for path, what in WORKLOADS:
+        node: Any = obj.get("spec")
+        for part in path:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            found.append((node, what))
+    return found
+
+
 class LlmIsvcMutator:
     """The admission handler for LLMInferenceService CREATE/UPDATE (module docstring)."""
 
@@ -184,6 +210,7 @@ class LlmIsvcMutator:
         caches: stores.Lister,
         namespace_caches: stores.Lister,
         node_groups: stores.Lister,
+        nodes: stores.Lister | None = None,
         configs: stores.Lister,
         configs_served: Callable[[], bool],
         kserve_namespace: str,
@@ -193,6 +220,7 @@ class LlmIsvcMutator:
         self._caches = caches
         self._namespace_caches = namespace_caches
         self._node_groups = node_groups
+        self._nodes = nodes
         self._configs = configs
         self._configs_served = configs_served
         self._kserve_namespace = kserve_namespace
@@ -201,6 +229,21 @@ class LlmIsvcMutator:
 
     def _node_group_exists(self, name: str) -> bool:
         return self._node_groups.get(runtime_keys.ObjectKey("", name)) is not None
+
+    def _fit(self, obj: Obj) -> groupfit.GroupFit | None:
+        """The group fit of the object's own workloads (`WORKLOADS`); None when none of them
+        has a node constraint."""
+        workloads = [groupfit.Workload.of(pod, what) for pod, what in _workloads(obj)]
+        if not any(w.constrained for w in workloads):
+            return None
+        groups = stores.parse_all(nodegroup.LocalModelNodeGroup, self._node_groups.list())
+        annotations = (obj.get("metadata") or {}).get("annotations") or {}
+        return groupfit.GroupFit(
+            node_groups={g.name: g for g in groups},
+            nodes=self._nodes.list() if self._nodes is not None else None,
+            workloads=workloads,
+            current_claim=annotations.get(isvc_api.LOCAL_MODEL_PVC_NAME_ANNOTATION),
+        )
 
     def _lookup(self, namespace: str, name: str) -> Obj | None:
         if not self._configs_served():
@@ -262,6 +305,7 @@ class LlmIsvcMutator:
             cluster_caches=cluster_caches,
             node_group_exists=self._node_group_exists,
             enabled=enabled,
+            fit=self._fit(obj),
         )
         ops = review.metadata_patch(obj, labels=decision.labels, annotations=decision.annotations)
         if decision.choice is not None:

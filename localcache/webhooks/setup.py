@@ -183,6 +183,7 @@ def setup(
         caches=caches.reader(),
         namespace_caches=namespace_caches.reader(),
         node_groups=node_groups.reader(),
+        nodes=nodes.reader(),
         configs=llm_configs.reader(),
         configs_served=lambda: llm_configs.availability is not optional.Availability.ABSENT,
         kserve_namespace=kserve_namespace,

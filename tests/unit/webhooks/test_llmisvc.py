@@ -13,6 +13,7 @@ from localcache.runtime import store
 from localcache.runtime.crds import optional
 from localcache.runtime.serving import review
 from localcache.webhooks import llmbase, llmisvc
+from tests.unit.caching.test_groupfit import GROUPS, NODES
 from tests.unit.webhooks.test_isvc import apply, cache_obj
 
 LABEL = isvc_api.LOCAL_MODEL_LABEL
@@ -86,6 +87,7 @@ class Stores:
         self.namespace_caches = store.Store()
         self.node_groups = store.Store()
         self.configs = store.Store()
+        self.nodes = store.Store()
         self.configs_served = True
         self.configs_syncing = False
         self.enabled = True
@@ -108,6 +110,7 @@ class Stores:
             caches=self.caches.view(),
             namespace_caches=self.namespace_caches.view(),
             node_groups=self.node_groups.view(),
+            nodes=self.nodes.view(),
             configs=Configs(),
             configs_served=lambda: self.configs_served,
             kserve_namespace=KSERVE,
@@ -345,3 +348,38 @@ def test_the_config_informer_keeps_only_the_model_fields() -> None:
     slim = llmisvc.config_use(obj)
     assert slim["spec"] == {"model": {"uri": "hf://x"}}
     assert slim["metadata"]["name"] == "c"
+
+
+# ------------------------------------------------------------------ node group fit (#5914)
+
+
+async def test_the_node_group_follows_the_workload_templates_node_selector() -> None:
+    """KServe #5914: an LLMInferenceService whose template asks for the second group's nodes
+    gets that group's claim, not `nodeGroups[0]`; prefill templates must fit too."""
+    stores = Stores()
+    for model in GROUPS.values():
+        stores.node_groups.upsert(model.model_dump(by_alias=True, exclude_none=True))
+    stores.caches.upsert(
+        {
+            **cache_obj("llama", "hf://org/llama"),
+            "spec": {
+                "sourceModelUri": "hf://org/llama",
+                "modelSize": "1Gi",
+                "nodeGroups": ["a100", "h100"],
+            },
+        }
+    )
+    for node in NODES:
+        stores.nodes.upsert(node)
+    mutator = stores.mutator()
+    obj = llm_obj()
+    obj["spec"]["template"] = {"nodeSelector": {"gpu": "h100"}, "containers": []}
+    answer = await mutator(request(obj))
+    meta = apply(obj, answer.patch)["metadata"]
+    assert meta["annotations"][PVC] == "llama-h100"
+    assert answer.warnings == ()
+    # a prefill template that only fits the other group: no group fits both, warned
+    obj["spec"]["prefill"] = {"template": {"nodeSelector": {"gpu": "a100"}}}
+    answer = await mutator(request(obj))
+    assert apply(obj, answer.patch)["metadata"]["annotations"][PVC] == "llama-a100"
+    assert any("spec.prefill.template" in w for w in answer.warnings), answer.warnings
