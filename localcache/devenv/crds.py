@@ -3,8 +3,9 @@
 `install_crds(control_plane, paths)` reads every YAML file given (directories: their `*.yaml`
 files, sorted), keeps the `CustomResourceDefinition` documents, creates each one (or replaces
 it when it already exists, retrying on conflict), then waits until every CRD reports
-`Established=True` and the apiserver's discovery lists its plural for every served version,
-so the very next request for the kind succeeds. Like envtest's `InstallCRDs`, it talks to the
+`Established=True`, the apiserver's discovery lists its plural for every served version and
+a LIST of each answers 200 (a new CRD's storage may still be initializing: 429), so the very
+next request for the kind succeeds. Like envtest's `InstallCRDs`, it talks to the
 apiserver only through the harness (`ControlPlane.rest`), never through the code under test.
 """
 
@@ -87,6 +88,16 @@ def _discoverable(control_plane: ControlPlane, crd: dict[str, Any]) -> bool:
     return True
 
 
+def _listable(control_plane: ControlPlane, crd: dict[str, Any]) -> bool:
+    group = crd["spec"]["group"]
+    plural = crd["spec"]["names"]["plural"]
+    return all(
+        control_plane.rest("GET", f"/apis/{group}/{version['name']}/{plural}?limit=1")[0] == 200
+        for version in crd["spec"]["versions"]
+        if version.get("served", True)
+    )
+
+
 def install_crds(
     control_plane: ControlPlane, paths: Iterable[Path | str], *, timeout: float = 30.0
 ) -> list[str]:
@@ -105,5 +116,10 @@ def install_crds(
             functools.partial(_discoverable, control_plane, crd),
             timeout=timeout,
             what=f"discovery lists the resources of CRD {name}",
+        )
+        waiting.wait_until_sync(
+            functools.partial(_listable, control_plane, crd),
+            timeout=timeout,
+            what=f"the resources of CRD {name} can be listed",
         )
     return [crd["metadata"]["name"] for crd in crds]

@@ -44,9 +44,13 @@ SHARED = {
     str(kube.NODES): 2,  # controllers, webhooks (the group fit; the same slim transform)
     str(kube.PERSISTENT_VOLUMES): 1,
     str(kube.PERSISTENT_VOLUME_CLAIMS): 1,
+    # controllers (serving claims, status) and webhooks (delete guard), one slim transform
+    str(groupversion.LLM_INFERENCE_SERVICE.api): 2,
+    str(groupversion.LLM_INFERENCE_SERVICE_CONFIG.api): 1,  # webhooks: spec.baseRefs
 }
 AGENT_ONLY = 3  # its LocalModelNode, its Jobs, the inferenceservice-config ConfigMap
-OPTIONAL_KIND_CRDS = 1  # the InferenceService CRD, by name: its kind is watched while served
+OPTIONAL_KIND_CRDS = 3  # KServe's CRDs by name (ISVC, LLMISVC, LLMISVC config): each kind is
+# watched while served
 
 
 @dataclass
