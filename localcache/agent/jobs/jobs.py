@@ -6,8 +6,10 @@ Contract:
   hash of node and credential scope) says which scope the Job downloads in; the suffix makes
   each name new, so a Job someone else created first never blocks a download. The agent
   finds its Jobs again by the uids it records (`agent.jobs.trust`), never by name.
-- The container's `terminationMessagePolicy` is always `File`: no pod log lines ever become
-  the termination message the agent reports.
+- The container's `terminationMessagePolicy` is always `FallbackToLogsOnError`: KServe's
+  storage initializer writes no termination message, so the kubelet keeps the tail of its log
+  there; the agent publishes only the fixed-vocabulary gist of such a text
+  (`jobs.failures`), never the log lines themselves.
 - The Job runs in the entry's namespace (namespace cache) or `jobNamespace` (cluster cache),
   mounts the entry's download PVC with `subPath` = its staging folder (`layout.staging_subpath`)
   at `/mnt/models`, and downloads `[uri, /mnt/models]`; the agent promotes the staging folder
@@ -192,9 +194,10 @@ def build_job(
         },
         *copy.deepcopy(list(injection.volume_mounts)),
     ]
-    # Never FallbackToLogsOnError: the agent copies termination messages into the
-    # cluster-scoped LocalModelNode status and Events, and a tenant's pod logs must not go there.
-    main["terminationMessagePolicy"] = "File"
+    # The log tail when the program writes no termination message (KServe's storage
+    # initializer): the agent reads only its gist (`failures.gist`, a fixed vocabulary), so a
+    # tenant's pod logs never reach the cluster-scoped LocalModelNode status or Events.
+    main["terminationMessagePolicy"] = "FallbackToLogsOnError"
     if not main["env"]:
         del main["env"]
     claim = download_pvc_name(entry, node_group.name)

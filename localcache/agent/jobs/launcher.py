@@ -31,9 +31,9 @@ from typing import Any, Final, Protocol
 
 import structlog
 
-from localcache.agent import downloads, plan
+from localcache.agent import downloads
 from localcache.agent.disk import folders, layout, roots
-from localcache.agent.jobs import jobs, trust
+from localcache.agent.jobs import failures, jobs, trust
 from localcache.api import modelnode, nodegroup, storage
 from localcache.caching import config, credentials, placement
 from localcache.runtime import clock as clock_mod
@@ -360,33 +360,4 @@ class JobLauncher:
             ) from exc
 
 
-def pod_failure_message(pods: Iterable[Obj], *, job_uid: str | None = None) -> str:
-    """What the newest failed pod (of the Job `job_uid`, when given: its controller
-    ownerReference) says: its container's termination message (or reason and exit code),
-    else the pod's own message or reason; "" when no pod failed. Always `plan.one_line`."""
-    failed = [
-        p
-        for p in pods
-        if (p.get("status") or {}).get("phase") == "Failed"
-        and (job_uid is None or _controller_uid(p) == job_uid)
-    ]
-    failed.sort(key=lambda p: str((p.get("metadata") or {}).get("creationTimestamp") or ""))
-    for pod in reversed(failed):
-        status = pod.get("status") or {}
-        for container in status.get("containerStatuses") or []:
-            term = (container.get("state") or {}).get("terminated") or {}
-            if text := plan.one_line(term.get("message")):
-                return text
-            if term.get("reason") or term.get("exitCode"):
-                reason = plan.one_line(term.get("reason"), limit=64) or "Error"
-                return f"{reason} (exit code {plan.one_line(term.get('exitCode'), limit=8) or '?'})"
-        if text := plan.one_line(status.get("message") or status.get("reason")):
-            return text
-    return ""
-
-
-def _controller_uid(obj: Obj) -> str | None:
-    for owner in (obj.get("metadata") or {}).get("ownerReferences") or []:
-        if owner.get("controller"):
-            return str(owner.get("uid") or "")
-    return None
+pod_failure_message = failures.pod_failure_message
