@@ -105,6 +105,7 @@ OWN_LOCAL_MODEL_KEYS = (
     "jobNamespace",
     "downloadRetryBackoffInSecs",
     "downloadRetryMaxBackoffInSecs",
+    "downloadStallTimeoutInSecs",
     "namespaceStorageSharePercent",
     "volumeSource",
 )

@@ -30,6 +30,7 @@ from typing import Any, Final
 Obj = dict[str, Any]
 
 POD_MESSAGE_LIMIT: Final = 256
+MESSAGE_LIMIT: Final = 1024
 
 GIST_S3_FORBIDDEN: Final = "403 Forbidden from the S3 store"
 GIST_FORBIDDEN: Final = "403 Forbidden"
@@ -123,23 +124,22 @@ def gist(text: str | None) -> str:
     return ""
 
 
-def clip(text: str, limit: int) -> str:
+def clip(text: str, limit: int = MESSAGE_LIMIT) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def sanitise(text: object, *, limit: int = POD_MESSAGE_LIMIT) -> str:
     """A deliberately written message as it may be published (see the module docstring)."""
-    if text is None:
-        return ""
-    lines = [line.strip() for line in str(text).splitlines() if line.strip()]
-    line = " ".join(_CONTROL.sub(" ", lines[-1]).split()) if lines else ""
+    line = one_line(text, limit=len(str(text)) + 1) if text is not None else ""
     line = _USERINFO.sub(r"\g<scheme>", line)
     line = _QUERY.sub(r"\g<url>?<redacted>", line)
     line = _SECRET_PAIR.sub(r"\g<key>\g<sep><redacted>", line)
     return clip(line, limit)
 
 
-def _one_line(text: object, *, limit: int) -> str:
+def one_line(text: object, *, limit: int = POD_MESSAGE_LIMIT) -> str:
+    """A pod-supplied text as it may be published: its last non-blank line, without control
+    characters, at most `limit` characters ("" for nothing)."""
     if text is None:
         return ""
     lines = [line.strip() for line in str(text).splitlines() if line.strip()]
@@ -175,13 +175,13 @@ def _container_message(term: Obj, policy: str | None) -> str:
     """One terminated container's failure, as it may be published ("" for nothing)."""
     raw = term.get("message")
     found = gist(str(raw)) if raw else ""
-    code = _one_line(term.get("exitCode"), limit=8) or "?"
+    code = one_line(term.get("exitCode"), limit=8) or "?"
     if found:
         return f"{found} (exit code {code})"
     if policy != "FallbackToLogsOnError" and (text := sanitise(raw)):
         return text
     if term.get("reason") or term.get("exitCode"):
-        reason = _one_line(term.get("reason"), limit=64) or "Error"
+        reason = one_line(term.get("reason"), limit=64) or "Error"
         return f"{reason} (exit code {code})"
     return ""
 
