@@ -47,6 +47,7 @@ Obj = dict[str, Any]
 ModelStatus = modelnode.ModelStatus
 
 POD_MESSAGE_LIMIT: Final = failures.POD_MESSAGE_LIMIT
+STALL_LOOK_MIN_S: Final = 1.0
 one_line = failures.one_line
 clip = failures.clip
 
@@ -277,7 +278,10 @@ def _running(
     )
     downloading = state.ready > 0 or size > 0
     phase = ModelStatus.DOWNLOADING if downloading else ModelStatus.DOWNLOAD_PENDING
-    return status.Outcome(phase, progress, observed.policy.progress_interval)
+    again, timeout = observed.policy.progress_interval, observed.policy.stall_timeout_s
+    if timeout > 0:  # look again by the time it would have stalled
+        again = min(again, max(STALL_LOOK_MIN_S, timeout - facts.idle_s))
+    return status.Outcome(phase, progress, again)
 
 
 def _completed(

@@ -138,6 +138,18 @@ def test_a_download_idle_for_less_runs_on(idle: float) -> None:
     assert isinstance(plan.decide(decide.UNIT, _running(idle)), plan.Report)
 
 
+def test_a_running_download_is_looked_at_again_by_the_time_it_would_stall() -> None:
+    report = plan.decide(decide.UNIT, _running(597.5))
+    assert isinstance(report, plan.Report)
+    assert report.outcome.requeue_after == 2.5
+    report = plan.decide(decide.UNIT, _running(599.9))
+    assert isinstance(report, plan.Report)
+    assert report.outcome.requeue_after == plan.STALL_LOOK_MIN_S
+    report = plan.decide(decide.UNIT, _running(0.0))
+    assert isinstance(report, plan.Report)
+    assert report.outcome.requeue_after == STALL_POLICY.progress_interval
+
+
 def test_a_stall_timeout_of_zero_never_stops_a_download() -> None:
     observed = dataclasses.replace(
         _running(10_000.0),
