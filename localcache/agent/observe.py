@@ -56,7 +56,7 @@ class Observer:
         growth: stall.GrowthWatch,
     ) -> None:
         self._jobs = jobs
-        self._growth = growth
+        self.growth = growth
         self._adoptions = adoptions
         self._caches = caches
         self._namespace_caches = namespace_caches
@@ -99,7 +99,7 @@ class Observer:
             usage = await asyncio.to_thread(
                 tree.folder_usage, staging, max_entries=STALL_WALK_ENTRIES
             )
-            idle = self._growth.idle(latest.uid, usage, running=state.ready > 0)
+            idle = self.growth.idle(latest.uid, usage, running=state.ready > 0)
             failed = state.failed_pods
             pod = await self._jobs.pod_message(latest, failed) if failed else ""
             return plan.JobFacts(

@@ -152,17 +152,17 @@ class Reconciler:
             clock=clock,
             backoff_limit=job_backoff_limit,
             name_suffix=job_name_suffix or jobs.name_suffix,
+            caches=(stores.caches, stores.namespace_caches),
         )
         self._report = report.Reporter(node_name=node_name, api=api, wall_clock=wall_clock)
         self._adoptions = adoption.Adoptions(node_name=node_name, reporter=self._report)
-        self._growth = stall.GrowthWatch(clock)
         self._observer = observe.Observer(
             jobs=self._jobs,
             adoptions=self._adoptions,
             caches=stores.caches,
             namespace_caches=stores.namespace_caches,
             progress_interval=progress_interval,
-            growth=self._growth,
+            growth=stall.GrowthWatch(clock),
         )
         self._cleaner = cleanup.RootCleaner(
             disks=self._disks, node_groups=stores.node_groups, reporter=self._report
@@ -235,7 +235,7 @@ class Reconciler:
         self._counted_failures &= {(r.namespace, r.name) for r in refs}
         running = [r for r in refs if plan.job_state(r.obj).phase is plan.JobPhase.ACTIVE]
         active = {r.name for r in running}
-        self._growth.retain(r.uid for r in running)
+        self._observer.growth.retain(r.uid for r in running)
         ctx = _Pass(
             node=node,
             node_obj=node_obj,

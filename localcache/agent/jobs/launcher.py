@@ -29,13 +29,14 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
+import pydantic
 import structlog
 
 from localcache.agent import downloads
 from localcache.agent.disk import folders, layout, roots
 from localcache.agent.jobs import failures, jobs, trust
-from localcache.api import modelnode, nodegroup, storage
-from localcache.caching import config, credentials, placement
+from localcache.api import download, modelnode, nodegroup, storage
+from localcache.caching import config, credentials, downloadenv, placement
 from localcache.runtime import clock as clock_mod
 from localcache.runtime import errors, keys, kube, onchange, store
 
@@ -113,8 +114,10 @@ class JobLauncher:
         clock: clock_mod.Clock,
         backoff_limit: int | None = None,
         name_suffix: Callable[[], str] = jobs.name_suffix,
+        caches: tuple[store.Reader, store.Reader] | None = None,
     ) -> None:
         self._node_name = node_name
+        self._caches = caches  # (cluster, namespace): their spec.download
         self._name_suffix = name_suffix
         self._records: list[modelnode.DownloadJob] = []
         self._deleted: set[str] = set()
@@ -234,6 +237,7 @@ class JobLauncher:
                 backoff_limit=self._backoff_limit,
                 run_as_user=disk.download_uid,
                 suffix=self._name_suffix(),
+                download=(group.spec.download, self._cache_download(unit.leader)),
             )
             name, namespace = job["metadata"]["name"], job["metadata"]["namespace"]
             await asyncio.to_thread(
@@ -268,6 +272,20 @@ class JobLauncher:
                 return NotLaunched(f"cannot create download Job {namespace}/{name}: {exc.message}")
             return self._record(unit, created, namespace=namespace, name=name, attempt=attempt)
         return NotLaunched(f"no free download Job name in namespace {namespace}; retrying")
+
+    def _cache_download(self, entry: modelnode.LocalModelInfo) -> download.DownloadSpec | None:
+        """The `spec.download` of the entry's cache (a namespace cache's: tenant names only)."""
+        if self._caches is None:
+            return None
+        reader = self._caches[1] if entry.namespace else self._caches[0]
+        obj = reader.get(keys.ObjectKey(entry.namespace or "", entry.model_name))
+        raw = ((obj or {}).get("spec") or {}).get("download")
+        try:
+            spec = download.DownloadSpec.model_validate(raw) if raw else None
+        except pydantic.ValidationError:
+            log.warning("cache_download_unreadable", cache=entry.model_name)
+            return None
+        return downloadenv.tenant_layer(spec) if entry.namespace else spec
 
     def _record(
         self, unit: downloads.Unit, created: Obj, *, namespace: str, name: str, attempt: int
