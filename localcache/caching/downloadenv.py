@@ -18,7 +18,10 @@ Who may set what (`violations`):
 - a namespace cache (a tenant's): only `TENANT_NAMES` (download tuning: `HF_HUB_DISABLE_XET`,
   `HF_XET_*`, timeouts). Its download may be one that needs no credentials, whose folder every
   cache of the URI then reuses: a variable that redirects the download (`HF_ENDPOINT`, a
-  proxy, a CA bundle) would let one tenant choose what everyone is served.
+  proxy, a CA bundle) would let one tenant choose what everyone is served. For the same
+  reason a node group's references apply only to cluster caches' Jobs: in a namespace cache's
+  Job only its literal values apply (`literal_layer`), since a reference would resolve in the
+  tenant's namespace.
 """
 
 from __future__ import annotations
@@ -144,3 +147,11 @@ def tenant_layer(spec: download.DownloadSpec | None) -> download.DownloadSpec | 
         return spec
     kept = [v for v in spec.env if TENANT_NAMES.fullmatch(v.name) and not reserved(v.name)]
     return spec.model_copy(update={"env": kept})
+
+
+def literal_layer(spec: download.DownloadSpec | None) -> download.DownloadSpec | None:
+    """A node group's `spec.download` for a namespace cache's Job: its literal variables only.
+    A reference would resolve in the tenant's namespace, where the tenant chooses its value."""
+    if spec is None or not spec.env:
+        return spec
+    return spec.model_copy(update={"env": [v for v in spec.env if v.value_from is None]})

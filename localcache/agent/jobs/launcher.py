@@ -237,7 +237,10 @@ class JobLauncher:
                 backoff_limit=self._backoff_limit,
                 run_as_user=disk.download_uid,
                 suffix=self._name_suffix(),
-                download=(group.spec.download, self._cache_download(unit.leader)),
+                download=(
+                    self._group_download(unit.leader, group),
+                    self._cache_download(unit.leader),
+                ),
             )
             name, namespace = job["metadata"]["name"], job["metadata"]["namespace"]
             await asyncio.to_thread(
@@ -272,6 +275,13 @@ class JobLauncher:
                 return NotLaunched(f"cannot create download Job {namespace}/{name}: {exc.message}")
             return self._record(unit, created, namespace=namespace, name=name, attempt=attempt)
         return NotLaunched(f"no free download Job name in namespace {namespace}; retrying")
+
+    def _group_download(
+        self, entry: modelnode.LocalModelInfo, group: nodegroup.LocalModelNodeGroup
+    ) -> download.DownloadSpec | None:
+        """The group's `spec.download`; for a namespace cache's Job its literal values only."""
+        spec = group.spec.download
+        return downloadenv.literal_layer(spec) if entry.namespace else spec
 
     def _cache_download(self, entry: modelnode.LocalModelInfo) -> download.DownloadSpec | None:
         """The `spec.download` of the entry's cache (a namespace cache's: tenant names only)."""

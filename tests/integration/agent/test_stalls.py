@@ -94,3 +94,40 @@ async def test_the_download_job_carries_the_groups_and_the_caches_download_spec(
     assert container["resources"]["limits"]["memory"] == "16Gi"
     assert container["resources"]["requests"]["memory"] == "8Gi"
     assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"
+
+
+async def test_a_namespace_caches_job_gets_only_tuning_names_and_the_groups_literals(
+    agent: Agent,
+) -> None:
+    await agent.configure()
+    group = await agent.node_group(f"dlns-{agent.node}")
+    mirror = {"configMapKeyRef": {"name": "mirror", "key": "url"}}
+    await agent.patch(
+        f"/apis/serving.kserve.io/v1alpha1/localmodelnodegroups/{group}",
+        {"spec": {"download": {"env": [
+            {"name": "HF_ENDPOINT", "valueFrom": mirror}, {"name": "GROUP", "value": "g"},
+        ]}}},
+    )  # fmt: skip
+    # stored without the webhook (as where none runs): the agent still applies tuning names only
+    cache = {
+        "apiVersion": "serving.kserve.io/v1alpha1",
+        "kind": "LocalModelNamespaceCache",
+        "metadata": {"name": "llm", "namespace": agent.namespace},
+        "spec": {
+            "sourceModelUri": URI, "modelSize": "1Gi", "nodeGroups": [group],
+            "download": {"env": [{"name": "HF_HUB_DISABLE_XET", "value": "1"},
+                                 {"name": "HF_ENDPOINT", "value": "https://tenant.example"}]},
+        },
+    }  # fmt: skip
+    await agent.create(
+        f"/apis/serving.kserve.io/v1alpha1/namespaces/{agent.namespace}/localmodelnamespacecaches",
+        cache,
+    )
+    await agent.start()
+    await agent.set_models([entry("llm", group=group, namespace=agent.namespace)])
+    [job] = await agent.wait_jobs(1, agent.namespace)
+    [container] = job["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["HF_HUB_DISABLE_XET"]["value"] == "1"
+    assert env["GROUP"]["value"] == "g", "the group's literal values apply"
+    assert "HF_ENDPOINT" not in env, "neither the tenant's redirect nor the group's reference"

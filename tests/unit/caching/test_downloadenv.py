@@ -123,3 +123,16 @@ def test_each_variable_has_one_value_or_one_reference_and_appears_once() -> None
         ("spec.download.env[2]", one),
         ("spec.download.env[4].name", "D is set twice"),
     ]
+
+
+def test_a_node_groups_references_never_reach_a_namespace_caches_job() -> None:
+    """They would resolve in the tenant's namespace, where the tenant chooses the value."""
+    group = _spec(
+        {"name": "HF_ENDPOINT", "valueFrom": {"configMapKeyRef": {"name": "mirror", "key": "u"}}},
+        {"name": "HF_HUB_DISABLE_XET", "value": "1"},
+        limits={"memory": "4Gi"},
+    )
+    layer = downloadenv.literal_layer(group)
+    assert layer is not None
+    assert [v.name for v in layer.env or []] == ["HF_HUB_DISABLE_XET"]
+    assert layer.resources == group.resources
