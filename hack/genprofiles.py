@@ -106,6 +106,7 @@ OWN_LOCAL_MODEL_KEYS = (
     "jobNamespace",
     "downloadRetryBackoffInSecs",
     "downloadRetryMaxBackoffInSecs",
+    "downloadStallTimeoutInSecs",
     "namespaceStorageSharePercent",
     "volumeSource",
 )

@@ -19,13 +19,22 @@ Obj = dict[str, Any]
 
 #: CRD name -> (field paths KServe's schema lacks, paths whose CEL rules KServe lacks)
 EXTRAS: Final[dict[str, tuple[tuple[str, ...], tuple[str, ...]]]] = {
-    "localmodelcaches.serving.kserve.io": (("status.conditions",), ("spec.modelSize",)),
-    "localmodelnamespacecaches.serving.kserve.io": (("status.conditions",), ("spec.modelSize",)),
+    "localmodelcaches.serving.kserve.io": (
+        ("spec.download", "status.conditions"),
+        ("spec.modelSize",),
+    ),
+    "localmodelnamespacecaches.serving.kserve.io": (
+        ("spec.download", "status.conditions"),
+        ("spec.modelSize",),
+    ),
     "localmodelnodes.serving.kserve.io": (
         ("status.downloadJobs", "status.modelProgress", "status.summary"),
         (),
     ),
-    "localmodelnodegroups.serving.kserve.io": (("spec.tolerations",), ("spec.storageLimit",)),
+    "localmodelnodegroups.serving.kserve.io": (
+        ("spec.download", "spec.tolerations"),
+        ("spec.storageLimit",),
+    ),
 }
 
 

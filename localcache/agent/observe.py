@@ -3,8 +3,9 @@
 `Observer.unit` reads, for one unit on the models root serving it: whether its folder is
 complete and its manifest, the adoption evidence naming it (`agent.adoption`), its trusted
 Jobs and, unless the folder alone decides (`plan.by_folder`), what its latest Job's phase
-makes relevant: running, the staging folder's size, the cache's `modelSize` and the failed
-pod's message when a pod failed; completed, whether the staging folder is a non-empty
+makes relevant: running, the staging folder's size (a bounded walk, `tree.folder_usage`), how
+long it has not grown (`stall.GrowthWatch`), the cache's `modelSize` and the failed pod's
+message when a pod failed; completed, whether the staging folder is a non-empty
 directory and its size; failed, the failed pod's message. It changes nothing (the pod
 messages it reads are cached by the launcher); the reconciler executes what `decide` answers.
 """
@@ -15,14 +16,18 @@ import asyncio
 import dataclasses
 import datetime
 from collections.abc import Mapping, Sequence
+from typing import Final
 
-from localcache.agent import adoption, downloads, plan
+from localcache.agent import adoption, downloads, plan, stall
 from localcache.agent.disk import folders, layout, tree
 from localcache.agent.jobs import launcher
 from localcache.api import modelnode
 from localcache.api import quantity as quantity_mod
 from localcache.caching import config
 from localcache.runtime import keys, store
+
+STALL_WALK_ENTRIES: Final = 100_000
+"""At most this many entries of a running download's staging folder are listed per look."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -48,8 +53,10 @@ class Observer:
         caches: store.Reader,
         namespace_caches: store.Reader,
         progress_interval: float,
+        growth: stall.GrowthWatch,
     ) -> None:
         self._jobs = jobs
+        self.growth = growth
         self._adoptions = adoptions
         self._caches = caches
         self._namespace_caches = namespace_caches
@@ -68,6 +75,7 @@ class Observer:
                 backoff_s=local.download_retry_backoff_in_secs,
                 max_backoff_s=local.download_retry_max_backoff_in_secs,
                 progress_interval=self._progress_interval,
+                stall_timeout_s=float(local.download_stall_timeout_in_secs),
             ),
             models_root=str(disk.host_path or disk.root),
             manifest=manifest,
@@ -88,11 +96,18 @@ class Observer:
         state = plan.job_state(latest.obj)
         staging = disk.staging_path(unit.storage_key, latest.name)
         if state.phase is plan.JobPhase.ACTIVE:
-            size = await asyncio.to_thread(tree.folder_bytes, staging)
+            usage = await asyncio.to_thread(
+                tree.folder_usage, staging, max_entries=STALL_WALK_ENTRIES
+            )
+            idle = self.growth.idle(latest.uid, usage, running=state.ready > 0)
             failed = state.failed_pods
             pod = await self._jobs.pod_message(latest, failed) if failed else ""
             return plan.JobFacts(
-                staging, staging_bytes=size, model_size=self._model_size(unit), pod_message=pod
+                staging,
+                staging_bytes=usage.bytes,
+                model_size=self._model_size(unit),
+                pod_message=pod,
+                idle_s=idle,
             )
         if state.phase is plan.JobPhase.COMPLETE:
             if not await asyncio.to_thread(staging.is_dir):

@@ -16,7 +16,9 @@ the config). It does no I/O; the reconciler gathers the inputs and executes the 
   the Job still retries is only a message [P17]);
 - `Promote`: the latest Job completed and wrote its staging folder: promote it;
 - `Wait`: the latest Job failed (or completed without writing anything): a ModelDownloadError
-  until the backoff has passed.
+  until the backoff has passed;
+- `Stop`: the latest Job wrote more than `modelSize`, or its staging folder has not grown for
+  `downloadStallTimeoutInSecs` (`DownloadStalled`, `agent.stall`): delete it, then retry.
 
 Job phases follow the Job's conditions only (`job_state`): `Failed` (for good, [P17]) and
 `Complete`; a Job whose pods failed but that still retries is `ACTIVE`. Download units and
@@ -27,14 +29,14 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from localcache.agent import downloads, jobstate, status
+from localcache.agent import downloads, jobstate, stall, status
 from localcache.agent.disk import layout
+from localcache.agent.jobs import failures
 from localcache.agent.jobstate import JobPhase as JobPhase
 from localcache.agent.jobstate import JobState as JobState
 from localcache.agent.jobstate import job_state as job_state
@@ -44,9 +46,10 @@ from localcache.runtime import clock as clock_mod
 Obj = dict[str, Any]
 ModelStatus = modelnode.ModelStatus
 
-_MESSAGE_LIMIT: Final = 1024
-POD_MESSAGE_LIMIT: Final = 256
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]+")
+POD_MESSAGE_LIMIT: Final = failures.POD_MESSAGE_LIMIT
+STALL_LOOK_MIN_S: Final = 1.0
+one_line = failures.one_line
+clip = failures.clip
 
 
 def retry_delay(attempt: int, *, base: float, cap: float) -> float:
@@ -55,20 +58,6 @@ def retry_delay(attempt: int, *, base: float, cap: float) -> float:
     if attempt >= 64:
         return cap
     return float(min(cap, base * (2**attempt)))
-
-
-def one_line(text: Any, *, limit: int = POD_MESSAGE_LIMIT) -> str:
-    """A pod-supplied text as it may be published: its last non-blank line, without control
-    characters, at most `limit` characters ("" for nothing)."""
-    if text is None:
-        return ""
-    lines = [line.strip() for line in str(text).splitlines() if line.strip()]
-    line = " ".join(_CONTROL.sub(" ", lines[-1]).split()) if lines else ""
-    return clip(line, limit)
-
-
-def clip(text: str, limit: int = _MESSAGE_LIMIT) -> str:
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def percent(size: int, model_size: int | None) -> int | None:
@@ -97,6 +86,8 @@ class Policy:
     backoff_s: float
     max_backoff_s: float
     progress_interval: float
+    stall_timeout_s: float = 0.0
+    """`downloadStallTimeoutInSecs` (0: never stop a download for writing nothing)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +103,8 @@ class JobFacts:
     staging_empty: bool = True
     model_size: int | None = None
     pod_message: str = ""
+    idle_s: float = 0.0
+    """Running: seconds since the staging folder last grew (`stall.GrowthWatch`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,8 +204,9 @@ class Wait:
 
 @dataclass(frozen=True, slots=True)
 class Stop:
-    """The latest Job wrote more than the cache's `modelSize` (security review finding 9):
-    delete it and its staging folder; `outcome` is the ModelDownloadError until the retry."""
+    """The latest Job wrote more than the cache's `modelSize` (security review finding 9), or
+    stalled: delete it and its staging folder; `outcome` is the ModelDownloadError until the
+    retry."""
 
     job: downloads.JobRef
     outcome: status.Outcome
@@ -234,7 +228,12 @@ def decide(unit: downloads.Unit, observed: Observed) -> Action:
         raise ValueError(f"the facts of Job {latest.namespace}/{latest.name} were not observed")
     state = job_state(latest.obj)
     if facts.model_size and facts.staging_bytes > facts.model_size:
-        return _stop(latest, state, facts, observed)
+        why = stall.oversize_message(latest, facts.staging_bytes, facts.model_size)
+        return _stop(latest, facts, observed, why)
+    timeout = observed.policy.stall_timeout_s
+    if state.phase is JobPhase.ACTIVE and 0 < timeout <= facts.idle_s:
+        why = stall.stalled_message(latest, facts.staging_bytes, facts.idle_s, timeout)
+        return _stop(latest, facts, observed, why)
     if state.phase is JobPhase.ACTIVE:
         return Report(_running(unit, latest, state, facts, observed))
     if state.phase is JobPhase.COMPLETE:
@@ -279,7 +278,10 @@ def _running(
     )
     downloading = state.ready > 0 or size > 0
     phase = ModelStatus.DOWNLOADING if downloading else ModelStatus.DOWNLOAD_PENDING
-    return status.Outcome(phase, progress, observed.policy.progress_interval)
+    again, timeout = observed.policy.progress_interval, observed.policy.stall_timeout_s
+    if timeout > 0:  # look again by the time it would have stalled
+        again = min(again, max(STALL_LOOK_MIN_S, timeout - facts.idle_s))
+    return status.Outcome(phase, progress, again)
 
 
 def _completed(
@@ -343,12 +345,7 @@ def _retry_or_wait(
     return Wait(outcome, failed=failed, keep_staging=keep_staging)
 
 
-def _stop(latest: downloads.JobRef, state: JobState, facts: JobFacts, observed: Observed) -> Stop:
-    message = clip(
-        f"download Job {latest.namespace}/{latest.name} wrote {facts.staging_bytes} bytes, "
-        f"more than the cache's modelSize ({facts.model_size} bytes): stopped and discarded; "
-        "raise modelSize if the model is that large"
-    )
+def _stop(latest: downloads.JobRef, facts: JobFacts, observed: Observed, message: str) -> Stop:
     delay = retry_delay(
         latest.attempt, base=observed.policy.backoff_s, cap=observed.policy.max_backoff_s
     )
@@ -356,7 +353,7 @@ def _stop(latest: downloads.JobRef, state: JobState, facts: JobFacts, observed: 
         bytes_on_disk=facts.staging_bytes,
         attempts=latest.attempt + 1,
         job_name=latest.name,
-        message=message,
+        message=clip(message),
         next_retry_time=format_time(observed.now + datetime.timedelta(seconds=delay)),
     )
     return Stop(latest, status.Outcome(ModelStatus.DOWNLOAD_ERROR, progress, delay))
@@ -368,7 +365,7 @@ def _after_stop(unit: downloads.Unit, observed: Observed) -> Wait | Launch | Non
     for key in unit.status_keys:
         progress = observed.progress.get(key)
         retry_at = parse_time(progress.next_retry_time) if progress else None
-        if progress is None or retry_at is None or "modelSize" not in (progress.message or ""):
+        if progress is None or retry_at is None or not stall.was_stopped(progress.message):
             continue
         attempts = progress.attempts or 1
         if retry_at <= observed.now:

@@ -14,8 +14,8 @@ One pass (`reconcile`), for the LocalModelNode named like this node only:
    the trusted ones recorded for its entries): observe (`agent.observe`), decide
    (`plan.decide`, pure; its docstring is the state machine) and execute (`_execute`: adopt,
    create the Job, or a ModelDownloadError saying why not; promote; stop a Job that wrote
-   more than `modelSize`; count a failure once). No status is written before every unit was
-   considered;
+   more than `modelSize` or stalled; count a failure once). No status is written before
+   every unit was considered;
 4. per root, delete folders no entry maps to by the keep rule (`roots.retention`: nothing
    on a root no node group declares any more, and never a folder whose entry is now served
    on another root; what is kept is logged and posted once as a `ModelFoldersKept` Warning),
@@ -45,7 +45,7 @@ from typing import Any, Final
 import pydantic
 import structlog
 
-from localcache.agent import adoption, cleanup, downloads, observe, plan, report, status
+from localcache.agent import adoption, cleanup, downloads, observe, plan, report, stall, status
 from localcache.agent.disk import folders, layout, roots
 from localcache.agent.jobs import jobs, launcher, trust
 from localcache.api import modelnode, nodegroup
@@ -152,6 +152,7 @@ class Reconciler:
             clock=clock,
             backoff_limit=job_backoff_limit,
             name_suffix=job_name_suffix or jobs.name_suffix,
+            caches=(stores.caches, stores.namespace_caches),
         )
         self._report = report.Reporter(node_name=node_name, api=api, wall_clock=wall_clock)
         self._adoptions = adoption.Adoptions(node_name=node_name, reporter=self._report)
@@ -161,6 +162,7 @@ class Reconciler:
             caches=stores.caches,
             namespace_caches=stores.namespace_caches,
             progress_interval=progress_interval,
+            growth=stall.GrowthWatch(clock),
         )
         self._cleaner = cleanup.RootCleaner(
             disks=self._disks, node_groups=stores.node_groups, reporter=self._report
@@ -231,7 +233,9 @@ class Reconciler:
         await self._report.untrusted_jobs(node, seen.untrusted)
         refs = await self._jobs.cleanup(units, seen.trusted)
         self._counted_failures &= {(r.namespace, r.name) for r in refs}
-        active = {r.name for r in refs if plan.job_state(r.obj).phase is plan.JobPhase.ACTIVE}
+        running = [r for r in refs if plan.job_state(r.obj).phase is plan.JobPhase.ACTIVE]
+        active = {r.name for r in running}
+        self._observer.growth.retain(r.uid for r in running)
         ctx = _Pass(
             node=node,
             node_obj=node_obj,

@@ -22,7 +22,7 @@ from typing import Any, Final
 
 import structlog
 
-from localcache.agent import plan, status
+from localcache.agent import plan, stall, status
 from localcache.agent.jobs import launcher
 from localcache.api import groupversion, modelnode
 from localcache.runtime import clock as clock_mod
@@ -155,9 +155,9 @@ class Reporter:
             await self.event(node, "Normal", "ModelDownloaded", message, spam_key=change.status_key)
         else:
             message = f"model {change.status_key}: {change.message}"
-            await self.event(
-                node, "Warning", "ModelDownloadFailed", message, spam_key=change.status_key
-            )
+            stalled = change.message.startswith(stall.STALLED)
+            reason = stall.STALLED if stalled else "ModelDownloadFailed"
+            await self.event(node, "Warning", reason, message, spam_key=change.status_key)
 
     async def event(
         self,

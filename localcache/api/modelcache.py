@@ -10,6 +10,7 @@ from typing import Final
 from pydantic import Field
 
 from localcache.api import groupversion, meta, schema
+from localcache.api.download import DownloadSpec
 from localcache.api.quantity import Quantity
 from localcache.api.storage import LocalModelStorageSpec
 
@@ -79,6 +80,13 @@ class LocalModelCacheSpec(meta.ApiModel):
         description=(
             "Credentials from the storage-config secret; when key is set it is used "
             "instead of serviceAccountName's secrets."
+        ),
+    )
+    download: DownloadSpec | None = Field(
+        default=None,
+        description=(
+            "localcache: environment and memory of the download container (over the node "
+            "group's). Pruned where KServe's own CRDs are installed."
         ),
     )
 

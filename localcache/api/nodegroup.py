@@ -1,6 +1,7 @@
 """LocalModelNodeGroup: a set of nodes (selected by its PV's node affinity) with a disk budget
 and the PV/PVC templates for the volumes that expose the models. Compatible with KServe's
-kind; localcache adds optional `spec.tolerations` for download Jobs and fills in
+kind; localcache adds optional `spec.tolerations` and `spec.download` (`api.download`) for
+download Jobs and fills in
 `status.used`/`status.available` (there is no status subresource, as in KServe).
 
 The PV and PVC specs are plain core/v1 JSON in the models: we copy them into the objects we
@@ -16,6 +17,7 @@ from typing import Annotated, Any, cast
 from pydantic import Field
 
 from localcache.api import coreschema, groupversion, meta, schema
+from localcache.api.download import DownloadSpec
 from localcache.api.quantity import Quantity
 
 
@@ -60,6 +62,14 @@ class LocalModelNodeGroupSpec(meta.ApiModel):
     tolerations: list[Toleration] | None = Field(
         default=None,
         description="Tolerations added to download Jobs, so tainted nodes can cache models.",
+    )
+    download: DownloadSpec | None = Field(
+        default=None,
+        description=(
+            "localcache: environment and memory of the download container for the group's "
+            "caches (a cache's own spec.download wins). References resolve in the namespace "
+            "the download Job runs in."
+        ),
     )
 
     def node_selector_terms(self) -> list[dict[str, Any]] | None:

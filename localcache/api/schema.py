@@ -23,6 +23,7 @@ cannot silently produce a wrong CRD.
 
 from __future__ import annotations
 
+import copy
 import types
 import typing
 from enum import StrEnum
@@ -93,7 +94,7 @@ def type_schema(annotation: Any) -> Schema:
             return {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
         return {"type": "object", "additionalProperties": type_schema(args[1])}
     if annotation is Quantity:
-        return dict(QUANTITY_SCHEMA)
+        return copy.deepcopy(QUANTITY_SCHEMA)  # shared lists would become YAML anchors
     if isinstance(annotation, type):
         if issubclass(annotation, StrEnum):
             return {"type": "string", "enum": [member.value for member in annotation]}

@@ -14,7 +14,8 @@ Contract:
   is not an integer) and range-checked; unknown keys are ignored.
 - localcache's own keys live in `localModel`: `downloadRetryBackoffInSecs` (first retry of a
   failed download, default 60), `downloadRetryMaxBackoffInSecs` (cap of the doubling,
-  default 3600), `namespaceStorageSharePercent` (default 50) and `volumeSource`.
+  default 3600), `downloadStallTimeoutInSecs` (default 600, 0: off), `namespaceStorageSharePercent`
+  (default 50) and `volumeSource`.
 """
 
 from __future__ import annotations
@@ -75,6 +76,9 @@ class LocalModelConfig(_Section):
     download_retry_max_backoff_in_secs: int = Field(
         3600, alias="downloadRetryMaxBackoffInSecs", ge=1
     )
+    download_stall_timeout_in_secs: int = Field(600, alias="downloadStallTimeoutInSecs", ge=0)
+    """localcache's: a running download whose staging folder has not grown for this long is
+    stopped (`DownloadStalled`) and retried with the backoff; 0 never stops one."""
     namespace_storage_share_percent: int = Field(
         DEFAULT_NAMESPACE_SHARE_PERCENT, alias="namespaceStorageSharePercent", ge=1, le=100
     )
@@ -90,6 +94,7 @@ class LocalModelConfig(_Section):
         "reconcilation_frequency_in_secs",
         "download_retry_backoff_in_secs",
         "download_retry_max_backoff_in_secs",
+        "download_stall_timeout_in_secs",
         mode="before",
     )
     @classmethod

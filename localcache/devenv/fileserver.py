@@ -20,6 +20,10 @@ connection):
 - Every GET and HEAD of a path other than `/_stats` is counted per URL path (query string
   dropped), whatever its status; `GET /_stats` answers JSON
   `{"requests": {path: count}, "bytes_sent": {path: body bytes written}}`. Counts only grow.
+- A stall on demand: when `<file>.stall` exists beside a served file and holds a number N, the
+  first N GETs of that file send the first half of the body (Content-Length says all of it)
+  and then nothing, until the client goes away or `STALL_HOLD_S` pass (then the connection is
+  closed, the body truncated); later GETs are served whole. What a stalled origin looks like.
 - SIGTERM closes the listening socket and exits 0.
 Not promised: Range requests, keep-alive (HTTP/1.0: one request per connection), TLS,
 uploads, any order between the counts of concurrent requests and their bodies' completion.
@@ -32,6 +36,8 @@ import contextlib
 import functools
 import http.server
 import json
+import os
+import select
 import signal
 import socket
 import sys
@@ -44,6 +50,8 @@ from typing import Any, BinaryIO
 
 STATS_PATH = "/_stats"
 MAX_CHUNK = 64 * 1024
+STALL_SUFFIX = ".stall"
+STALL_HOLD_S = 600.0
 
 
 class _Counters:
@@ -53,6 +61,7 @@ class _Counters:
         self._lock = threading.Lock()
         self.requests: dict[str, int] = {}
         self.bytes_sent: dict[str, int] = {}
+        self.stalled: dict[str, int] = {}
 
     def count_request(self, path: str) -> None:
         with self._lock:
@@ -61,6 +70,15 @@ class _Counters:
     def count_bytes(self, path: str, n: int) -> None:
         with self._lock:
             self.bytes_sent[path] = self.bytes_sent.get(path, 0) + n
+
+    def take_stall(self, path: str, allowed: int) -> bool:
+        """Whether this GET of `path` stalls: one of the first `allowed` ones."""
+        with self._lock:
+            done = self.stalled.get(path, 0)
+            if done >= allowed:
+                return False
+            self.stalled[path] = done + 1
+            return True
 
     def snapshot(self) -> dict[str, dict[str, int]]:
         with self._lock:
@@ -101,7 +119,8 @@ class _Handler(http.server.SimpleHTTPRequestHandler):
         chunk = MAX_CHUNK if self.rate is None else max(1, min(MAX_CHUNK, self.rate // 10))
         started = time.monotonic()
         sent = 0
-        while data := src.read(chunk):
+        stall_at = self._stall_at(src)
+        while data := src.read(chunk if stall_at is None else min(chunk, stall_at - sent)):
             if self.rate is not None:
                 # Pace: this chunk may leave once the ones before it have had their time.
                 due = started + sent / self.rate
@@ -110,6 +129,34 @@ class _Handler(http.server.SimpleHTTPRequestHandler):
             out.write(data)
             sent += len(data)
             self.counters.count_bytes(path, len(data))
+            if stall_at is not None and sent >= stall_at:
+                out.flush()
+                self._hold()
+                return
+
+    def _stall_at(self, src: BinaryIO) -> int | None:
+        """Where this GET's body stops (half of it) when it is to stall, else None."""
+        marker = Path(self.translate_path(self.path) + STALL_SUFFIX)
+        try:
+            allowed = int(marker.read_text().strip() or "0")
+        except (OSError, ValueError):
+            return None
+        size = os.fstat(src.fileno()).st_size
+        if size < 2 or not self.counters.take_stall(self._url_path(), allowed):
+            return None
+        return size // 2
+
+    def _hold(self) -> None:
+        """Send nothing until the client closes the connection or `STALL_HOLD_S` pass."""
+        self.close_connection = True
+        deadline = time.monotonic() + STALL_HOLD_S
+        while time.monotonic() < deadline:
+            try:
+                readable, _, _ = select.select([self.connection], [], [], 0.2)
+                if readable and not self.connection.recv(1, socket.MSG_PEEK):
+                    return
+            except OSError:
+                return
 
 
 class _Server(http.server.ThreadingHTTPServer):

@@ -13,6 +13,8 @@ Create and update (an update of an object being deleted is always allowed, as in
   lists the supported schemes. Checked on create and when the URI changes, so a container
   deleted later never blocks updates of a live cache;
 - `spec.modelSize` is greater than zero (on create and when it changes);
+- `spec.download.env` sets no name localcache sets for credentials, none twice, each by value
+  or by one reference; a namespace cache only download tuning names (`caching.downloadenv`);
 - every node group in `spec.nodeGroups` exists (on update: every group added by it, so a group
   deleted later never blocks finalizer or label updates of a live cache) [P1, P5];
 - a LocalModelCache's `sourceModelUri` is unique among LocalModelCaches (one trailing `/`
@@ -51,7 +53,7 @@ import pydantic
 import structlog
 
 from localcache.api import modelcache, nodegroup, storage
-from localcache.caching import cachename, indexes, uris
+from localcache.caching import cachename, downloadenv, indexes, uris
 from localcache.caching import config as config_mod
 from localcache.runtime import keys as runtime_keys
 from localcache.runtime.serving import review
@@ -207,6 +209,14 @@ def validate_write(
             allow_file=snapshot.allow_file_uris,
         ),
         *check_model_size(cache, old=old),
+        *(
+            Violation(f, m)
+            for f, m in downloadenv.violations(
+                cache.spec.download,
+                field="spec.download",
+                tenant=isinstance(cache, modelcache.LocalModelNamespaceCache),
+            )
+        ),
         *check_node_groups(cache, old=old, node_groups=snapshot.node_groups),
         *check_unique_uri(cache, old=old, cluster_caches=snapshot.cluster_caches),
         *check_name(cache, old=old, snapshot=snapshot),

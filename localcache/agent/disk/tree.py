@@ -4,6 +4,8 @@ the root's own directories without following a link.
 A download pod writes the tree; the agent must never follow a symlink out of it, block on a
 FIFO or device, or leave a world-writable or setuid file in a folder it serves:
 - `folder_bytes` sums regular files (symlinks not followed; vanishing files skipped);
+  `folder_usage` does the same within a bound (entries listed, `layout.MAX_TREE_DEPTH`) and
+  says whether it reached it: what a stall check of a running download may afford;
 - `normalise` gives directories `layout.DIR_MODE` and regular files `layout.FILE_MODE`, and
   removes special files (FIFOs, sockets, devices) and symlinks that are absolute or lead
   outside the tree (where they resolve, or by their text), logging each; directories deeper
@@ -56,6 +58,46 @@ def folder_bytes(path: Path) -> int:
             except (FileNotFoundError, PermissionError):
                 continue
     return total
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """What `folder_usage` found: bytes and entries of the part walked, and whether the walk
+    stopped at its bound (then both undercount)."""
+
+    bytes: int
+    entries: int
+    truncated: bool
+
+
+def folder_usage(path: Path, *, max_entries: int) -> Usage:
+    """`folder_bytes` within a bound: at most `max_entries` entries listed and no directory
+    deeper than `layout.MAX_TREE_DEPTH` walked (either makes the result `truncated`)."""
+    total = entries_seen = 0
+    stack = [(path, 0)]
+    while stack:
+        current, depth = stack.pop()
+        try:
+            with os.scandir(current) as listing:
+                entries = []
+                for entry in listing:
+                    if entries_seen >= max_entries:
+                        return Usage(total, entries_seen, truncated=True)
+                    entries_seen += 1
+                    entries.append(entry)
+        except (FileNotFoundError, NotADirectoryError, PermissionError):
+            continue
+        for entry in entries:
+            try:
+                if entry.is_dir(follow_symlinks=False):
+                    if depth + 1 > layout.MAX_TREE_DEPTH:
+                        return Usage(total, entries_seen, truncated=True)
+                    stack.append((Path(entry.path), depth + 1))
+                elif entry.is_file(follow_symlinks=False):
+                    total += entry.stat(follow_symlinks=False).st_size
+            except (FileNotFoundError, PermissionError):
+                continue
+    return Usage(total, entries_seen, truncated=False)
 
 
 @dataclass(slots=True)

@@ -5,5 +5,7 @@ ones the agent trusts.
   credentials (names, labels, pod shape);
 - `launcher`: `JobLauncher`, the only part of the agent that creates or deletes Jobs (and
   reads the credentials and the failed pods' messages they need);
+- `failures`: why a download failed, as it may be published (the gist of a log tail, the
+  sanitising of a message a container wrote);
 - `trust`: the records of the Jobs the agent created, by uid: the only Jobs it trusts.
 """

@@ -6,8 +6,10 @@ Contract:
   hash of node and credential scope) says which scope the Job downloads in; the suffix makes
   each name new, so a Job someone else created first never blocks a download. The agent
   finds its Jobs again by the uids it records (`agent.jobs.trust`), never by name.
-- The container's `terminationMessagePolicy` is always `File`: no pod log lines ever become
-  the termination message the agent reports.
+- The container's `terminationMessagePolicy` is always `FallbackToLogsOnError`: KServe's
+  storage initializer writes no termination message, so the kubelet keeps the tail of its log
+  there; the agent publishes only the fixed-vocabulary gist of such a text
+  (`jobs.failures`), never the log lines themselves.
 - The Job runs in the entry's namespace (namespace cache) or `jobNamespace` (cluster cache),
   mounts the entry's download PVC with `subPath` = its staging folder (`layout.staging_subpath`)
   at `/mnt/models`, and downloads `[uri, /mnt/models]`; the agent promotes the staging folder
@@ -16,9 +18,10 @@ Contract:
   non-root when the agent's uid is given).
 - The pod is pinned with `nodeSelector` `kubernetes.io/hostname`, gets `fsGroup`, the node
   group's tolerations, `storageInitializer` resources (unless a ClusterStorageContainer sets
-  its own), the injected credentials (env and volumes appended to the container's own), the
-  named ServiceAccount, `restartPolicy: Never`, `ttlSecondsAfterFinished`, and a controller
-  ownerReference to the LocalModelNode.
+  its own), the Hugging Face variables KServe sets and the node group's and cache's
+  `spec.download` (`caching.downloadenv`), the injected credentials (env and volumes appended
+  to the container's own), the named ServiceAccount, `restartPolicy: Never`,
+  `ttlSecondsAfterFinished`, and a controller ownerReference to the LocalModelNode.
 - Labels `model`, `node`, `modelNamespace` (namespace entries) and `storageKey` are valid label
   values whatever the names' length: longer than 63 characters they are cut and suffixed with
   a hash (`label_value`), so selectors must use `label_value` too.
@@ -34,8 +37,9 @@ from collections.abc import Hashable, Sequence
 from typing import Any, Final
 
 from localcache.agent.disk import layout
+from localcache.api import download as download_api
 from localcache.api import groupversion, modelnode, nodegroup, storage
-from localcache.caching import config, credentials, names
+from localcache.caching import config, credentials, downloadenv, names
 
 CONTAINER_NAME: Final = "kserve-localmodel-download"
 VOLUME_NAME: Final = "kserve-pvc-source"
@@ -171,16 +175,20 @@ def build_job(
     backoff_limit: int | None = None,
     suffix: str,
     run_as_user: int | None = None,
+    download: Sequence[download_api.DownloadSpec | None] = (),
 ) -> dict[str, Any]:
     """The download Job for `entry` on `node` (see the module contract). `container` comes
     from `select_container`, `injection` from `credentials.resolve`, `scope` from
-    `credentials.credential_scope`."""
+    `credentials.credential_scope`, `download` is the node group's and the cache's
+    `spec.download` (`caching.downloadenv.apply`: later wins, credentials are never replaced)."""
     node_name = node.name
     name = job_name(
         storage_key=storage_key, node_name=node_name, attempt=attempt, scope=scope, suffix=suffix
     )
     labels = job_labels(entry, node_name=node_name, storage_key=storage_key)
-    main = copy.deepcopy(container)
+    main = downloadenv.apply(
+        container, download, injected=[str(e.get("name")) for e in injection.env]
+    )
     main["args"] = [injection.uri, MOUNT_PATH]
     main["env"] = [*(main.get("env") or []), *copy.deepcopy(list(injection.env))]
     main["volumeMounts"] = [
@@ -192,9 +200,10 @@ def build_job(
         },
         *copy.deepcopy(list(injection.volume_mounts)),
     ]
-    # Never FallbackToLogsOnError: the agent copies termination messages into the
-    # cluster-scoped LocalModelNode status and Events, and a tenant's pod logs must not go there.
-    main["terminationMessagePolicy"] = "File"
+    # The log tail when the program writes no termination message (KServe's storage
+    # initializer): the agent reads only its gist (`failures.gist`, a fixed vocabulary), so a
+    # tenant's pod logs never reach the cluster-scoped LocalModelNode status or Events.
+    main["terminationMessagePolicy"] = "FallbackToLogsOnError"
     if not main["env"]:
         del main["env"]
     claim = download_pvc_name(entry, node_group.name)

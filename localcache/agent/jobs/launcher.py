@@ -29,13 +29,14 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
+import pydantic
 import structlog
 
-from localcache.agent import downloads, plan
+from localcache.agent import downloads
 from localcache.agent.disk import folders, layout, roots
-from localcache.agent.jobs import jobs, trust
-from localcache.api import modelnode, nodegroup, storage
-from localcache.caching import config, credentials, placement
+from localcache.agent.jobs import failures, jobs, trust
+from localcache.api import download, modelnode, nodegroup, storage
+from localcache.caching import config, credentials, downloadenv, placement
 from localcache.runtime import clock as clock_mod
 from localcache.runtime import errors, keys, kube, onchange, store
 
@@ -113,8 +114,10 @@ class JobLauncher:
         clock: clock_mod.Clock,
         backoff_limit: int | None = None,
         name_suffix: Callable[[], str] = jobs.name_suffix,
+        caches: tuple[store.Reader, store.Reader] | None = None,
     ) -> None:
         self._node_name = node_name
+        self._caches = caches  # (cluster, namespace): their spec.download
         self._name_suffix = name_suffix
         self._records: list[modelnode.DownloadJob] = []
         self._deleted: set[str] = set()
@@ -234,6 +237,10 @@ class JobLauncher:
                 backoff_limit=self._backoff_limit,
                 run_as_user=disk.download_uid,
                 suffix=self._name_suffix(),
+                download=(
+                    self._group_download(unit.leader, group),
+                    self._cache_download(unit.leader),
+                ),
             )
             name, namespace = job["metadata"]["name"], job["metadata"]["namespace"]
             await asyncio.to_thread(
@@ -268,6 +275,27 @@ class JobLauncher:
                 return NotLaunched(f"cannot create download Job {namespace}/{name}: {exc.message}")
             return self._record(unit, created, namespace=namespace, name=name, attempt=attempt)
         return NotLaunched(f"no free download Job name in namespace {namespace}; retrying")
+
+    def _group_download(
+        self, entry: modelnode.LocalModelInfo, group: nodegroup.LocalModelNodeGroup
+    ) -> download.DownloadSpec | None:
+        """The group's `spec.download`; for a namespace cache's Job its literal values only."""
+        spec = group.spec.download
+        return downloadenv.literal_layer(spec) if entry.namespace else spec
+
+    def _cache_download(self, entry: modelnode.LocalModelInfo) -> download.DownloadSpec | None:
+        """The `spec.download` of the entry's cache (a namespace cache's: tenant names only)."""
+        if self._caches is None:
+            return None
+        reader = self._caches[1] if entry.namespace else self._caches[0]
+        obj = reader.get(keys.ObjectKey(entry.namespace or "", entry.model_name))
+        raw = ((obj or {}).get("spec") or {}).get("download")
+        try:
+            spec = download.DownloadSpec.model_validate(raw) if raw else None
+        except pydantic.ValidationError:
+            log.warning("cache_download_unreadable", cache=entry.model_name)
+            return None
+        return downloadenv.tenant_layer(spec) if entry.namespace else spec
 
     def _record(
         self, unit: downloads.Unit, created: Obj, *, namespace: str, name: str, attempt: int
@@ -360,33 +388,4 @@ class JobLauncher:
             ) from exc
 
 
-def pod_failure_message(pods: Iterable[Obj], *, job_uid: str | None = None) -> str:
-    """What the newest failed pod (of the Job `job_uid`, when given: its controller
-    ownerReference) says: its container's termination message (or reason and exit code),
-    else the pod's own message or reason; "" when no pod failed. Always `plan.one_line`."""
-    failed = [
-        p
-        for p in pods
-        if (p.get("status") or {}).get("phase") == "Failed"
-        and (job_uid is None or _controller_uid(p) == job_uid)
-    ]
-    failed.sort(key=lambda p: str((p.get("metadata") or {}).get("creationTimestamp") or ""))
-    for pod in reversed(failed):
-        status = pod.get("status") or {}
-        for container in status.get("containerStatuses") or []:
-            term = (container.get("state") or {}).get("terminated") or {}
-            if text := plan.one_line(term.get("message")):
-                return text
-            if term.get("reason") or term.get("exitCode"):
-                reason = plan.one_line(term.get("reason"), limit=64) or "Error"
-                return f"{reason} (exit code {plan.one_line(term.get('exitCode'), limit=8) or '?'})"
-        if text := plan.one_line(status.get("message") or status.get("reason")):
-            return text
-    return ""
-
-
-def _controller_uid(obj: Obj) -> str | None:
-    for owner in (obj.get("metadata") or {}).get("ownerReferences") or []:
-        if owner.get("controller"):
-            return str(owner.get("uid") or "")
-    return None
+pod_failure_message = failures.pod_failure_message

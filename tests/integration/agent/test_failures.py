@@ -1,7 +1,7 @@
 """Failures: a Job that still retries is not an error [P17]; a Job that failed for good is,
-with the pod's message, and is retried after the backoff; misconfiguration is reported
-instead of looping [P15]; progress is reported while downloading; a bad ConfigMap keeps
-the last good configuration."""
+with the gist of the pod's message (never a log tail as such, issue 21), and is retried
+after the backoff; misconfiguration is reported instead of looping [P15]; progress is
+reported while downloading; a bad ConfigMap keeps the last good configuration."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import datetime
 import pytest
 
 from localcache.agent import downloads, plan
+from localcache.agent.jobs import failures
 from localcache.caching import keys
 from localcache.devenv.waiting import wait_until
 from tests.integration.agent.harness import URI, Agent, Obj, entry, eventually
@@ -29,28 +30,32 @@ async def test_retrying_job_is_not_an_error_until_it_fails_for_good(agent: Agent
     await agent.set_models([entry("iris", group=agent.group)])
     [job] = await agent.wait_jobs(1)
 
-    await agent.finish(job, succeed=False, message="connection reset, try again")
+    await agent.finish(
+        job, succeed=False, message="RuntimeError: Failed to connect to HTTP endpoint"
+    )
 
     async def retrying() -> dict[str, str] | None:
         status = await agent.node_status()
         message = (status.get("modelProgress") or {}).get("iris", {}).get("message") or ""
-        return status["modelStatus"] if "connection reset" in message else None
+        return status["modelStatus"] if failures.GIST_CONNECT in message else None
 
     states = await eventually(retrying, what="the pod failure noted in status")
     assert states == {"iris": "ModelDownloadPending"}
 
     # The Job controller starts a second pod after its own backoff (~10 s); it fails too.
-    await agent.finish(job, succeed=False, message="access denied")
+    await agent.finish(job, succeed=False, message="tenant log line\nHTTP access denied for 'x'")
     await agent.wait_job_condition(job, "Failed")
     status = await agent.wait_status({"iris": "ModelDownloadError"})
-    assert "access denied" in status["modelProgress"]["iris"]["message"]
+    message = status["modelProgress"]["iris"]["message"]
+    assert f"{failures.GIST_FORBIDDEN} (exit code 1)" in message
+    assert "tenant log line" not in message, "a log tail is never published as such"
     assert agent.metric("localcache_agent_downloads_failed_total") == 1
 
     # Retried after the backoff with a new attempt; the failure message stays.
     [_, retry] = await agent.wait_jobs(2)
     assert _attempt(retry) == 1
     status = await agent.wait_status({"iris": "ModelDownloadPending"})
-    assert "access denied" in status["modelProgress"]["iris"]["message"]
+    assert failures.GIST_FORBIDDEN in status["modelProgress"]["iris"]["message"]
     await agent.finish(retry, succeed=True, files={"m": b"x"})
     status = await agent.wait_status({"iris": "ModelDownloaded"})
     assert "message" not in status["modelProgress"]["iris"]
@@ -63,15 +68,16 @@ async def test_failed_job_is_retried_with_growing_backoff(agent: Agent) -> None:
     await agent.start()
     await agent.set_models([entry("iris", group=agent.group)])
     [job] = await agent.wait_jobs(1)
-    await agent.finish(job, succeed=False, message="boom one")
+    await agent.finish(job, succeed=False, message="HTTP resource not found at 'x'.")
     [_, second] = await agent.wait_jobs(2)
-    await agent.finish(second, succeed=False, message="boom two")
+    await agent.finish(second, succeed=False, message="Failed to unpack archive file.")
     await agent.wait_job_condition(second, "Failed")
 
     async def error_with_retry_time() -> Obj | None:
         status = await agent.node_status()
         progress = (status.get("modelProgress") or {}).get("iris") or {}
-        if "boom two" in (progress.get("message") or "") and progress.get("nextRetryTime"):
+        message = progress.get("message") or ""
+        if failures.GIST_ARCHIVE_INVALID in message and progress.get("nextRetryTime"):
             return dict(progress)
         return None
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.client
 import os
+import socket
 import time
 import urllib.parse
 from collections.abc import Iterator
@@ -99,3 +100,28 @@ def test_stopped_server_refuses_connections(models: Path) -> None:
 
     with pytest.raises(ConnectionRefusedError):
         modelserver.http_get(url, timeout=2)
+
+
+def test_a_stall_marker_holds_the_first_get_after_half_the_body(
+    server: modelserver.ModelServer, models: Path
+) -> None:
+    """The stalled origin of the DownloadStalled e2e test: the first GET stops sending after
+    half its body and holds the connection; the next GET is served whole."""
+    data = os.urandom(100_000)
+    (models / "stalls.bin").write_bytes(data)
+    (models / "stalls.bin.stall").write_text("1")
+    parts = urllib.parse.urlsplit(server.url("stalls.bin"))
+    with socket.create_connection((parts.hostname or "", parts.port or 80), timeout=5) as sock:
+        sock.sendall(f"GET {parts.path} HTTP/1.0\r\n\r\n".encode())
+        received = b""
+        while b"\r\n\r\n" not in received or len(received.split(b"\r\n\r\n", 1)[1]) < 50_000:
+            chunk = sock.recv(65536)
+            assert chunk, f"the connection closed after {len(received)} bytes"
+            received += chunk
+        head, body = received.split(b"\r\n\r\n", 1)
+        assert f"Content-Length: {len(data)}".encode() in head
+        assert body == data[:50_000]
+        sock.settimeout(1.0)
+        with pytest.raises(TimeoutError):
+            sock.recv(1)  # nothing more comes: the origin stalls
+    assert modelserver.http_get(server.url("stalls.bin")) == (200, data)

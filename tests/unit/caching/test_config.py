@@ -76,6 +76,7 @@ def test_missing_sections_take_kserves_shipped_defaults() -> None:
     assert local.disable_volume_management is False
     assert local.download_retry_backoff_in_secs == 60
     assert local.download_retry_max_backoff_in_secs == 3600
+    assert local.download_stall_timeout_in_secs == 600
     init = parsed.storage_initializer
     assert init.image == "kserve/storage-initializer:latest"
     assert init.resources() == {
@@ -115,6 +116,7 @@ def test_every_key_is_read_by_its_kserve_name() -> None:
                     "disableVolumeManagement": True,
                     "downloadRetryBackoffInSecs": 10,
                     "downloadRetryMaxBackoffInSecs": 80,
+                    "downloadStallTimeoutInSecs": 120,
                     "someFutureKey": {"ignored": True},
                 }
             ),
@@ -146,6 +148,7 @@ def test_every_key_is_read_by_its_kserve_name() -> None:
         10,
         80,
     )
+    assert local.download_stall_timeout_in_secs == 120
     init = parsed.storage_initializer
     assert (init.image, init.cpu_request, init.memory_limit) == ("init:2", "200m", "2Gi")
     assert (init.ca_bundle_config_map_name, init.oci_model_mode) == ("cabundle", "fetch")

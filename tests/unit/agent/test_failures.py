@@ -1,0 +1,114 @@
+"""A failed download's own reason, as it may be published: the gist of a log tail (fixed
+vocabulary, never the log's own text) and the sanitising of deliberate messages."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from localcache.agent.jobs import failures
+
+# Log tails as KServe's storage initializer (kserve-storage 0.21) leaves them.
+S3_403 = """\
+2026-12-04 22:01:02.345 1 kserve ERROR [storage_errors.py:raise_storage_error():42] S3 error \
+for s3://models/private/iris?X-Amz-Signature=abc: An error occurred (403) when calling the \
+HeadBucket operation: Forbidden
+Traceback (most recent call last):
+  File "/opt/storage/lib/python3.13/site-packages/kserve_storage/kserve_storage.py", line 707
+botocore.exceptions.ClientError: An error occurred (403) when calling the HeadBucket operation
+RuntimeError: S3 error [403]: Forbidden
+"""
+HTTP_404 = """\
+Traceback (most recent call last):
+  File "/storage-initializer/scripts/initializer-entrypoint", line 37, in <module>
+RuntimeError: HTTP resource not found at 'http://files.example:8080/models/iris.bin'.
+"""
+TAR_SLIP = """\
+tarfile.OutsideDestinationError: '../../etc/passwd' would be extracted to '/etc/passwd', \
+which is outside the destination
+The above exception was the direct cause of the following exception:
+RuntimeError: Failed to unpack archive file. The file format is not valid.
+"""
+BAD_ZIP = "RuntimeError: Failed to unpack archive file. The file format is not valid.\n"
+BAD_URI = (
+    "Exception: Cannot recognize storage type for foo://bar\n'gs://', 's3://', 'file://' ... "
+    "are the current available storage types.\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("tail", "expected"),
+    [
+        (S3_403, failures.GIST_S3_FORBIDDEN),
+        ("Access denied to S3 resource 'b'. Verify permissions.", failures.GIST_S3_FORBIDDEN),
+        ("HTTP access denied for 'http://h/m'. Verify permissions.", failures.GIST_FORBIDDEN),
+        (HTTP_404, failures.GIST_NOT_FOUND),
+        ("RuntimeError: S3 bucket 'x' does not exist.", failures.GIST_NOT_FOUND),
+        (TAR_SLIP, failures.GIST_ARCHIVE_OUTSIDE),
+        (BAD_ZIP, failures.GIST_ARCHIVE_INVALID),
+        (BAD_URI, failures.GIST_INVALID_URI),
+        ("HuggingFace authentication failed. Set HF_TOKEN", failures.GIST_UNAUTHORIZED),
+        ("OSError: [Errno 28] No space left on device", failures.GIST_NO_SPACE),
+        ("RuntimeError: Failed to connect to HTTP endpoint 'h'.", failures.GIST_CONNECT),
+        ("some program output that means nothing to us", ""),
+        ("", ""),
+    ],
+)  # fmt: skip
+def test_gist_names_the_failure_in_a_fixed_vocabulary(tail: str, expected: str) -> None:
+    found = failures.gist(tail)
+    assert found == expected
+    assert found == "" or found in failures.GISTS
+
+
+def test_gist_never_carries_the_logs_own_text() -> None:
+    """Risk 5: a tenant's log lines never reach the cluster-scoped status, even when they
+    forge a recognised error: only the fixed phrase does."""
+    forged = "Access denied to S3 resource 'tenant-secret-is-hunter2'"
+    assert failures.gist(forged) == failures.GIST_S3_FORBIDDEN
+    assert "hunter2" not in failures.gist(forged)
+
+
+def test_sanitise_strips_credentials_query_strings_and_control_characters() -> None:
+    text = (
+        "line one\nfailed: https://user:pw@s3.example/b/k?X-Amz-Signature=deadbeef&X-Amz-"
+        "Credential=AKIA token=abc123 password: hunter2 \x1b[31m"
+    )
+    out = failures.sanitise(text)
+    assert out == (
+        "failed: https://s3.example/b/k?<redacted> token=<redacted> password: <redacted> [31m"
+    )
+    assert len(failures.sanitise("x" * 5000)) == failures.POD_MESSAGE_LIMIT
+
+
+def _failed_pod(term: dict[str, Any], *, policy: str | None) -> dict[str, Any]:
+    container: dict[str, Any] = {"name": "c"}
+    if policy is not None:
+        container["terminationMessagePolicy"] = policy
+    return {
+        "metadata": {"creationTimestamp": "2026-12-04T22:00:00Z"},
+        "spec": {"containers": [container]},
+        "status": {
+            "phase": "Failed",
+            "containerStatuses": [{"name": "c", "state": {"terminated": term}}],
+        },
+    }
+
+
+def test_a_log_tail_gives_its_gist_with_the_exit_code() -> None:
+    term = {"reason": "Error", "exitCode": 1, "message": S3_403}
+    pod = _failed_pod(term, policy="FallbackToLogsOnError")
+    assert failures.pod_failure_message([pod]) == "403 Forbidden from the S3 store (exit code 1)"
+
+
+def test_an_unrecognised_log_tail_is_never_published() -> None:
+    term = {"reason": "Error", "exitCode": 1, "message": "my-secret-value\nboom"}
+    pod = _failed_pod(term, policy="FallbackToLogsOnError")
+    assert failures.pod_failure_message([pod]) == "Error (exit code 1)"
+
+
+def test_a_message_the_container_wrote_itself_is_published_sanitised() -> None:
+    term = {"reason": "Error", "exitCode": 2, "message": "bad input at https://h/m?sig=1"}
+    for policy in ("File", None):
+        pod = _failed_pod(term, policy=policy)
+        assert failures.pod_failure_message([pod]) == "bad input at https://h/m?<redacted>"
