@@ -107,6 +107,7 @@ OWN_LOCAL_MODEL_KEYS = (
     "downloadRetryMaxBackoffInSecs",
     "namespaceStorageSharePercent",
     "volumeSource",
+    "servingPodsWaitForCopy",
 )
 
 Doc = dict[str, Any]

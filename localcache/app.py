@@ -36,6 +36,7 @@ from localcache.agent.disk import roots
 from localcache.api import crdgen, groupversion
 from localcache.caching import config as config_mod
 from localcache.caching import liveconfig
+from localcache.controllers import readiness
 from localcache.controllers import setup as controllers_setup
 from localcache.runtime import errors, factory, informer, kube, leaderelection, manager, metrics
 from localcache.runtime import logging as logging_mod
@@ -282,6 +283,16 @@ async def run_components(
             )
             for inf in config_maps:  # a flip of disableVolumeManagement reconciles every cache
                 inf.add_handler(lambda _event: caches.config_changed())
+            ready_source = live_config
+            ready = readiness.setup(
+                mgr,
+                kube_api=api,
+                enabled=lambda: ready_source().local_model.serving_pods_wait_for_copy,
+                metrics=registry,
+                factory=informers,
+            )
+            for inf in config_maps:  # servingPodsWaitForCopy: every Node's labels again
+                inf.add_handler(lambda _event: ready.config_changed())
         if components.controller:
             # every replica checks that the served CRDs keep the fields we write
             crdcheck.setup(
@@ -307,6 +318,7 @@ async def run_components(
                 namespace_share_percent=lambda: (
                     source().local_model.namespace_storage_share_percent
                 ),
+                pods_wait_for_copy=lambda: source().local_model.serving_pods_wait_for_copy,
             )
             if cert_manager is not None:
                 mgr.add_runnable("webhook-cert-rotation", cert_manager, needs_leader=False)
