@@ -31,7 +31,7 @@ from __future__ import annotations
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import structlog
 
@@ -66,6 +66,12 @@ COMPONENT: Final = "localcache-controller"
 POD_SELECTOR: Final = inferenceservice.LOCAL_MODEL_LABEL
 
 
+class NodePatcher(Protocol):
+    """The one API call of `NodeLabels` (`runtime.kube.Kube` provides it)."""
+
+    async def patch(self, res: kube.Resource, name: str, patch: kube.Patch) -> Obj: ...
+
+
 def _labels(obj: Obj | None) -> dict[str, str]:
     return dict(((obj or {}).get("metadata") or {}).get("labels") or {})
 
@@ -76,7 +82,7 @@ class NodeLabels:
     def __init__(
         self,
         *,
-        api: state.Api,
+        api: NodePatcher,
         nodes: store.Reader,
         local_model_nodes: store.Reader,
         enabled: Callable[[], bool],

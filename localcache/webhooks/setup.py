@@ -105,8 +105,8 @@ def setup(
 
     `local_model_enabled` returns the current `localModel.enabled` of the
     inferenceservice-config ConfigMap (read on every ISVC admission);
-    `pods_wait_for_copy` its `localModel.servingPodsWaitForCopy` (read on every pod admission). Call before
-    `server.app()` and before `manager.run()`.
+    `pods_wait_for_copy` its `localModel.servingPodsWaitForCopy` (read on every pod
+    admission). Call before `server.app()` and before `manager.run()`.
     """
     shared = factory or factory_mod.InformerFactory(client, manager, clock=clock)
 
