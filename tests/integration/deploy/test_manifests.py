@@ -82,7 +82,8 @@ ACCESS: dict[str, list[A]] = {
         A("get list watch", CRDS, name=f"localmodelnamespacecaches.{SERVING}"),
         A("get list watch", CRDS, name=f"localmodelnodes.{SERVING}"),
         A("get list watch", CRDS, name=f"localmodelnodegroups.{SERVING}"),
-        A("get list watch", "nodes"),
+        # patch: the copy readiness labels (controllers/readiness.py)
+        A("get list watch patch", "nodes"),
         A("get list watch create update patch delete", "persistentvolumes"),
         A("get list watch create update patch delete", "persistentvolumeclaims", TENANT),
         A("get create patch", "events", TENANT),
@@ -95,8 +96,9 @@ ACCESS: dict[str, list[A]] = {
         A("get create update patch", "leases.coordination.k8s.io", NS),
         A("get update patch", "secrets", NS, CERT_SECRET),
         A("create", "secrets", NS),
-        # legacy (hostPath) pairs are replaced only once no pod mounts their claim
-        A("list", "pods", TENANT),
+        # legacy (hostPath) pairs are replaced only once no pod mounts their claim; watch:
+        # Events on serving pods that wait for their copy (controllers/readiness.py)
+        A("list watch", "pods", TENANT),
     ],
     AGENT: [
         A("get list watch", f"localmodelnodes.{SERVING}"),
@@ -141,8 +143,8 @@ DENIED: dict[str, list[A]] = {
         A("get", "configmaps", TENANT, CONFIGMAP),
         A("get create", "leases.coordination.k8s.io", TENANT),
         A("create delete", "jobs.batch", JOBS_NS),
-        A("create delete get watch", "pods", TENANT),
-        A("delete", "nodes"),
+        A("create delete get update patch", "pods", TENANT),
+        A("delete create update", "nodes"),
         A("escalate bind", "clusterroles.rbac.authorization.k8s.io"),
         EVERYTHING,
     ],
