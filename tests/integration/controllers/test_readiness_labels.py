@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import pytest
 
+from localcache.api import inferenceservice
 from localcache.caching import readiness as readiness_rules
 from localcache.controllers import readiness, state
 from localcache.devenv.waiting import wait_until
@@ -17,6 +19,7 @@ from localcache.runtime import factory, kube, manager, metrics
 from tests.integration.controllers.conftest import Env, lists_exactly
 
 DOWNLOADED = "ModelDownloaded"
+Obj = dict[str, Any]
 
 
 class Labels:
@@ -136,3 +139,57 @@ async def test_labels_follow_downloads_group_membership_deletion_and_the_setting
             what=f"{node} loses {iris}'s label with servingPodsWaitForCopy off",
         )
     assert (await node_labels(env, first)())["team"] == "ml"
+
+
+async def test_a_pod_the_scheduler_refused_gets_an_event_naming_the_nodes_still_downloading(
+    env: Env, labels: Labels
+) -> None:
+    group = env.name("gpu")
+    await env.group(group, group)
+    done = await env.node(env.name("done"), group)
+    slow = await env.node(env.name("slow"), group)
+    await env.start()
+    cache = env.name("llama")
+    await env.cache(cache, [group])
+    for node in (done, slow):
+        await wait_until(lists_exactly(env, node, {("", cache)}), what=f"{node} lists {cache}")
+    await env.set_model_status(done, {cache: DOWNLOADED})
+    await env.set_model_status(slow, {cache: "ModelDownloading"})
+    namespace = await env.namespace_("serving")
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "predictor-0",
+            "labels": {inferenceservice.LOCAL_MODEL_LABEL: cache},
+            "annotations": {readiness_rules.WAITS_FOR_ANNOTATION: cache},
+        },
+        "spec": {"containers": [{"name": "c", "image": "registry.invalid/x:1"}]},
+    }
+    await env.api.create(kube.PODS, pod, namespace=namespace)
+    # play the scheduler (none runs here): the pod fits no node
+    refused = {
+        "type": "PodScheduled",
+        "status": "False",
+        "reason": "Unschedulable",
+        "message": "0/2 nodes are available: 2 node(s) didn't match Pod's node affinity",
+    }
+    await env.api.patch_status(
+        kube.PODS, "predictor-0", {"status": {"conditions": [refused]}}, namespace=namespace
+    )
+
+    async def waiting_event() -> Obj:
+        found = await env.api.list(kube.EVENTS, namespace=namespace)
+        for event in found.items:
+            if event.get("reason") == readiness.WAITING_REASON:
+                return event
+        return {}
+
+    event = await wait_until(
+        waiting_event, timeout=30, what="a WaitingForModelCopy Event on the refused pod"
+    )
+    assert event["involvedObject"]["name"] == "predictor-0"
+    assert event["type"] == "Warning"
+    assert f"LocalModelCache {cache}" in event["message"]
+    assert f"{slow} (ModelDownloading)" in event["message"]
+    assert done not in event["message"]
