@@ -15,7 +15,8 @@ Two controllers (both need the lease: they write):
   readiness requirement (its `WAITS_FOR_ANNOTATION`) and that the scheduler reports
   unschedulable gets a Warning Event `WaitingForModelCopy` naming each cache it waits for and
   the nodes still downloading it (with their state), then is looked at again every
-  `WAITING_RECHECK_S` while it stays so. Events go through the shared recorder (deduplicated by
+  `WAITING_RECHECK_S` while it stays so, and whenever a LocalModelNode listing one of its caches
+  changes. Events go through the shared recorder (deduplicated by
   message with a count bump, and its per-object token bucket), so a pod that waits long gets
   a handful of Events, not one per look. Only pods carrying
   `internal.serving.kserve.io/localmodel` are watched (a label-selected watch, slimmed to
@@ -142,19 +143,33 @@ def describe_cache(status_key: str) -> str:
 
 def waiting_message(status_key: str, lmns: list[Obj]) -> str:
     """The Event message for a pod waiting for `status_key`, given the LocalModelNodes
-    listing that cache."""
+    listing that cache: the nodes still downloading it (with their state) and those done."""
     pending: list[str] = []
+    complete: list[str] = []
     for lmn in sorted(lmns, key=state.name_of):
         phase = ((lmn.get("status") or {}).get("modelStatus") or {}).get(status_key)
-        if phase != "ModelDownloaded":
+        if phase == "ModelDownloaded":
+            complete.append(state.name_of(lmn))
+        else:
             pending.append(f"{state.name_of(lmn)} ({phase or 'not reported yet'})")
-    where = ", ".join(pending) if pending else "none (a copy completed; scheduling follows)"
+    message = f"waiting for a complete copy of {describe_cache(status_key)}"
     if not lmns:
-        where = "none: no node of its node groups holds it"
-    return (
-        f"waiting for a complete copy of {describe_cache(status_key)}; "
-        f"nodes still downloading: {where}"
-    )
+        return f"{message}: no node of its node groups holds it"
+    message += f"; nodes still downloading: {', '.join(pending) or 'none'}"
+    if complete:
+        message += f"; complete on: {', '.join(complete)} (other constraints keep the pod off)"
+    return message
+
+
+def pods_waiting_for(pods: store.Reader, lmn: Obj) -> list[runtime_keys.ObjectKey]:
+    """The waiting pods whose caches the LocalModelNode lists (its download state is what
+    their Events report)."""
+    listed = set(state.index_entries(lmn))
+    return [
+        runtime_keys.ObjectKey.of(pod)
+        for pod in pods.list()
+        if is_unschedulable(pod) and listed.intersection(waits_for(pod))
+    ]
 
 
 class WaitingPods:
@@ -297,6 +312,12 @@ def setup(
         ),
         clock=clk,
         registry=metrics,
+    )
+    pods = pod_informer.reader()
+    lmn_informer.add_handler(
+        handlers.enqueue_mapped(
+            waiting.queue, lambda lmn: pods_waiting_for(pods, lmn), fn(updated=_lmn_changed)
+        )
     )
     pod_informer.add_handler(
         handlers.enqueue_self(

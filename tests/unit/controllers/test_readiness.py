@@ -76,7 +76,12 @@ def test_the_waiting_message_names_the_cache_and_the_nodes_still_downloading() -
     message = ctl.waiting_message("team-a/llama", lmns)
     assert message == (
         "waiting for a complete copy of LocalModelNamespaceCache team-a/llama; nodes still "
-        "downloading: n2 (ModelDownloading), n3 (not reported yet)"
+        "downloading: n2 (ModelDownloading), n3 (not reported yet); complete on: n1 (other "
+        "constraints keep the pod off)"
+    )
+    done = lmn("n1", ["iris"], {"iris": "ModelDownloaded"})
+    assert ctl.waiting_message("iris", [done]).startswith(
+        "waiting for a complete copy of LocalModelCache iris; nodes still downloading: none;"
     )
     assert "no node of its node groups" in ctl.waiting_message("iris", [])
 
