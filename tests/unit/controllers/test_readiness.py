@@ -96,3 +96,23 @@ def test_only_unscheduled_pods_that_the_scheduler_refused_count_as_waiting() -> 
     annotated = {"metadata": {"annotations": {readiness.WAITS_FOR_ANNOTATION: "a,ns/b"}}}
     assert ctl.waits_for(annotated) == ["a", "ns/b"]
     assert ctl.waits_for({}) == []
+
+
+def test_a_local_model_node_change_refreshes_only_the_pods_waiting_for_its_caches() -> None:
+    refused = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}
+
+    def pod(name: str, waits: str, *, pending: bool = True) -> Obj:
+        return {
+            "metadata": {
+                "name": name,
+                "namespace": "team-a",
+                "annotations": {readiness.WAITS_FOR_ANNOTATION: waits},
+            },
+            "status": {"phase": "Pending", "conditions": [refused] if pending else []},
+        }
+
+    pods = store.Store()
+    for obj in (pod("a", "iris"), pod("b", "llama"), pod("c", "iris", pending=False)):
+        pods.upsert(obj)
+    found = ctl.pods_waiting_for(pods.view(), lmn("n1", ["iris"], {}))
+    assert found == [keys.ObjectKey("team-a", "a")]
