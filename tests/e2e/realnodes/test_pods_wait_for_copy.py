@@ -7,14 +7,18 @@ the throttled server. A Deployment shaped like the one KServe renders for an Inf
 first node. Then the second node joins the group and starts downloading; scaled to two replicas
 (pod anti-affinity: one per node), the second pod stays Pending with a WaitingForModelCopy
 Event naming the cache and the node still downloading, and starts there once the copy is
-complete, reading the whole model.
+complete, reading the whole model. Turned off in the deployed ConfigMap, the labels go and new
+pods are admitted without the requirement.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import json
 import os
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -23,12 +27,13 @@ from localcache.agent.disk import layout
 from localcache.api import inferenceservice as isvc_api
 from localcache.caching import keys, names, readiness
 from tests.e2e.realnodes import objects
-from tests.e2e.realnodes.cluster import LOCALCACHE_IMAGE, Cluster, Sources
+from tests.e2e.realnodes.cluster import LOCALCACHE_IMAGE, SYSTEM_NS, Cluster, Sources
 from tests.e2e.realnodes.objects import LMC
 
 Obj = dict[str, Any]
 SIZE = 48 * 1024 * 1024  # about 24 s at the slow server's rate: time to see the pod wait
 APP = "predictor"
+CONFIG_MAP = "inferenceservice-config"
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -189,3 +194,46 @@ def test_serving_pods_start_only_where_the_copy_is_complete(
     assert set(on) == {first, second}
     logs = cluster.kubectl("logs", "-n", namespace, on[second]).stdout.split()
     assert logs == ["model", digest], f"the second replica read {logs}"
+
+    # servingPodsWaitForCopy off in the deployed ConfigMap (read live): the labels go, and a
+    # new serving pod is admitted without the requirement (KServe's behaviour)
+    with _wait_for_copy(cluster, enabled=False):
+        cluster.wait(
+            lambda: not labelled(first) and not labelled(second),
+            timeout=60,
+            what="both nodes lose their readiness label with servingPodsWaitForCopy off",
+        )
+        cluster.kubectl("scale", "deployment", "-n", namespace, "llm-predictor", "--replicas=3")
+        third = cluster.wait(
+            lambda: next(
+                (
+                    p
+                    for p in pods(cluster, namespace, "llm")
+                    if p["metadata"]["name"] not in on.values()
+                ),
+                None,
+            ),
+            timeout=60,
+            what="a third replica is created",
+        )
+        assert readiness.required_keys(third) == set()
+    cluster.wait(lambda: labelled(first), timeout=60, what=f"{first} labelled again once back on")
+
+
+@contextlib.contextmanager
+def _wait_for_copy(cluster: Cluster, *, enabled: bool) -> Iterator[None]:
+    """`localModel.servingPodsWaitForCopy` set in the deployed ConfigMap, then restored."""
+    config = cluster.get("configmap", CONFIG_MAP, namespace=SYSTEM_NS)
+    assert config is not None
+    before = config["data"]["localModel"]
+
+    def write(local_model: str) -> None:
+        patch = {"data": {"localModel": local_model}}
+        cluster.kubectl("patch", "configmap", CONFIG_MAP, "-n", SYSTEM_NS, "--type=merge",
+                        "-p", json.dumps(patch))  # fmt: skip
+
+    write(json.dumps({**json.loads(before), "servingPodsWaitForCopy": enabled}))
+    try:
+        yield
+    finally:
+        write(before)
