@@ -117,6 +117,15 @@ def running_on(cluster: Cluster, namespace: str, name: str) -> dict[str, str]:
     return found
 
 
+def read_model(cluster: Cluster, namespace: str, pod: str) -> list[str]:
+    """What the serving container printed about the model (it hashes it first: wait)."""
+    return cluster.wait(
+        lambda: cluster.kubectl("logs", "-n", namespace, pod).stdout.split() or None,
+        timeout=60,
+        what=f"serving pod {pod} reports the model it read",
+    )
+
+
 def test_serving_pods_start_only_where_the_copy_is_complete(
     cluster: Cluster, sources: Sources
 ) -> None:
@@ -156,7 +165,7 @@ def test_serving_pods_start_only_where_the_copy_is_complete(
     assert list(on) == [first], f"the serving pod runs on {list(on)}, not {first}"
     (pod,) = pods(cluster, namespace, "llm")
     assert readiness.required_keys(pod) == {label}
-    assert cluster.kubectl("logs", "-n", namespace, on[first]).stdout.split() == ["model", digest]
+    assert read_model(cluster, namespace, on[first]) == ["model", digest]
 
     # the second node joins the group: it downloads (slowly); a second replica must wait
     cluster.kubectl("label", "node", second, f"{member}=yes")
@@ -192,7 +201,7 @@ def test_serving_pods_start_only_where_the_copy_is_complete(
         what="both replicas run",
     )
     assert set(on) == {first, second}
-    logs = cluster.kubectl("logs", "-n", namespace, on[second]).stdout.split()
+    logs = read_model(cluster, namespace, on[second])
     assert logs == ["model", digest], f"the second replica read {logs}"
 
     # servingPodsWaitForCopy off in the deployed ConfigMap (read live): the labels go, and a
