@@ -191,5 +191,5 @@ async def test_a_pod_the_scheduler_refused_gets_an_event_naming_the_nodes_still_
     assert event["involvedObject"]["name"] == "predictor-0"
     assert event["type"] == "Warning"
     assert f"LocalModelCache {cache}" in event["message"]
-    assert f"{slow} (ModelDownloading)" in event["message"]
-    assert done not in event["message"]
+    assert f"nodes still downloading: {slow} (ModelDownloading);" in event["message"]
+    assert f"complete on: {done} (" in event["message"]
