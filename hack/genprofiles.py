@@ -109,6 +109,7 @@ OWN_LOCAL_MODEL_KEYS = (
     "downloadStallTimeoutInSecs",
     "namespaceStorageSharePercent",
     "volumeSource",
+    "servingPodsWaitForCopy",
 )
 
 Doc = dict[str, Any]

@@ -26,7 +26,6 @@ import dataclasses
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import structlog
 
@@ -36,13 +35,13 @@ from localcache.agent.disk import roots
 from localcache.api import crdgen, groupversion
 from localcache.caching import config as config_mod
 from localcache.caching import liveconfig
-from localcache.controllers import agenttolerations
+from localcache.controllers import agenttolerations, readiness
 from localcache.controllers import setup as controllers_setup
 from localcache.runtime import errors, factory, informer, kube, leaderelection, manager, metrics
 from localcache.runtime import logging as logging_mod
 from localcache.runtime.crds import crdcheck, crdwait
 from localcache.runtime.keys import ObjectKey
-from localcache.runtime.serving import admission, certgen, certs, httpserver, tls
+from localcache.runtime.serving import admission, certgen, certs, httpserver, kubecerts, tls
 from localcache.webhooks import setup as webhooks_setup
 
 _log = structlog.get_logger(__name__)
@@ -72,39 +71,6 @@ class Components:
     webhooks: bool = False
     agent_nodes: tuple[tuple[str, Path], ...] = ()
     extra_cert_names: tuple[str, ...] = ()
-
-
-class KubeCertStore:
-    """`certs.CertStore` over the Kube client: Secrets and webhook configurations."""
-
-    def __init__(self, client: kube.Kube) -> None:
-        self._kube = client
-
-    async def get_secret(self, namespace: str, name: str) -> dict[str, Any]:
-        return await self._kube.get(kube.SECRETS, name, namespace=namespace)
-
-    async def create_secret(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
-        return await self._kube.create(kube.SECRETS, body, namespace=namespace)
-
-    async def replace_secret(
-        self, namespace: str, name: str, body: dict[str, Any]
-    ) -> dict[str, Any]:
-        del name  # the body's metadata names the Secret
-        return await self._kube.replace(kube.SECRETS, body, namespace=namespace)
-
-    async def get_webhook_configuration(self, kind: str, name: str) -> dict[str, Any]:
-        return await self._kube.get(_webhook_resource(kind), name)
-
-    async def patch_webhook_configuration(
-        self, kind: str, name: str, ops: list[dict[str, Any]]
-    ) -> dict[str, Any]:
-        return await self._kube.patch(_webhook_resource(kind), name, ops, patch_type="json")
-
-
-def _webhook_resource(kind: str) -> kube.Resource:
-    if kind == "mutating":
-        return kube.MUTATING_WEBHOOK_CONFIGURATIONS
-    return kube.VALIDATING_WEBHOOK_CONFIGURATIONS
 
 
 async def connect(connection: settings_mod.Connection) -> kube.Kube:
@@ -241,7 +207,7 @@ async def run_components(
             server = admission.AdmissionServer(metrics=registry)
             if hook.self_managed_certs:
                 cert_manager = certs.CertManager(
-                    KubeCertStore(api),
+                    kubecerts.KubeCertStore(api),
                     certs.CertSettings(
                         cert_dir=hook.cert_dir,
                         namespace=cfg.namespace,
@@ -283,6 +249,16 @@ async def run_components(
             )
             for inf in config_maps:  # a flip of disableVolumeManagement reconciles every cache
                 inf.add_handler(lambda _event: caches.config_changed())
+            ready_source = live_config
+            ready = readiness.setup(
+                mgr,
+                kube_api=api,
+                enabled=lambda: ready_source().local_model.serving_pods_wait_for_copy,
+                metrics=registry,
+                factory=informers,
+            )
+            for inf in config_maps:  # servingPodsWaitForCopy: every Node's labels again
+                inf.add_handler(lambda _event: ready.config_changed())
         if components.controller and settings.controller.agent_daemonset:
             # the agent DaemonSet tolerates every node group's taints (README "Agent tolerations")
             agenttolerations.setup(
@@ -322,6 +298,7 @@ async def run_components(
                 kserve_namespace=(
                     cfg.kserve.namespace if cfg.kserve else webhooks_setup.DEFAULT_NAMESPACE
                 ),
+                pods_wait_for_copy=lambda: source().local_model.serving_pods_wait_for_copy,
             )
             if cert_manager is not None:
                 mgr.add_runnable("webhook-cert-rotation", cert_manager, needs_leader=False)

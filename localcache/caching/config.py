@@ -88,6 +88,10 @@ class LocalModelConfig(_Section):
     """localcache's: `csi` PVs are served by localcache's CSI node plugin, which shows a pod
     only its cache's folder (README "Security model"); `hostPath` keeps the node group's own
     PV source, KServe's choice, which shows every pod the whole models root."""
+    serving_pods_wait_for_copy: bool = Field(True, alias="servingPodsWaitForCopy")
+    """localcache's: serving pods get a required node affinity on the per-node readiness
+    label of their cache, so they start only where the copy is complete (README "Serving
+    pods wait for their copy"); false keeps KServe's behaviour and removes the labels."""
 
     @pydantic.field_validator(
         "job_ttl_seconds_after_finished",

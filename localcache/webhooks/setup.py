@@ -11,7 +11,7 @@ and, when `storage_containers` is on, on KServe's ClusterStorageContainers (the 
 accept URIs they claim), from an
 `InformerFactory`, with the indexes the handlers read (the process's shared factory when
 given, so the cache controllers of the same Manager reuse the same watches and caches; the
-Manager starts them and gates /readyz on their sync), and registers three handlers at the
+Manager starts them and gates /readyz on their sync), and registers four handlers at the
 paths of `manifests/webhook/`:
 - `isvc.MUTATE_PATH`: InferenceService mutation; a handler failure is answered with an HTTP
   error so the configuration's `failurePolicy: Ignore` admits the ISVC unchanged;
@@ -19,6 +19,8 @@ paths of `manifests/webhook/`:
   it reads LLMInferenceServiceConfigs in the object's namespace, then in `kserve_namespace`
   (KServe's, where its controller looks them up), and never waits for their informer (an
   unsynced or absent kind is a warning on the request, `llmbase`);
+- `podwait.MUTATE_PATH`: Pod CREATE mutation (serving pods wait for their copy); a failure is
+  an HTTP error, so `failurePolicy: Ignore` admits the pod unchanged;
 - `validation.CACHE_PATH`, `validation.NAMESPACE_CACHE_PATH`: cache validation; a handler
   failure is a denial (the configuration's policy is Fail anyway).
 Handlers answer from the stores only (no API call per request); until every store has synced
@@ -49,7 +51,7 @@ from localcache.runtime import informer, kube
 from localcache.runtime import manager as manager_mod
 from localcache.runtime.crds import optional
 from localcache.runtime.serving import admission
-from localcache.webhooks import isvc, llmisvc, validation
+from localcache.webhooks import isvc, llmisvc, podwait, validation
 
 Obj = dict[str, Any]
 
@@ -76,6 +78,7 @@ class Webhooks:
     llm_inference_services: optional.OptionalInformer
     mutator: isvc.IsvcMutator
     llm_mutator: llmisvc.LlmIsvcMutator
+    pod_mutator: podwait.PodWaitMutator
     cache_validator: validation.CacheValidator
     namespace_cache_validator: validation.CacheValidator
 
@@ -114,13 +117,15 @@ def setup(
     allow_file_uris: bool = False,
     namespace_share_percent: Callable[[], int] | None = None,
     kserve_namespace: str = DEFAULT_NAMESPACE,
+    pods_wait_for_copy: Callable[[], bool] = lambda: True,
 ) -> Webhooks:
     """Register the webhook handlers on `server`, reading through informers from `factory`
     (a new one over `client` and `clock` on `manager` when None).
 
     `local_model_enabled` returns the current `localModel.enabled` of the
-    inferenceservice-config ConfigMap (read on every ISVC admission). Call before
-    `server.app()` and before `manager.run()`.
+    inferenceservice-config ConfigMap (read on every ISVC admission);
+    `pods_wait_for_copy` its `localModel.servingPodsWaitForCopy` (read on every pod
+    admission). Call before `server.app()` and before `manager.run()`.
     """
     shared = factory or factory_mod.InformerFactory(client, manager, clock=clock)
 
@@ -133,13 +138,17 @@ def setup(
 
     caches = make(
         groupversion.LOCAL_MODEL_CACHE,
-        {validation.NODE_GROUP_INDEX: indexes.cache_node_groups},
+        {
+            validation.NODE_GROUP_INDEX: indexes.cache_node_groups,
+            podwait.SERVING_CLAIM_INDEX: podwait.index_serving_claims,
+        },
     )
     namespace_caches = make(
         groupversion.LOCAL_MODEL_NAMESPACE_CACHE,
         {
             validation.NODE_GROUP_INDEX: indexes.cache_node_groups,
             validation.NAME_INDEX: indexes.cache_name,
+            podwait.SERVING_CLAIM_INDEX: podwait.index_serving_claims,
         },
     )
     node_groups = make(groupversion.LOCAL_MODEL_NODE_GROUP, {})
@@ -206,8 +215,15 @@ def setup(
         )
         for namespaced in (False, True)
     ]
+    pod_mutator = podwait.PodWaitMutator(
+        caches=caches.reader(),
+        namespace_caches=namespace_caches.reader(),
+        enabled=pods_wait_for_copy,
+        synced=required_synced,
+    )
     server.register(isvc.MUTATE_PATH, mutator, on_failure="error")
     server.register(llmisvc.MUTATE_PATH, llm_mutator, on_failure="error")
+    server.register(podwait.MUTATE_PATH, pod_mutator, on_failure="error")
     server.register(validation.CACHE_PATH, validators[0], on_failure="deny")
     server.register(validation.NAMESPACE_CACHE_PATH, validators[1], on_failure="deny")
     return Webhooks(
@@ -221,6 +237,7 @@ def setup(
         llm_inference_services=llmisvcs,
         mutator=mutator,
         llm_mutator=llm_mutator,
+        pod_mutator=pod_mutator,
         cache_validator=validators[0],
         namespace_cache_validator=validators[1],
     )

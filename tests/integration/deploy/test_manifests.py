@@ -88,7 +88,8 @@ ACCESS: dict[str, list[A]] = {
         A("get list watch", CRDS, name=f"localmodelnamespacecaches.{SERVING}"),
         A("get list watch", CRDS, name=f"localmodelnodes.{SERVING}"),
         A("get list watch", CRDS, name=f"localmodelnodegroups.{SERVING}"),
-        A("get list watch", "nodes"),
+        # patch: the copy readiness labels (controllers/readiness.py)
+        A("get list watch patch", "nodes"),
         A("get list watch create update patch delete", "persistentvolumes"),
         A("get list watch create update patch delete", "persistentvolumeclaims", TENANT),
         A("get create patch", "events", TENANT),
@@ -103,8 +104,9 @@ ACCESS: dict[str, list[A]] = {
         A("create", "secrets", NS),
         # the agent DaemonSet's tolerations follow the node groups' (agenttolerations.py)
         A("get list watch patch", "daemonsets.apps", NS, AGENT_DAEMONSET),
-        # legacy (hostPath) pairs are replaced only once no pod mounts their claim
-        A("list", "pods", TENANT),
+        # legacy (hostPath) pairs are replaced only once no pod mounts their claim; watch:
+        # Events on serving pods that wait for their copy (controllers/readiness.py)
+        A("list watch", "pods", TENANT),
     ],
     AGENT: [
         A("get list watch", f"localmodelnodes.{SERVING}"),
@@ -149,8 +151,8 @@ DENIED: dict[str, list[A]] = {
         A("get", "configmaps", TENANT, CONFIGMAP),
         A("get create", "leases.coordination.k8s.io", TENANT),
         A("create delete", "jobs.batch", JOBS_NS),
-        A("create delete get watch", "pods", TENANT),
-        A("delete", "nodes"),
+        A("create delete get update patch", "pods", TENANT),
+        A("delete create update", "nodes"),
         A("get patch update delete", "daemonsets.apps", NS, "someone-elses"),
         A("list create", "daemonsets.apps", NS),
         A("get patch", "daemonsets.apps", TENANT, AGENT_DAEMONSET),

@@ -36,8 +36,14 @@ async def harness(
         stack.push_async_callback(client.close)
         adm = admission.AdmissionServer(metrics=metrics.Metrics())
         mgr = manager.Manager(handle_signals=False, shutdown_timeout=5)
+        switches = {"servingPodsWaitForCopy": True}  # live settings a test may flip
         hooks = webhook_setup.setup(
-            adm, mgr, client=client, local_model_enabled=lambda: True, storage_containers=True
+            adm,
+            mgr,
+            client=client,
+            local_model_enabled=lambda: True,
+            storage_containers=True,
+            pods_wait_for_copy=lambda: switches["servingPodsWaitForCopy"],
         )
         task = asyncio.create_task(mgr.run(), name=f"webhook manager {token}")
         stack.push_async_callback(_stop, mgr, task)
@@ -45,6 +51,8 @@ async def harness(
         # KServe's kinds are optional informers: they settle (list) on their own schedule.
         await wait_until(hooks.synced, timeout=30, what="the webhooks' optional informers settled")
         server = await stack.enter_async_context(wh.run_webhook_server(adm))
-        env = Harness(control_plane, client, hooks, server, token, [namespace, second])
+        env = Harness(
+            control_plane, client, hooks, server, token, [namespace, second], switches=switches
+        )
         stack.push_async_callback(env.cleanup)
         yield env

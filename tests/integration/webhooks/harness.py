@@ -59,6 +59,8 @@ class Harness:
     token: str
     namespaces: list[str]
     cluster_objects: list[tuple[kube.Resource, str]] = field(default_factory=list)
+    switches: dict[str, bool] = field(default_factory=dict)
+    """Live settings the handlers read at each request (e.g. `servingPodsWaitForCopy`)."""
 
     @property
     def namespace(self) -> str:

@@ -7,8 +7,9 @@ from typing import Any
 
 import yaml
 
+from localcache.api import inferenceservice as isvc_api
 from localcache.runtime.serving import certgen
-from localcache.webhooks import llmisvc
+from localcache.webhooks import llmisvc, podwait
 from localcache.webhooks import setup as webhooks_setup
 
 ROOT = Path(__file__).resolve().parents[3] / "manifests" / "webhook"
@@ -133,4 +134,22 @@ def test_cert_manager_component_targets_our_secret_and_injects_into_both_configu
     assert patched == {
         webhooks_setup.MUTATING_CONFIGURATION,
         webhooks_setup.VALIDATING_CONFIGURATION,
+    }
+
+
+def test_pod_mutation_is_create_only_fails_open_fast_and_sees_only_serving_pods() -> None:
+    hook = _hooks("mutating.yaml")[podwait.MUTATE_PATH]
+    assert hook["failurePolicy"] == "Ignore"  # an outage never blocks pod creation
+    assert hook["timeoutSeconds"] <= 5
+    assert hook["rules"] == [
+        {
+            "apiGroups": [""],
+            "apiVersions": ["v1"],
+            "resources": ["pods"],
+            "operations": ["CREATE"],
+            "scope": "Namespaced",
+        }
+    ]
+    assert hook["objectSelector"] == {
+        "matchExpressions": [{"key": isvc_api.LOCAL_MODEL_LABEL, "operator": "Exists"}]
     }
