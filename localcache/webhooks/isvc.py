@@ -335,19 +335,10 @@ class IsvcMutator:
         )
 
     async def __call__(self, request: review.Request) -> review.Response:
+        if (early := stores.early_answer(request, synced=self._synced())) is not None:
+            return early
         obj = request.object
-        if obj is None or request.operation not in ("CREATE", "UPDATE"):
-            return review.allowed()
-        if not isinstance(obj.get("metadata", {}), dict):  # not from an apiserver: say so
-            return review.denied(
-                "metadata must be an object", field="metadata", code=400, reason="BadRequest"
-            )
-        if (obj.get("metadata") or {}).get("deletionTimestamp"):
-            return review.allowed()
-        if not self._synced():
-            return review.allowed(
-                warnings=["localcache is starting: local model labels were not updated"]
-            )
+        assert obj is not None  # early_answer answered otherwise
         try:
             isvc = isvc_api.InferenceService.from_dict(obj)
         except pydantic.ValidationError as exc:

@@ -1,6 +1,6 @@
-"""What the admission handlers read from informer stores: the narrow `Lister` protocol, a
-cheap pre-filter of raw caches by URI, and lenient parsing (an unreadable object is logged and
-skipped, never fails a request)."""
+"""What the serving-object mutators share: the narrow `Lister` protocol over informer stores, a
+cheap pre-filter of raw caches by URI, lenient parsing (an unreadable object is logged and
+skipped, never fails a request), and the answers given before any rule runs (`early_answer`)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import structlog
 
 from localcache.caching import keys as cache_keys
 from localcache.runtime import keys as runtime_keys
+from localcache.runtime.serving import review
 
 log = structlog.get_logger(__name__)
 
@@ -54,3 +55,24 @@ def parse_all(model: type[M], objs: Iterable[Obj]) -> list[M]:
                 error=str(exc.errors()[0]["msg"]) if exc.errors() else "invalid",
             )
     return parsed
+
+
+def early_answer(request: review.Request, *, synced: bool) -> review.Response | None:
+    """The answer to a serving-object CREATE/UPDATE before any rule runs, or None to go on:
+    nothing to do (no object, another operation, being deleted), a malformed `metadata` (not
+    from an apiserver: say so), or the stores not synced yet (admitted unchanged, warned, so an
+    empty cache at start-up never strips labels)."""
+    obj = request.object
+    if obj is None or request.operation not in ("CREATE", "UPDATE"):
+        return review.allowed()
+    if not isinstance(obj.get("metadata", {}), dict):
+        return review.denied(
+            "metadata must be an object", field="metadata", code=400, reason="BadRequest"
+        )
+    if (obj.get("metadata") or {}).get("deletionTimestamp"):
+        return review.allowed()
+    if not synced:
+        return review.allowed(
+            warnings=["localcache is starting: local model labels were not updated"]
+        )
+    return None
