@@ -35,6 +35,14 @@
 #                      (cold: ~10 min on 2 cores, warm: ~35 s). Refs
 #                      localhost/localcache/<name>:$VERSION-<key>. Key: the version, the Go
 #                      version.
+# kserve-manager       KServe's InferenceService controller and webhooks (cmd/manager) and its
+# kserve-llmisvc       LLMInferenceService controller and webhooks (cmd/llmisvc), the same way
+#                      and key, for tests/e2e/kservectl (go build under `nice -n 10`; warm
+#                      rebuild with the dependencies in Go's build cache: ~30 s each).
+# runtime-standin      python-base + hack/runtime-standin/standin.py, as `standin` (a
+#                      ServingRuntime's model server) and `vllm` (a vLLM preset's `vllm serve`):
+#                      reads the files at its model path and serves their digests; user 65532.
+#                      Key: the rootfs, the script.
 # Every key also covers hack/mkimage.py and the text of the shell functions that build the image
 # (`declare -f`), so editing a recipe rebuilds what it makes. The debootstrapped root filesystems
 # are cached as directories too: the images start from a copy of one.

@@ -97,7 +97,7 @@ def main():
     print(json.dumps(read(model_dir, lora), sort_keys=True), flush=True)
 
     class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802
+        def do_GET(self):
             if self.path == "/health":
                 body = b"ok"
             elif self.path == "/files":

@@ -82,8 +82,8 @@ def _lists(cluster: Cluster, cache: str, namespace: str, name: str) -> None:
         users = (found.get("status") or {}).get("llmInferenceServices") or []
         return {"namespace": namespace, "name": name} in users
 
-    cluster.wait(listed, timeout=60,
-                 what=f"cache {namespace}/{cache} lists LLMInferenceService {name} in its status")  # fmt: skip
+    what = f"cache {namespace}/{cache} lists LLMInferenceService {name} in its status"
+    cluster.wait(listed, timeout=60, what=what)
 
 
 def _served_pod(cluster: Cluster, namespace: str, name: str, claim: str, key: str) -> Obj:
