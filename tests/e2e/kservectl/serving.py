@@ -44,9 +44,19 @@ def running_pod(cluster: Cluster, namespace: str, selector: str, *, what: str) -
             started = status.get("containerStatuses") or []
             if status.get("phase") == "Running" and all("running" in c["state"] for c in started):
                 return pod
-        return None
+        # not yet: say why, for the timeout's message
+        states = {p["metadata"]["name"]: _why_not_running(p) for p in pods}
+        raise AssertionError(f"no pod of {selector} runs: {states}")
 
     return cluster.wait(running, timeout=POD_TIMEOUT_S, what=what)
+
+
+def _why_not_running(pod: Obj) -> str:
+    status = pod.get("status") or {}
+    for cond in status.get("conditions") or []:
+        if cond.get("status") == "False" and cond.get("message"):
+            return f"{status.get('phase')}: {cond['type']}: {cond['message']}"
+    return str(status.get("phase"))
 
 
 def model_files_read(cluster: Cluster, namespace: str, pod: str, container: str) -> Obj:

@@ -134,6 +134,38 @@ def test_kserve_renders_an_llmisvc_whose_pod_reads_the_cached_model_read_only(
     assert f"{namespace}/chat" in refusal, refusal
 
 
+def test_kserves_controller_mounts_the_claim_its_keys_name_and_the_pod_reads_the_model(
+    cluster: Cluster, sources: Sources, kserve: kserve_controllers.KServeControllers
+) -> None:
+    """KServe's part alone, on what localcache did before issue 21: an InferenceService of the
+    same model in the namespace makes localcache create the serving claim; KServe's defaulter
+    (its `localModel.enabled` is true here) sets the LLMInferenceService's keys, naming the
+    claim `<cache>-<node group>`; KServe's controller rewrites the `http://` URI it cannot
+    serve to that claim, mounts it read-only at /mnt/models, and the pod reads the files."""
+    run = uuid.uuid4().hex[:6]
+    namespace = cluster.namespace("kserve-llm-claim")
+    group = f"g-{run}"
+    cluster.apply(cluster.node_group(group))
+    uri, data = _cached_model(cluster, sources, run, "llm", namespace, group)
+    cluster.apply(kserve_controllers.serving_runtime(namespace, kserve.runtime_image))
+    cluster.create(objects.isvc("anchor", namespace, uri))
+    anchor = cluster.get(groupversion.INFERENCE_SERVICE.plural, "anchor", namespace=namespace)
+    claim = serving.local_model_keys(anchor or {}).get(isvc_api.LOCAL_MODEL_PVC_NAME_ANNOTATION)
+    assert claim, f"the InferenceService got no serving claim: {anchor}"
+    cluster.wait_bound(claim, namespace=namespace, timeout=120)
+
+    cluster.create(llmisvc("chat", namespace, uri, image=kserve.runtime_image))
+    created = cluster.get(LLMISVC, "chat", namespace=namespace) or {}
+    keys_set = serving.local_model_keys(created)
+    assert keys_set.get(isvc_api.LOCAL_MODEL_PVC_NAME_ANNOTATION) == claim, (
+        f"the LLMInferenceService's claim is not the InferenceService's {claim}: {keys_set}"
+    )
+    pod = _served_pod(cluster, namespace, "chat", claim, keys.storage_key(uri))
+    read = serving.model_files_read(cluster, namespace, pod["metadata"]["name"], "main")
+    assert read["error"] is None, read
+    assert read["files"] == {"weights.safetensors": hashlib.sha256(data).hexdigest()}, read
+
+
 def test_a_lora_adapter_cached_by_a_second_cache_is_annotated_listed_and_guarded(
     cluster: Cluster, sources: Sources, kserve: kserve_controllers.KServeControllers
 ) -> None:
