@@ -37,7 +37,7 @@ def test_kserve_renders_an_isvc_whose_pod_reads_the_cached_model_read_only(
     sources.add_file(f"kservectl-{run}/model.onnx", data)
     uri = f"{sources.http_base}/kservectl-{run}/model.onnx"
     namespace = cluster.namespace("kserve-isvc")
-    group = f"g-{run}"
+    group = f"g{run}"  # one word: the claim keeps KServe's plain `<cache>-<group>` name
     cluster.apply(cluster.node_group(group), objects.cache("onnx", uri, group, namespace=namespace))
     cluster.wait_ready(LMNC.plural, "onnx", namespace=namespace, timeout=240)
     cluster.apply(kserve_controllers.serving_runtime(namespace, kserve.runtime_image))

@@ -106,7 +106,7 @@ def test_kserve_renders_an_llmisvc_whose_pod_reads_the_cached_model_read_only(
 ) -> None:  # fmt: skip
     run = uuid.uuid4().hex[:6]
     namespace = cluster.namespace("kserve-llm")
-    group = f"g-{run}"
+    group = f"g{run}"  # one word: the claim keeps KServe's plain `<cache>-<group>` name
     cluster.apply(cluster.node_group(group))
     uri, data = _cached_model(cluster, sources, run, "llm", namespace, group)
 
@@ -144,7 +144,7 @@ def test_kserves_controller_mounts_the_claim_its_keys_name_and_the_pod_reads_the
     serve to that claim, mounts it read-only at /mnt/models, and the pod reads the files."""
     run = uuid.uuid4().hex[:6]
     namespace = cluster.namespace("kserve-llm-claim")
-    group = f"g-{run}"
+    group = f"g{run}"  # one word: the claim keeps KServe's plain `<cache>-<group>` name
     cluster.apply(cluster.node_group(group))
     uri, data = _cached_model(cluster, sources, run, "llm", namespace, group)
     cluster.apply(kserve_controllers.serving_runtime(namespace, kserve.runtime_image))
@@ -175,7 +175,7 @@ def test_a_lora_adapter_cached_by_a_second_cache_is_annotated_listed_and_guarded
     of the plain `<cache>-<node group>` name KServe recomputes, the listing and the guard."""
     run = uuid.uuid4().hex[:6]
     namespace = cluster.namespace("kserve-lora")
-    group = f"g-{run}"
+    group = f"g{run}"  # one word: the claim keeps KServe's plain `<cache>-<group>` name
     cluster.apply(cluster.node_group(group))
     uri, _ = _cached_model(cluster, sources, run, "base", namespace, group)
     adapter_uri, _ = _cached_model(cluster, sources, run, "adapter", namespace, group)
@@ -190,7 +190,9 @@ def test_a_lora_adapter_cached_by_a_second_cache_is_annotated_listed_and_guarded
     assert json.loads(annotations[LORA_ANNOTATION]) == {
         "sql": {"cache": "adapter", "namespace": namespace}
     }
-    cluster.wait_bound(f"adapter-{group}", namespace=namespace, timeout=120)
+    cluster.wait_bound(
+        f"adapter-{group}", namespace=namespace, timeout=120
+    )  # KServe #5690 recomputes it
 
     _lists(cluster, "base", namespace, "tuned")
     _lists(cluster, "adapter", namespace, "tuned")
@@ -207,7 +209,7 @@ def test_the_keys_survive_kserves_defaulter_with_its_local_model_cache_off(
     cache."""
     run = uuid.uuid4().hex[:6]
     namespace = cluster.namespace("kserve-off")
-    group = f"g-{run}"
+    group = f"g{run}"  # one word: the claim keeps KServe's plain `<cache>-<group>` name
     cluster.apply(cluster.node_group(group))
     uri, data = _cached_model(cluster, sources, run, "llm", namespace, group)
     kserve.set_local_model_enabled(False)
