@@ -204,9 +204,14 @@ def test_the_keys_survive_kserves_defaulter_with_its_local_model_cache_off(
     cluster: Cluster, sources: Sources, kserve: kserve_controllers.KServeControllers
 ) -> None:
     """With KServe's `localModel.enabled: false` its defaulter removes the four keys, and it is
-    not reinvoked; localcache's webhook runs after it (its configuration sorts after KServe's,
-    `reinvocationPolicy: IfNeeded`), so the keys are there and KServe's controller mounts the
-    cache."""
+    not reinvoked; localcache's webhook runs after it (the apiserver calls mutating webhook
+    configurations in name order: `llminferenceservice.serving.kserve.io` before localcache's
+    `localmodel.…`), so the keys are there and KServe's controller mounts the cache.
+
+    The flag is flipped in the one `inferenceservice-config` both read: this expects
+    localcache's LLMInferenceService webhook not to follow KServe's `localModel.enabled` in
+    this deployment (issue 21: "in the with-kserve profile"); if it does, set here whatever
+    setting of localcache's keeps it on."""
     run = uuid.uuid4().hex[:6]
     namespace = cluster.namespace("kserve-off")
     group = f"g{run}"  # one word: the claim keeps KServe's plain `<cache>-<group>` name
