@@ -43,7 +43,7 @@ import subprocess
 from dataclasses import dataclass
 from typing import Any
 
-from localcache.devenv import certs, realnodes
+from localcache.devenv import certs, realnodes, waiting
 from tests.support import e2ebed, kserve_addon
 
 Obj = dict[str, Any]
@@ -60,6 +60,11 @@ INJECT_CA = "cert-manager.io/inject-ca-from"
 DROPPED_SIDECAR = "kube-rbac-proxy"
 RUNTIME_NAME = "standin-onnx"
 ROLLOUT_TIMEOUT_S = 240
+UNINSTALL_TIMEOUT_S = 180
+SERVING_KINDS = "llminferenceservices.serving.kserve.io,inferenceservices.serving.kserve.io"
+PRESETS = "llminferenceserviceconfigs.serving.kserve.io"
+PRESETS_VALIDATOR = "llminferenceserviceconfig.serving.kserve.io"
+CONVERTED_CRDS = (PRESETS, "llminferenceservices.serving.kserve.io")
 # localcache's sections of the ConfigMap, which its manifests set and both read
 LOCALCACHE_SECTIONS = ("localModel", "storageInitializer", "credentials")
 
@@ -305,3 +310,38 @@ def install(shared: e2ebed.SharedBed, *, local_model_enabled: bool = True) -> KS
     )
     realnodes.apply_once_admitted(shared.kubectl, presets, timeout=120)
     return found
+
+
+def uninstall(found: KServeControllers) -> None:
+    """Take KServe's controllers away cleanly, before the next package's `reset()`: the
+    serving objects and the presets while the controllers still remove their finalizers (the
+    presets' validating webhook, which refuses deleting well-known ones, first), then every
+    KServe webhook configuration and the CRDs whose conversion webhook the LLMInferenceService
+    controller serves; otherwise the `kserve` namespace never finishes terminating."""
+    kubectl = found.kubectl
+    ca = found.ca
+    binary = found.shared.bed.control_plane.kubectl_path
+    assert binary is not None
+
+    def gone(kinds: str) -> None:
+        def empty() -> bool:
+            done = kubectl("get", kinds, "-A", "-o", "name", check=False)
+            assert done.returncode == 0, done.stderr
+            assert not done.stdout.strip(), f"still there: {done.stdout.split()[:5]}"
+            return True
+
+        waiting.wait_until_sync(empty, timeout=UNINSTALL_TIMEOUT_S, interval=1.0,
+                                what=f"every {kinds} is deleted")  # fmt: skip
+
+    kubectl("delete", SERVING_KINDS, "--all", "-A", "--wait=false")
+    gone(SERVING_KINDS)
+    kubectl("delete", "validatingwebhookconfiguration", PRESETS_VALIDATOR, "--ignore-not-found")
+    kubectl("delete", PRESETS, "--all", "-A", "--wait=false")
+    gone(PRESETS)
+    docs = manager_documents("-", kubectl=binary, ca=ca) + llmisvc_documents(
+        "-", kubectl=binary, ca=ca
+    )
+    for doc in docs:
+        if doc["kind"] in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+            kubectl("delete", doc["kind"].lower(), doc["metadata"]["name"], "--ignore-not-found")
+    kubectl("delete", "crd", *CONVERTED_CRDS, "--ignore-not-found", timeout=UNINSTALL_TIMEOUT_S)

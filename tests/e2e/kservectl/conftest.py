@@ -5,9 +5,10 @@ per package.
 deployed as the bed deploys it, KServe's `inferenceservice-config` (Standard deployment mode,
 the local model cache enabled), and KServe's InferenceService controller (`cmd/manager`, with
 its pod mutator) and LLMInferenceService controller (`cmd/llmisvc`, with its defaulter) running
-(`tests.support.kserve_controllers`). `cluster`: kubectl and waits on it, as in
-tests/e2e/realnodes. On a failure the report gets the caches, the serving objects, pods and
-both KServe controllers' and localcache's logs.
+(`tests.support.kserve_controllers`), and taken away cleanly afterwards (`uninstall`: the
+next package's reset could not delete the `kserve` namespace otherwise). `cluster`: kubectl
+and waits on it, as in tests/e2e/realnodes. On a failure the report gets the caches, the
+serving objects, pods and both KServe controllers' and localcache's logs.
 
 Where the machine cannot host real nodes, the tests skip with the reason; with
 `LOCALCACHE_REQUIRE_REAL_NODES=1` (CI) they fail instead.
@@ -15,7 +16,7 @@ Where the machine cannot host real nodes, the tests skip with the reason; with
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Iterator
 
 import pytest
 
@@ -25,8 +26,10 @@ from tests.support import e2ebed, kserve_controllers
 
 
 @pytest.fixture(scope="package")
-def kserve(shared_bed: e2ebed.SharedBed) -> kserve_controllers.KServeControllers:
-    return kserve_controllers.install(shared_bed)
+def kserve(shared_bed: e2ebed.SharedBed) -> Iterator[kserve_controllers.KServeControllers]:
+    found = kserve_controllers.install(shared_bed)
+    yield found
+    kserve_controllers.uninstall(found)
 
 
 @pytest.fixture(scope="package")
