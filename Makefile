@@ -27,7 +27,7 @@ node: control-plane ## build (or reuse) kubelet, kube-scheduler, containerd; ins
 helm: ## build (or reuse) helm v3.22.0 from source through the Go module proxy
 	@bash hack/build-helm.sh >/dev/null
 
-images: ## build (or reuse) the local images: pause, python base, localcache, storage initializer
+images: ## build (or reuse) the local images: pause, python base, localcache, storage initializer, KServe's controllers, stand-in runtime
 	@bash hack/build-images.sh >/dev/null
 
 lint: $(PY) ## ruff

@@ -35,6 +35,14 @@
 #                      (cold: ~10 min on 2 cores, warm: ~35 s). Refs
 #                      localhost/localcache/<name>:$VERSION-<key>. Key: the version, the Go
 #                      version.
+# kserve-manager       KServe's InferenceService controller and webhooks (cmd/manager) and its
+# kserve-llmisvc       LLMInferenceService controller and webhooks (cmd/llmisvc), the same way
+#                      and key, for tests/e2e/kservectl (go build under `nice -n 10`; warm
+#                      rebuild with the dependencies in Go's build cache: ~30 s each).
+# runtime-standin      python-base + hack/runtime-standin/standin.py, as `standin` (a
+#                      ServingRuntime's model server) and `vllm` (a vLLM preset's `vllm serve`):
+#                      reads the files at its model path and serves their digests; user 65532.
+#                      Key: the rootfs, the script.
 # Every key also covers hack/mkimage.py and the text of the shell functions that build the image
 # (`declare -f`), so editing a recipe rebuilds what it makes. The debootstrapped root filesystems
 # are cached as directories too: the images start from a copy of one.
@@ -72,11 +80,12 @@ BASE_SUITE=bookworm   # python-base and localcache
 STORAGE_SUITE=trixie  # storage-initializer (see above)
 PYTHON_PACKAGES=python3,python3-venv,ca-certificates
 ALL_IMAGES=(pause python-base localcache storage-initializer kserve-localmodel
-  kserve-localmodelnode)
+  kserve-localmodelnode kserve-manager kserve-llmisvc runtime-standin)
 KEEP=3
 CHROOT_PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 STORAGE_REQUIREMENTS=$ROOT/hack/storage-initializer/requirements.txt
 STORAGE_ENTRYPOINT=$ROOT/hack/storage-initializer/initializer-entrypoint
+STANDIN_SERVER=$ROOT/hack/runtime-standin/standin.py
 WORK=
 
 log() { printf '[images] %s\n' "$*" >&2; }
@@ -118,8 +127,10 @@ compute_keys() {
     "$sources" "$(declare -f build_localcache localcache_sources "${chroot_recipe[@]}")" | sha)
   KSERVE_KEY=$(printf 'kserve\n%s\n%s\n%s\n%s\n' "$KSERVE_VERSION" "$mk" \
     "$(go env GOVERSION 2>/dev/null || echo no-go)" \
-    "$(declare -f build_kserve_localmodel build_kserve_localmodelnode kserve_manager \
-      kserve_module go_module_dir distroless_rootfs)" | sha)
+    "$(declare -f build_kserve_localmodel build_kserve_localmodelnode build_kserve_manager \
+      build_kserve_llmisvc kserve_manager kserve_module go_module_dir distroless_rootfs)" | sha)
+  STANDIN_KEY=$(printf 'runtime-standin\n%s\n%s\n%s\n%s\n' "${ROOTFS_KEY[$BASE_SUITE]}" "$mk" \
+    "$(sha <"$STANDIN_SERVER")" "$(declare -f build_runtime_standin)" | sha)
   STORAGE_KEY=$(printf 'storage-initializer\n%s\n%s\n%s\n%s\n%s\n' "${ROOTFS_KEY[$STORAGE_SUITE]}" \
     "$mk" "$(sha <"$STORAGE_REQUIREMENTS")" "$(sha <"$STORAGE_ENTRYPOINT")" \
     "$(declare -f build_storage_initializer "${chroot_recipe[@]}")" | sha)
@@ -132,7 +143,9 @@ compute_keys() {
   TAR[localcache]=$CACHE/localcache-${LOCALCACHE_KEY:0:12}.tar
   REF[storage-initializer]=localhost/localcache/storage-initializer:$version-${STORAGE_KEY:0:8}
   TAR[storage-initializer]=$CACHE/storage-initializer-${STORAGE_KEY:0:12}.tar
-  for n in kserve-localmodel kserve-localmodelnode; do
+  REF[runtime-standin]=localhost/localcache/runtime-standin:${STANDIN_KEY:0:12}
+  TAR[runtime-standin]=$CACHE/runtime-standin-${STANDIN_KEY:0:12}.tar
+  for n in kserve-localmodel kserve-localmodelnode kserve-manager kserve-llmisvc; do
     REF[$n]=localhost/localcache/$n:$KSERVE_VERSION-${KSERVE_KEY:0:12}
     TAR[$n]=$CACHE/$n-${KSERVE_KEY:0:12}.tar
   done
@@ -412,7 +425,8 @@ for r in mod.get("Replace") or []:
   install -m 0644 "$kserve/go.sum" "$dir/go.sum"
   log "resolving $KSERVE_MODULE@$KSERVE_VERSION (the first time downloads its dependencies)"
   (cd "$dir" && quiet "$WORK/kserve-get.log" env GOWORK=off GOFLAGS=-mod=mod go get \
-    "$KSERVE_MODULE/cmd/localmodel@$KSERVE_VERSION" "$KSERVE_MODULE/cmd/localmodelnode@$KSERVE_VERSION")
+    "$KSERVE_MODULE/cmd/localmodel@$KSERVE_VERSION" "$KSERVE_MODULE/cmd/localmodelnode@$KSERVE_VERSION" \
+    "$KSERVE_MODULE/cmd/manager@$KSERVE_VERSION" "$KSERVE_MODULE/cmd/llmisvc@$KSERVE_VERSION")
   python3 - "$kserve/go.mod" "$dir/go.mod" "$KSERVE_MODULE" <<'PY' ||
 import json, os, subprocess, sys
 
@@ -451,8 +465,8 @@ kserve_manager() { # NAME CMD OUT.tar : KServe's cmd/CMD as /manager in the imag
   need_root "$name (files owned by 65532)"
   kserve_module "$WORK/kserve-module"
   distroless_rootfs "$r"
-  (cd "$WORK/kserve-module" && quiet "$WORK/$name-build.log" env GOWORK=off CGO_ENABLED=0 \
-    GOOS=linux GOFLAGS=-mod=readonly go build -trimpath -o "$r/manager" "$KSERVE_MODULE/cmd/$cmd")
+  (cd "$WORK/kserve-module" && quiet "$WORK/$name-build.log" nice -n 10 env GOWORK=off \
+    CGO_ENABLED=0 GOOS=linux GOFLAGS=-mod=readonly go build -trimpath -o "$r/manager" "$KSERVE_MODULE/cmd/$cmd")
   # as KServe's Dockerfiles: FROM gcr.io/distroless/static:nonroot, /manager, ENTRYPOINT
   mkimage "$r" "${REF[$name]}" "$out" --entrypoint /manager --user 65532:65532 \
     --workdir /home/nonroot --env SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt
@@ -462,6 +476,24 @@ kserve_manager() { # NAME CMD OUT.tar : KServe's cmd/CMD as /manager in the imag
 build_kserve_localmodel() { kserve_manager kserve-localmodel localmodel "$1"; }
 
 build_kserve_localmodelnode() { kserve_manager kserve-localmodelnode localmodelnode "$1"; }
+
+build_kserve_manager() { kserve_manager kserve-manager manager "$1"; }
+
+build_kserve_llmisvc() { kserve_manager kserve-llmisvc llmisvc "$1"; }
+
+build_runtime_standin() { # OUT.tar : python-base + a model server stand-in, also as `vllm`
+  local out=$1 r=$WORK/runtime-standin.rootfs
+  cp -a "${ROOTFS[$BASE_SUITE]}" "$r"
+  install -D -m 0755 "$STANDIN_SERVER" "$r/opt/standin/standin.py"
+  mkdir -p "$r/usr/local/bin"
+  ln -s /opt/standin/standin.py "$r/usr/local/bin/vllm" # runs a vLLM preset's `vllm serve`
+  ln -s /opt/standin/standin.py "$r/usr/local/bin/standin"
+  add_user "$r" nonroot 65532 /tmp
+  mkimage "$r" "${REF[runtime-standin]}" "$out" --entrypoint standin --user 65532:65532 \
+    --workdir /tmp --env "PATH=$CHROOT_PATH" --env LANG=C.UTF-8 --env PYTHONUNBUFFERED=1 \
+    --env HOME=/tmp
+  remove_tree "$r"
+}
 
 # ---- cache -----------------------------------------------------------------------------------
 
@@ -484,7 +516,7 @@ ensure_image() { # NAME BUILDER
     return 0
   fi
   case $name in
-    python-base | localcache) ensure_rootfs "$BASE_SUITE" ;;
+    python-base | localcache | runtime-standin) ensure_rootfs "$BASE_SUITE" ;;
     storage-initializer) ensure_rootfs "$STORAGE_SUITE" ;;
   esac
   t0=$SECONDS
@@ -507,7 +539,7 @@ main() {
       --plan) plan=1 ;;
       -h | --help) sed -n '2,/^$/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//' >&2; exit 0 ;;
       pause | python-base | localcache | storage-initializer | kserve-localmodel | \
-        kserve-localmodelnode) names+=("$n") ;;
+        kserve-localmodelnode | kserve-manager | kserve-llmisvc | runtime-standin) names+=("$n") ;;
       *) die "unknown image $n (known: ${ALL_IMAGES[*]})" ;;
     esac
   done

@@ -50,6 +50,7 @@ IMAGE_ALIASES = {
 }
 OPERATOR_IMAGES = ("pause", "localcache", "storage-initializer")
 KSERVE_ADDON_IMAGES = ("kserve-localmodel", "kserve-localmodelnode")
+KSERVE_CONTROLLER_IMAGES = ("kserve-manager", "kserve-llmisvc", "runtime-standin")
 DEMO_PORT = 8000
 DEMO_FILE = "model.bin"
 ROLLOUT_TIMEOUT_S = 240
@@ -113,10 +114,12 @@ def prepare_images(names: Sequence[str] = OPERATOR_IMAGES) -> list[testbed.Image
     ]
 
 
-def deploy(kubectl: Kubectl) -> None:
-    """KServe's CRDs (the stand-ins of manifests/test), then the shipped manifests through
-    `manifests/testbed`; returns once the controller and every agent are rolled out."""
-    kubectl("apply", "-f", str(MANIFESTS / "test"))
+def deploy(kubectl: Kubectl, *, stand_ins: bool = True) -> None:
+    """KServe's CRDs (the stand-ins of manifests/test; `stand_ins=False`: the caller installed
+    KServe's own), then the shipped manifests through `manifests/testbed`; returns once the
+    controller and every agent are rolled out."""
+    if stand_ins:
+        kubectl("apply", "-f", str(MANIFESTS / "test"))
     kubectl(
         "wait", "--for=condition=Established", "--timeout=60s",
         "crd/inferenceservices.serving.kserve.io", "crd/clusterstoragecontainers.serving.kserve.io",

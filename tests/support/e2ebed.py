@@ -1,7 +1,8 @@
 """The one real-node test bed of a test run, shared by the end-to-end packages.
 
 `SharedBed.start()` starts a `devenv.testbed.TestBed` of two nodes with every image the e2e
-packages use (the operator's and KServe's add-on's), and the test servers in its hub
+packages use (the operator's, KServe's add-on's, KServe's serving controllers' and the stand-in
+model server's), and the test servers in its hub
 namespace: an HTTP model server, a throttled one over the same files, and an S3 store that
 enforces credentials. Each package brings the bed to the state it needs and leaves the rest to
 `reset()`, which a package calls before it deploys anything:
@@ -32,7 +33,11 @@ from tests.support import objectstore
 Obj = dict[str, Any]
 HTTP_PORT, SLOW_PORT, S3_PORT = 8000, 8001, 9000
 SLOW_RATE = 2 * 1024 * 1024  # bytes per second of the throttled server
-IMAGES = (*realnodes.OPERATOR_IMAGES, *realnodes.KSERVE_ADDON_IMAGES)
+IMAGES = (
+    *realnodes.OPERATOR_IMAGES,
+    *realnodes.KSERVE_ADDON_IMAGES,
+    *realnodes.KSERVE_CONTROLLER_IMAGES,
+)
 FINALIZER_GRACE_S = 60.0
 GONE_TIMEOUT_S = 180.0
 SERVING_KINDS = ("inferenceservices", "llminferenceservices")

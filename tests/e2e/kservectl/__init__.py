@@ -1,0 +1,1 @@
+"""localcache beside KServe's own serving controllers (InferenceService, LLMInferenceService)."""
