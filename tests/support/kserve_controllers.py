@@ -244,16 +244,6 @@ class KServeControllers:
         extra = ["--server-side", "--force-conflicts"] if server_side else []
         self.kubectl("apply", *extra, "-f", "-", input_text=listed, timeout=300)
 
-    def set_local_model_enabled(self, enabled: bool) -> None:
-        """KServe's `localModel.enabled` in the shared ConfigMap (both KServe and localcache
-        watch it)."""
-        deployed = self.config_map()
-        local_model = json.loads(deployed["data"]["localModel"])
-        local_model["enabled"] = enabled
-        patch = {"data": {"localModel": json.dumps(local_model, indent=2)}}
-        self.kubectl("patch", "configmap", CONFIG_MAP, "-n", NAMESPACE, "--type=merge",
-                     "-p", json.dumps(patch))  # fmt: skip
-
     def config_map(self) -> Obj:
         done = self.kubectl("get", "configmap", CONFIG_MAP, "-n", NAMESPACE, "-o", "json")
         found: Obj = json.loads(done.stdout)

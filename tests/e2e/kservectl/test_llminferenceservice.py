@@ -9,9 +9,13 @@ the cache's serving claim read-only at /mnt/models. The pod then reads the cache
 
 What localcache adds (issue 21) and these tests check after KServe's part: the cache lists the
 LLMInferenceService in `status.llmInferenceServices`, deleting the cache is refused while it
-exists, a LoRA adapter cached by a second cache gets the `localmodel-lora` annotation and is
-guarded the same way, and the keys survive KServe's defaulter when KServe's own
-`localModel.enabled` is false.
+exists, and a LoRA adapter cached by a second cache gets the `localmodel-lora` annotation and
+is guarded the same way. Not here: the keys surviving KServe's defaulter with KServe's own
+`localModel.enabled` false. On this bed localcache and KServe read one `inferenceservice-config`
+(manifests/testbed), so the flag would switch both off; the with-kserve profile, where
+localcache's own ConfigMap wins, is not what the bed deploys. The order itself is shown on the
+real control plane (tests/integration/webhooks/test_llmisvc_mutation.py: a webhook that strips
+the keys as KServe's defaulter does, called after localcache's, is undone by reinvocation).
 """
 
 from __future__ import annotations
@@ -198,35 +202,3 @@ def test_a_lora_adapter_cached_by_a_second_cache_is_annotated_listed_and_guarded
     _lists(cluster, "adapter", namespace, "tuned")
     refusal = serving.delete_refused(cluster, LMNC.plural, "adapter", namespace)
     assert f"{namespace}/tuned" in refusal, refusal
-
-
-def test_the_keys_survive_kserves_defaulter_with_its_local_model_cache_off(
-    cluster: Cluster, sources: Sources, kserve: kserve_controllers.KServeControllers
-) -> None:
-    """With KServe's `localModel.enabled: false` its defaulter removes the four keys, and it is
-    not reinvoked; localcache's webhook runs after it (the apiserver calls mutating webhook
-    configurations in name order: `llminferenceservice.serving.kserve.io` before localcache's
-    `localmodel.…`), so the keys are there and KServe's controller mounts the cache.
-
-    The flag is flipped in the one `inferenceservice-config` both read: this expects
-    localcache's LLMInferenceService webhook not to follow KServe's `localModel.enabled` in
-    this deployment (issue 21: "in the with-kserve profile"); if it does, set here whatever
-    setting of localcache's keeps it on."""
-    run = uuid.uuid4().hex[:6]
-    namespace = cluster.namespace("kserve-off")
-    group = f"g{run}"  # one word: the claim keeps KServe's plain `<cache>-<group>` name
-    cluster.apply(cluster.node_group(group))
-    uri, data = _cached_model(cluster, sources, run, "llm", namespace, group)
-    kserve.set_local_model_enabled(False)
-    try:
-        cluster.create(llmisvc("chat", namespace, uri, image=kserve.runtime_image))
-        created = cluster.get(LLMISVC, "chat", namespace=namespace) or {}
-        found = serving.local_model_keys(created)
-        claim = found.get(isvc_api.LOCAL_MODEL_PVC_NAME_ANNOTATION)
-        assert claim, f"KServe's defaulter removed the keys: {created['metadata']}"
-        assert found[isvc_api.LOCAL_MODEL_LABEL] == "llm", found
-        pod = _served_pod(cluster, namespace, "chat", claim, keys.storage_key(uri))
-        read = serving.model_files_read(cluster, namespace, pod["metadata"]["name"], "main")
-        assert read["files"] == {"weights.safetensors": hashlib.sha256(data).hexdigest()}, read
-    finally:
-        kserve.set_local_model_enabled(True)
