@@ -72,8 +72,21 @@ async def _async_task_leak_guard(request: pytest.FixtureRequest) -> AsyncIterato
     await leakguard.assert_no_leaked_tasks(before)
 
 
-#: The end-to-end packages on the run's one shared real-node test bed (tests/e2e/conftest.py).
-SHARED_BED_PACKAGES = ("tests/e2e/migration/", "tests/e2e/profiles/", "tests/e2e/realnodes/")
+#: The end-to-end packages on the run's one shared real-node test bed (tests/e2e/conftest.py),
+#: in the order they run (`pytest_collection_modifyitems`): KServe's serving controllers last,
+#: after the packages that install KServe's add-on or a profile.
+SHARED_BED_PACKAGES = (
+    "tests/e2e/migration/",
+    "tests/e2e/profiles/",
+    "tests/e2e/realnodes/",
+    "tests/e2e/kservectl/",
+)
+
+
+def _bed_rank(item: pytest.Item) -> int:
+    """-1 off the shared bed, else the package's place in `SHARED_BED_PACKAGES`."""
+    nodeid = item.nodeid
+    return next((i for i, p in enumerate(SHARED_BED_PACKAGES) if nodeid.startswith(p)), -1)
 
 
 def worker_group(nodeid: str) -> str:
@@ -97,6 +110,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    items[:] = sorted(items, key=_bed_rank)  # stable: the packages' own order is kept
     for item in items:
         path = item.path.as_posix()
         if "tests/integration" in path or "tests/e2e" in path:
