@@ -15,7 +15,7 @@ fields `llmbase.resolve()` merged from `spec.baseRefs`:
   `…/localmodel-namespace`, annotations `…/localmodel-sourceuri`, `…/localmodel-pvc-name`.
 - Each well-formed LoRA adapter (`spec.model.lora.adapters[]` with a name and a URI; at most
   `MAX_ADAPTERS`) is matched the same way; the annotation `…/localmodel-lora` holds
-  `{"<adapter>": {"cache", "namespace" (namespace caches only), "sourceUri", "pvcName"}}` for
+  `{"<adapter>": {"cache", "namespace" (namespace caches only)}}` for
   those that matched, written as KServe's `MarshalLoRACacheAnnotation` writes it (Go's
   `encoding/json`: adapters sorted, no spaces, `<`, `>`, `&` escaped), and is removed when none
   matched. A later adapter of the same name wins, as in KServe's map.
@@ -78,8 +78,6 @@ def lora_annotation(choices: Mapping[str, isvc.Choice]) -> str | None:
         entry = {"cache": choice.cache.name}
         if choice.namespace:
             entry["namespace"] = choice.namespace
-        entry["sourceUri"] = choice.cache.spec.source_model_uri
-        entry["pvcName"] = choice.pvc_name
         entries[name] = entry
     text = json.dumps(entries, separators=(",", ":"), ensure_ascii=False)
     for char, escaped in (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026")):

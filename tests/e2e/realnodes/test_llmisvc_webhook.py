@@ -83,7 +83,5 @@ def test_an_llmisvc_from_a_base_ref_gets_its_model_and_lora_adapter_caches(
     assert json.loads(annotations[llm_api.LOCAL_MODEL_LORA_ANNOTATION]) == {
         "sql": {
             "cache": adapter,
-            "sourceUri": adapter_uri,
-            "pvcName": names.serving_pvc(adapter, group),
         }
     }

@@ -129,7 +129,7 @@ async def test_a_base_ref_supplies_the_uri_and_an_unresolved_one_warns(harness: 
 
 
 async def test_lora_adapters_get_the_lora_annotation(harness: Harness) -> None:
-    group = await harness.node_group()
+    await harness.node_group()
     ns = harness.namespace
     await harness.cache("adapter", "hf://org/adapter", namespace=ns, status=DOWNLOADED)
     spec = {
@@ -151,8 +151,6 @@ async def test_lora_adapters_get_the_lora_annotation(harness: Harness) -> None:
         "sql": {
             "cache": "adapter",
             "namespace": ns,
-            "sourceUri": "hf://org/adapter",
-            "pvcName": names.serving_pvc("adapter", group),
         }
     }
 

@@ -244,9 +244,7 @@ async def test_storage_initializer_and_adapters_come_from_base_configs_too() -> 
     )
     stores.configs.upsert(config_obj("off", NS, {"storageInitializer": {"enabled": False}}))
     meta, _ = await stores.mutate(llm_obj(base_refs=[{"name": "lora"}]))
-    assert json.loads(meta["annotations"][LORA]) == {
-        "a": {"cache": "adapter", "sourceUri": "hf://org/adapter", "pvcName": "adapter-gpu1"}
-    }
+    assert json.loads(meta["annotations"][LORA]) == {"a": {"cache": "adapter"}}
     meta, _ = await stores.mutate(llm_obj(base_refs=[{"name": "lora"}, {"name": "off"}]))
     assert LABEL not in meta.get("labels", {})
     assert LORA not in meta.get("annotations", {})
@@ -312,9 +310,7 @@ async def test_lora_adapters_are_matched_and_written_as_kserve_writes_them() -> 
     meta, warnings = await stores.mutate(llm_obj(adapters=adapters))
     assert warnings == ()
     assert meta["annotations"][LORA] == (
-        '{"alpha":{"cache":"ns-adapter","namespace":"team","sourceUri":"hf://org/b\\u0026c",'
-        '"pvcName":"ns-adapter-gpu1"},'
-        '"zeta":{"cache":"adapter","sourceUri":"hf://org/adapter","pvcName":"adapter-gpu1"}}'
+        '{"alpha":{"cache":"ns-adapter","namespace":"team"},"zeta":{"cache":"adapter"}}'
     )
     assert meta["labels"] == {LABEL: "llama"}
 
