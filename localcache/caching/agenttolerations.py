@@ -38,10 +38,11 @@ Edge cases (README "Agent tolerations"):
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
+
+from localcache.caching import placement
 
 Obj = dict[str, Any]
 
@@ -51,8 +52,6 @@ MAX_ADDED: Final = 64
 OPERATORS: Final = ("Equal", "Exists")
 EFFECTS: Final = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 _FIELDS: Final = ("key", "operator", "value", "effect", "tolerationSeconds")
-_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
-_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
 Identity = tuple[str, str, str, str, int | None]
 
@@ -77,20 +76,13 @@ class Plan:
     rejected: tuple[Rejected, ...]
 
 
-def _qualified_name(key: str) -> bool:
-    prefix, slash, name = key.rpartition("/")
-    if slash and (not prefix or len(prefix) > 253 or not _DNS_SUBDOMAIN.fullmatch(prefix)):
-        return False
-    return len(name) <= 63 and _NAME.fullmatch(name) is not None
-
-
 def problem(tol: Mapping[str, Any]) -> str | None:
     """Why Kubernetes would refuse `tol` in a pod spec (core/v1 ValidateTolerations), or None."""
     key, operator, value = tol.get("key") or "", tol.get("operator") or "", tol.get("value") or ""
     effect, seconds = tol.get("effect") or "", tol.get("tolerationSeconds")
     if not all(isinstance(v, str) for v in (key, operator, value, effect)):
         return "key, operator, value and effect must be strings"
-    if key and not _qualified_name(key):
+    if key and not placement.label_key_valid(key):
         return "key is not a qualified name ([prefix/]name, name at most 63 characters)"
     if operator and operator not in OPERATORS:
         return f"operator must be one of {', '.join(OPERATORS)}, got {operator[:32]!r}"
@@ -98,7 +90,7 @@ def problem(tol: Mapping[str, Any]) -> str | None:
         return "an empty key needs operator Exists"
     if operator == "Exists" and value:
         return "operator Exists takes no value"
-    if value and (len(value) > 63 or _NAME.fullmatch(value) is None):
+    if not placement.label_value_valid(value):
         return "value is not a label value (at most 63 characters, alphanumerics, '-', '_', '.')"
     if effect and effect not in EFFECTS:
         return f"effect must be one of {', '.join(EFFECTS)}, got {effect[:32]!r}"

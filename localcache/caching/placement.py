@@ -76,7 +76,7 @@ def _int64(text: str) -> int | None:
     return value if value in _INT64_RANGE else None
 
 
-def _label_key_valid(key: str) -> bool:
+def label_key_valid(key: str) -> bool:
     """A qualified name: `[prefix/]name`, prefix a DNS subdomain (253), name 63 characters."""
     prefix, _, name = key.rpartition("/")
     if prefix and (len(prefix) > 253 or _DNS_SUBDOMAIN.fullmatch(prefix) is None):
@@ -86,7 +86,8 @@ def _label_key_valid(key: str) -> bool:
     return len(name) <= 63 and _LABEL_NAME.fullmatch(name) is not None
 
 
-def _label_value_valid(value: str) -> bool:
+def label_value_valid(value: str) -> bool:
+    """A label value: empty, or at most 63 alphanumerics, `-`, `_`, `.` (alphanumeric ends)."""
     return value == "" or (len(value) <= 63 and _LABEL_NAME.fullmatch(value) is not None)
 
 
@@ -122,7 +123,7 @@ def _label_requirement(req: Any) -> _LabelTest | None:
     if not isinstance(req, Mapping):
         return None
     key, operator, raw = req.get("key"), req.get("operator"), req.get("values") or []
-    if not isinstance(key, str) or not _label_key_valid(key) or not isinstance(raw, list):
+    if not isinstance(key, str) or not label_key_valid(key) or not isinstance(raw, list):
         return None
     count_ok = _VALUE_COUNT.get(operator) if isinstance(operator, str) else None
     values = tuple(str(v) for v in raw)
@@ -131,7 +132,7 @@ def _label_requirement(req: Any) -> _LabelTest | None:
     if operator in ("Gt", "Lt"):
         bound = _int64(values[0])
         return None if bound is None else _LabelTest(key, operator, values, bound)
-    if not all(_label_value_valid(v) for v in values):
+    if not all(label_value_valid(v) for v in values):
         return None
     return _LabelTest(key, operator, values)
 

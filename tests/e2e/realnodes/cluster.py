@@ -7,13 +7,14 @@ provides are absent, and the tests that need them say so when they skip).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import subprocess
 import tempfile
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -36,6 +37,7 @@ AGENT = realnodes.AGENT
 LOCALCACHE_IMAGE = realnodes.LOCALCACHE_IMAGE
 STORAGE_INITIALIZER_IMAGE = realnodes.STORAGE_INITIALIZER_IMAGE
 GROUP_LABEL = "localcache-e2e/group"
+CONFIG_MAP = "inferenceservice-config"  # the deployed operator's (manifests/testbed)
 
 
 def require_real_nodes() -> None:
@@ -158,6 +160,24 @@ class Cluster:
 
     def create(self, obj: Obj, *, check: bool = True) -> subprocess.CompletedProcess[str]:
         return self.kubectl("create", "-f", "-", input_text=json.dumps(obj), check=check)
+
+    @contextlib.contextmanager
+    def local_model(self, **changes: object) -> Iterator[None]:
+        """`localModel` keys changed in the deployed ConfigMap, then restored."""
+        config = self.get("configmap", CONFIG_MAP, namespace=SYSTEM_NS)
+        assert config is not None
+        before = config["data"]["localModel"]
+
+        def write(local_model: str) -> None:
+            patch = {"data": {"localModel": local_model}}
+            self.kubectl("patch", "configmap", CONFIG_MAP, "-n", SYSTEM_NS, "--type=merge",
+                         "-p", json.dumps(patch))  # fmt: skip
+
+        write(json.dumps({**json.loads(before), **changes}))
+        try:
+            yield
+        finally:
+            write(before)
 
     def get(self, kind: str, name: str = "", *, namespace: str | None = None) -> Obj | None:
         args = ["get", kind, *([name] if name else []), "-o", "json"]

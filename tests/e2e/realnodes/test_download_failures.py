@@ -12,48 +12,25 @@ KServe's own storage code (the storage initializer) in the download Jobs:
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import io
-import json
 import os
 import re
 import tarfile
 import uuid
-from collections.abc import Iterator
 
 import pytest
 
 from localcache.agent.jobs import failures
 from localcache.caching import keys
 from tests.e2e.realnodes import objects
-from tests.e2e.realnodes.cluster import SYSTEM_NS, Cluster, Obj, Sources
+from tests.e2e.realnodes.cluster import Cluster, Obj, Sources
 from tests.e2e.realnodes.objects import LMC, LMNC
 
 pytestmark = pytest.mark.timeout(420)
 
-CONFIG_MAP = "inferenceservice-config"
 STALL_TIMEOUT_S = 5
 LMN_KIND = "LocalModelNode"
-
-
-@contextlib.contextmanager
-def _local_model(cluster: Cluster, **changes: object) -> Iterator[None]:
-    """`localModel` keys changed in the deployed ConfigMap, then restored."""
-    config = cluster.get("configmap", CONFIG_MAP, namespace=SYSTEM_NS)
-    assert config is not None
-    before = config["data"]["localModel"]
-
-    def write(local_model: str) -> None:
-        patch = {"data": {"localModel": local_model}}
-        cluster.kubectl("patch", "configmap", CONFIG_MAP, "-n", SYSTEM_NS, "--type=merge",
-                        "-p", json.dumps(patch))  # fmt: skip
-
-    write(json.dumps({**json.loads(before), **changes}))
-    try:
-        yield
-    finally:
-        write(before)
 
 
 def _warnings(cluster: Cluster, *, kind: str, name: str, namespace: str | None) -> list[Obj]:
@@ -96,8 +73,7 @@ def test_a_stalled_download_is_stopped_reported_and_succeeds_on_retry(
     sources.add_file(f"{name}/model.bin.stall", b"1")  # the first GET stalls after half
     uri = f"{sources.http_base}/{name}/model.bin"
     group = f"g-{uuid.uuid4().hex[:6]}"
-    with _local_model(
-        cluster,
+    with cluster.local_model(
         downloadStallTimeoutInSecs=STALL_TIMEOUT_S,
         downloadRetryBackoffInSecs=2,
         downloadRetryMaxBackoffInSecs=10,

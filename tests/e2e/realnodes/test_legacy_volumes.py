@@ -6,12 +6,10 @@ none does; the pod that comes next reads the same bytes through the CSI view.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -22,29 +20,9 @@ from tests.e2e.realnodes.cluster import SYSTEM_NS, Cluster, Sources
 from tests.e2e.realnodes.objects import LMNC
 
 Obj = dict[str, Any]
-CONFIG_MAP = "inferenceservice-config"
 CONTROLLER = "app.kubernetes.io/component=controller"
 
 pytestmark = pytest.mark.timeout(480)
-
-
-@contextlib.contextmanager
-def _volume_source(cluster: Cluster, source: str) -> Iterator[None]:
-    """`localModel.volumeSource` set to `source` in the deployed ConfigMap, then restored."""
-    config = cluster.get("configmap", CONFIG_MAP, namespace=SYSTEM_NS)
-    assert config is not None
-    before = config["data"]["localModel"]
-
-    def write(local_model: str) -> None:
-        patch = {"data": {"localModel": local_model}}
-        cluster.kubectl("patch", "configmap", CONFIG_MAP, "-n", SYSTEM_NS, "--type=merge",
-                        "-p", json.dumps(patch))  # fmt: skip
-
-    write(json.dumps({**json.loads(before), "volumeSource": source}))
-    try:
-        yield
-    finally:
-        write(before)
 
 
 def _serving_pod(name: str, namespace: str, *, claim: str, sub_path: str, node: str) -> Obj:
@@ -75,7 +53,7 @@ def test_a_hostpath_claim_is_replaced_by_a_csi_volume_once_no_pod_mounts_it(
     tenant = cluster.namespace("legacy")
     claim = names.serving_pvc("model", group)
     sub_path = f"models/{key}"
-    with _volume_source(cluster, "hostPath"):
+    with cluster.local_model(volumeSource="hostPath"):
         cluster.apply(
             cluster.node_group(group, selector={"kubernetes.io/hostname": node}),
             objects.cache("model", uri, group, namespace=tenant),

@@ -13,12 +13,9 @@ pods are admitted without the requirement.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import json
 import os
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -27,13 +24,12 @@ from localcache.agent.disk import layout
 from localcache.api import inferenceservice as isvc_api
 from localcache.caching import keys, names, readiness
 from tests.e2e.realnodes import objects
-from tests.e2e.realnodes.cluster import LOCALCACHE_IMAGE, SYSTEM_NS, Cluster, Sources
+from tests.e2e.realnodes.cluster import LOCALCACHE_IMAGE, Cluster, Sources
 from tests.e2e.realnodes.objects import LMC
 
 Obj = dict[str, Any]
 SIZE = 48 * 1024 * 1024  # about 24 s at the slow server's rate: time to see the pod wait
 APP = "predictor"
-CONFIG_MAP = "inferenceservice-config"
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -206,7 +202,7 @@ def test_serving_pods_start_only_where_the_copy_is_complete(
 
     # servingPodsWaitForCopy off in the deployed ConfigMap (read live): the labels go, and a
     # new serving pod is admitted without the requirement (KServe's behaviour)
-    with _wait_for_copy(cluster, enabled=False):
+    with cluster.local_model(servingPodsWaitForCopy=False):
         cluster.wait(
             lambda: not labelled(first) and not labelled(second),
             timeout=60,
@@ -227,22 +223,3 @@ def test_serving_pods_start_only_where_the_copy_is_complete(
         )
         assert readiness.required_keys(third) == set()
     cluster.wait(lambda: labelled(first), timeout=60, what=f"{first} labelled again once back on")
-
-
-@contextlib.contextmanager
-def _wait_for_copy(cluster: Cluster, *, enabled: bool) -> Iterator[None]:
-    """`localModel.servingPodsWaitForCopy` set in the deployed ConfigMap, then restored."""
-    config = cluster.get("configmap", CONFIG_MAP, namespace=SYSTEM_NS)
-    assert config is not None
-    before = config["data"]["localModel"]
-
-    def write(local_model: str) -> None:
-        patch = {"data": {"localModel": local_model}}
-        cluster.kubectl("patch", "configmap", CONFIG_MAP, "-n", SYSTEM_NS, "--type=merge",
-                        "-p", json.dumps(patch))  # fmt: skip
-
-    write(json.dumps({**json.loads(before), "servingPodsWaitForCopy": enabled}))
-    try:
-        yield
-    finally:
-        write(before)
