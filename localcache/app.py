@@ -247,8 +247,6 @@ async def run_components(
                 workers=settings.controller.workers,
                 factory=informers,
             )
-            for inf in config_maps:  # a flip of disableVolumeManagement reconciles every cache
-                inf.add_handler(lambda _event: caches.config_changed())
             ready_source = live_config
             ready = readiness.setup(
                 mgr,
@@ -256,8 +254,10 @@ async def run_components(
                 enabled=lambda: ready_source().local_model.serving_pods_wait_for_copy,
                 metrics=registry,
                 factory=informers,
+                instance=lead.identity,
             )
-            for inf in config_maps:  # servingPodsWaitForCopy: every Node's labels again
+            for inf in config_maps:  # flips of disableVolumeManagement, servingPodsWaitForCopy
+                inf.add_handler(lambda _event: caches.config_changed())
                 inf.add_handler(lambda _event: ready.config_changed())
         if components.controller and settings.controller.agent_daemonset:
             # the agent DaemonSet tolerates every node group's taints (README "Agent tolerations")

@@ -36,9 +36,10 @@ from typing import Any, Final, Protocol
 
 import structlog
 
-from localcache.api import inferenceservice
+from localcache.api import inferenceservice, modelnode
 from localcache.caching import keys, readiness
 from localcache.controllers import nodes, state
+from localcache.controllers import status as cache_status
 from localcache.runtime import clock as clock_mod
 from localcache.runtime import (
     controller,
@@ -63,7 +64,6 @@ Obj = dict[str, Any]
 WAITS_FOR_ANNOTATION: Final = readiness.WAITS_FOR_ANNOTATION
 WAITING_REASON: Final = "WaitingForModelCopy"
 WAITING_RECHECK_S: Final = 60.0
-COMPONENT: Final = "localcache-controller"
 POD_SELECTOR: Final = inferenceservice.LOCAL_MODEL_LABEL
 
 
@@ -148,7 +148,7 @@ def waiting_message(status_key: str, lmns: list[Obj]) -> str:
     complete: list[str] = []
     for lmn in sorted(lmns, key=state.name_of):
         phase = ((lmn.get("status") or {}).get("modelStatus") or {}).get(status_key)
-        if phase == "ModelDownloaded":
+        if phase == modelnode.ModelStatus.DOWNLOADED:
             complete.append(state.name_of(lmn))
         else:
             pending.append(f"{state.name_of(lmn)} ({phase or 'not reported yet'})")
@@ -161,15 +161,20 @@ def waiting_message(status_key: str, lmns: list[Obj]) -> str:
     return message
 
 
+BY_WAITS_FOR: Final = "readiness/waits-for"
+POD_INDEXERS: Final = {BY_WAITS_FOR: waits_for}
+
+
 def pods_waiting_for(pods: store.Reader, lmn: Obj) -> list[runtime_keys.ObjectKey]:
     """The waiting pods whose caches the LocalModelNode lists (its download state is what
-    their Events report)."""
-    listed = set(state.index_entries(lmn))
-    return [
+    their Events report), through `BY_WAITS_FOR` (no scan of every pod per node event)."""
+    found = {
         runtime_keys.ObjectKey.of(pod)
-        for pod in pods.list()
-        if is_unschedulable(pod) and listed.intersection(waits_for(pod))
-    ]
+        for status_key in set(state.index_entries(lmn))
+        for pod in pods.by_index(BY_WAITS_FOR, status_key)
+        if is_unschedulable(pod)
+    }
+    return sorted(found, key=lambda k: (k.namespace, k.name))
 
 
 class WaitingPods:
@@ -216,11 +221,15 @@ def slim_pod(obj: Obj) -> Obj:
     """What `waitingpods` reads of a pod: metadata, nodeName and the PodScheduled state."""
     meta = obj.get("metadata") or {}
     status = obj.get("status") or {}
-    kept = ("name", "namespace", "uid", "resourceVersion", "labels", "annotations")
+    kept = ("name", "namespace", "uid", "resourceVersion")
+    waits = (meta.get("annotations") or {}).get(WAITS_FOR_ANNOTATION)
     return {
         "apiVersion": obj.get("apiVersion"),
         "kind": obj.get("kind"),
-        "metadata": {k: meta[k] for k in kept if k in meta},
+        "metadata": {
+            **{k: meta[k] for k in kept if k in meta},
+            **({"annotations": {WAITS_FOR_ANNOTATION: waits}} if waits is not None else {}),
+        },
         "spec": {"nodeName": (obj.get("spec") or {}).get("nodeName")},
         "status": {
             "phase": status.get("phase"),
@@ -243,19 +252,23 @@ def _pod_changed(old: Obj, new: Obj) -> bool:
     return is_unschedulable(old) != is_unschedulable(new) or old.get("status") != new.get("status")
 
 
-@dataclass(frozen=True)
+@dataclass
 class ReadinessControllers:
     """What `setup` registered."""
 
     node_labels: controller.Controller
-    waiting_pods: controller.Controller
     nodes: informer.Informer
-    pods: informer.Informer
     enabled: Callable[[], bool]
+    _last: bool | None = None
 
     def config_changed(self) -> None:
-        """The configuration may have changed: every Node is looked at again (cheap: a Node
-        whose labels already match is not written)."""
+        """The configuration may have changed: when the setting flipped (or on the first
+        call), every Node is looked at again (a Node whose labels already match is not
+        written)."""
+        now = self.enabled()
+        if now == self._last:
+            return
+        self._last = now
         for key in list(self.nodes.reader().keys()):
             self.node_labels.queue.add(key)
 
@@ -277,6 +290,7 @@ def setup(
     metrics: metrics.Metrics,
     factory: factory_mod.InformerFactory,
     clock: clock_mod.Clock | None = None,
+    instance: str | None = None,
 ) -> ReadinessControllers:
     """Register `nodereadiness` and `waitingpods` on `mgr`, reading through `factory`'s
     shared informers; `enabled` returns the live `localModel.servingPodsWaitForCopy`."""
@@ -285,7 +299,9 @@ def setup(
     lmn_informer = factory.informer(
         state.LOCAL_MODEL_NODES, indexers=state.LOCAL_MODEL_NODE_INDEXERS
     )
-    pod_informer = factory.informer(kube.PODS, label_selector=POD_SELECTOR, transform=slim_pod)
+    pod_informer = factory.informer(
+        kube.PODS, label_selector=POD_SELECTOR, transform=slim_pod, indexers=POD_INDEXERS
+    )
     labels = _controller(
         "nodereadiness",
         NodeLabels(
@@ -304,7 +320,9 @@ def setup(
         )
     )
     lmn_informer.add_handler(handlers.enqueue_self(labels.queue, fn(updated=_lmn_changed)))
-    recorder = events.Recorder(kube_api, component=COMPONENT, instance=socket.gethostname())
+    recorder = events.Recorder(
+        kube_api, component=cache_status.COMPONENT, instance=instance or socket.gethostname()
+    )
     waiting = _controller(
         "waitingpods",
         WaitingPods(
@@ -327,10 +345,4 @@ def setup(
     )
     mgr.add_controller(labels)
     mgr.add_controller(waiting)
-    return ReadinessControllers(
-        node_labels=labels,
-        waiting_pods=waiting,
-        nodes=node_informer,
-        pods=pod_informer,
-        enabled=enabled,
-    )
+    return ReadinessControllers(node_labels=labels, nodes=node_informer, enabled=enabled)

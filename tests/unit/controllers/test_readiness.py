@@ -111,7 +111,7 @@ def test_a_local_model_node_change_refreshes_only_the_pods_waiting_for_its_cache
             "status": {"phase": "Pending", "conditions": [refused] if pending else []},
         }
 
-    pods = store.Store()
+    pods = store.Store(ctl.POD_INDEXERS)
     for obj in (pod("a", "iris"), pod("b", "llama"), pod("c", "iris", pending=False)):
         pods.upsert(obj)
     found = ctl.pods_waiting_for(pods.view(), lmn("n1", ["iris"], {}))
