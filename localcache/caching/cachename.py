@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from typing import Final
 
-LABEL = "internal.serving.kserve.io/localmodel"
+from localcache.api import inferenceservice
+
+LABEL: Final = inferenceservice.LOCAL_MODEL_LABEL
 LIMIT: Final = 63
 """The longest cache name that can be a label value."""
 

@@ -160,9 +160,8 @@ def pick_group(
         return GroupPick(None)
     if not judge:
         return GroupPick(existing[0])
-    if current in existing and fits(node_groups[current], nodes=seen, workloads=constrained):
-        return GroupPick(current, True)
-    for name in existing:
+    first = [current] if current in existing else []
+    for name in dict.fromkeys([*first, *existing]):  # the current group first, judged once
         if fits(node_groups[name], nodes=seen, workloads=constrained):
             return GroupPick(name, True)
     return GroupPick(existing[0], False, _unfit(existing, constrained))
@@ -196,5 +195,5 @@ class GroupFit:
             nodes=self.nodes,
             workloads=self.workloads,
             requested=requested,
-            current=current if claim else None,
+            current=current,
         )

@@ -38,14 +38,14 @@ from typing import Any, Final, Literal
 
 import structlog
 
-from localcache.api import inferenceservice
+from localcache.api import inferenceservice, llminferenceservice
 from localcache.caching import keys
 from localcache.runtime import informer
 
 _log = structlog.get_logger(__name__)
 
 Obj = dict[str, Any]
-LORA_ANNOTATION: Final = "internal.serving.kserve.io/localmodel-lora"
+LORA_ANNOTATION: Final = llminferenceservice.LOCAL_MODEL_LORA_ANNOTATION
 MAX_LORA_ANNOTATION: Final = 16 * 1024
 MAX_LORA_ENTRIES: Final = 64
 MAX_ADAPTERS: Final = 256
@@ -196,18 +196,18 @@ def _base_cache(obj: Obj) -> tuple[str, str] | None:
     return (label_ns or "", name)
 
 
-def _lora_caches(obj: Obj) -> list[tuple[str, str, str]]:
-    """(cache namespace or '', cache name, adapter) of the LoRA entries of usable scope."""
+def _lora_caches(obj: Obj) -> list[LoraEntry]:
+    """The LoRA entries of usable scope: a cluster cache, or a namespace cache of the object's
+    own namespace."""
     own = _meta(obj).get("namespace")
-    entries = lora_entries(obj)
-    return [(e.namespace, e.cache, e.adapter) for e in entries if e.namespace in ("", own)]
+    return [e for e in lora_entries(obj) if e.namespace in ("", own)]
 
 
 def used_caches(obj: Obj) -> list[str]:
     """Index function: the status keys (`name`, `ns/name`) of every cache the object is
     labelled or annotated for, proven or not (readers check with `uses`)."""
     found = set()
-    refs = [(ns, name) for ns, name, _ in _lora_caches(obj)]
+    refs = [(e.namespace, e.cache) for e in _lora_caches(obj)]
     if (base := _base_cache(obj)) is not None:
         refs.append(base)
     for namespace, name in refs:
@@ -224,9 +224,7 @@ def proven(
     """The objects of `objs` (e.g. from `USED_CACHE_INDEX`) whose use of the cache is proven,
     with their uses; a namespace cache's users are only those of its namespace."""
     found = []
-    for obj in objs:
-        if cache_namespace and _meta(obj).get("namespace") != cache_namespace:
-            continue
+    for obj in objs:  # `uses` keeps a namespace cache's uses to its own namespace
         used = uses(
             obj, cache_namespace=cache_namespace, cache_name=cache_name, cache_uri=cache_uri
         )
@@ -247,10 +245,8 @@ def uses(obj: Obj, *, cache_namespace: str, cache_name: str, cache_uri: str) -> 
             found.append(Use("base model"))
     spec_uris = adapter_uris(obj)
     served = any(keys.match_storage_uri(cache_uri, u) for u in spec_uris)
-    for entry in lora_entries(obj):
+    for entry in _lora_caches(obj):
         if (entry.namespace, entry.cache) != (cache_namespace, cache_name):
-            continue
-        if entry.namespace not in ("", _meta(obj).get("namespace")):
             continue
         recorded = from_configs and not spec_uris and bool(entry.source_uri)
         if served or (recorded and keys.match_storage_uri(cache_uri, entry.source_uri)):

@@ -5,13 +5,13 @@ object with any cluster cache's name and so block its deletion), and the denial 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any
 
 from localcache.api import modelcache
 from localcache.caching import indexes, llmuse
 from localcache.caching import keys as cache_keys
 from localcache.runtime import keys as runtime_keys
-from localcache.webhooks import capacity, isvc
+from localcache.webhooks import capacity, isvc, stores
 
 Violation = capacity.Violation
 
@@ -19,13 +19,9 @@ AnyCache = modelcache.LocalModelCache | modelcache.LocalModelNamespaceCache
 Obj = dict[str, Any]
 
 
-class ByIndex(Protocol):
-    """The part of an informer store read here (`runtime.store.Reader`)."""
-
-    def by_index(self, index: str, value: str) -> list[Obj]: ...
-
-
-def isvc_users(isvcs: ByIndex, cache: AnyCache, *, index: str) -> list[runtime_keys.ObjectKey]:
+def isvc_users(
+    isvcs: stores.Indexed, cache: AnyCache, *, index: str
+) -> list[runtime_keys.ObjectKey]:
     """The live InferenceServices labelled for `cache` (`index` of the store) whose storage URI
     it serves."""
     key = cache_keys.status_key(cache.name, cache.namespace or None)
@@ -37,7 +33,7 @@ def isvc_users(isvcs: ByIndex, cache: AnyCache, *, index: str) -> list[runtime_k
 
 
 def llm_users(
-    llmisvcs: ByIndex | None, cache: AnyCache
+    llmisvcs: stores.Indexed | None, cache: AnyCache
 ) -> list[tuple[runtime_keys.ObjectKey, str]]:
     """The live LLMInferenceServices whose use of `cache` is proven (`llmuse.uses`), with how;
     none when LLMInferenceServices are not watched."""

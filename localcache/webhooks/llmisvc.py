@@ -43,7 +43,6 @@ from localcache.api import inferenceservice as isvc_api
 from localcache.api import llminferenceservice as llm_api
 from localcache.api import modelcache, nodegroup
 from localcache.caching import groupfit
-from localcache.caching import keys as cache_keys
 from localcache.runtime import informer
 from localcache.runtime import keys as runtime_keys
 from localcache.runtime.crds import optional
@@ -167,17 +166,6 @@ def config_use(obj: Obj) -> Obj:
     return slim
 
 
-def _serving(objs: Iterable[Obj], uris: Iterable[str]) -> list[Obj]:
-    """Raw cache objects whose source URI serves one of `uris` (cheap filter before parsing)."""
-    wanted = list(uris)
-    found = []
-    for obj in objs:
-        source = (obj.get("spec") or {}).get("sourceModelUri")
-        if isinstance(source, str) and any(cache_keys.match_storage_uri(source, u) for u in wanted):
-            found.append(obj)
-    return found
-
-
 WORKLOADS: Final = (
     (("template",), "spec.template"),
     (("worker",), "spec.worker"),
@@ -282,10 +270,10 @@ class LlmIsvcMutator:
             if uris:
                 namespace_caches = stores.parse_all(
                     modelcache.LocalModelNamespaceCache,
-                    _serving(self._namespace_caches.list(llmisvc.namespace), uris),
+                    stores.serving_caches(self._namespace_caches.list(llmisvc.namespace), *uris),
                 )
                 cluster_caches = stores.parse_all(
-                    modelcache.LocalModelCache, _serving(self._caches.list(), uris)
+                    modelcache.LocalModelCache, stores.serving_caches(self._caches.list(), *uris)
                 )
         decision = decide(
             llmisvc,
@@ -294,7 +282,7 @@ class LlmIsvcMutator:
             cluster_caches=cluster_caches,
             node_group_exists=self._node_group_exists,
             enabled=enabled,
-            fit=self._fit(obj),
+            fit=self._fit(obj) if namespace_caches or cluster_caches else None,
         )
         ops = review.metadata_patch(obj, labels=decision.labels, annotations=decision.annotations)
         if decision.choice is not None:

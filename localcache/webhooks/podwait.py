@@ -24,12 +24,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Final, Protocol
+from typing import Any, Final
 
 import structlog
 
 from localcache.caching import indexes, keys, names, readiness
 from localcache.runtime.serving import review
+from localcache.webhooks import stores
 
 log = structlog.get_logger(__name__)
 
@@ -46,12 +47,6 @@ def index_serving_claims(cache: Obj) -> list[str]:
     if not name:
         return []
     return sorted({names.serving_pvc(name, group) for group in indexes.cache_node_groups(cache)})
-
-
-class Indexed(Protocol):
-    """The narrow read of a cache store this handler needs."""
-
-    def by_index(self, index: str, value: str) -> list[Obj]: ...
 
 
 def claims_of(pod: Obj) -> list[str]:
@@ -75,7 +70,7 @@ def _live(objs: Iterable[Obj]) -> list[Obj]:
 
 
 def caches_for(
-    pod: Obj, namespace: str, *, caches: Indexed, namespace_caches: Indexed
+    pod: Obj, namespace: str, *, caches: stores.Indexed, namespace_caches: stores.Indexed
 ) -> list[str]:
     """The status keys of the caches whose serving claims `pod` (in `namespace`) mounts."""
     found: list[str] = []
@@ -121,8 +116,8 @@ class PodWaitMutator:
     def __init__(
         self,
         *,
-        caches: Indexed,
-        namespace_caches: Indexed,
+        caches: stores.Indexed,
+        namespace_caches: stores.Indexed,
         enabled: Callable[[], bool],
         synced: Callable[[], bool],
     ) -> None:

@@ -29,12 +29,18 @@ class Lister(Protocol):
     def list(self, namespace: str | None = None) -> Objs: ...
 
 
-def serving_caches(objs: Iterable[Obj], uri: str) -> list[Obj]:
-    """Raw cache objects whose source URI serves `uri` (cheap filter before parsing)."""
+class Indexed(Protocol):
+    """The index read of an informer store (`runtime.store.Reader`)."""
+
+    def by_index(self, index: str, value: str) -> Objs: ...
+
+
+def serving_caches(objs: Iterable[Obj], *uris: str) -> list[Obj]:
+    """Raw cache objects whose source URI serves one of `uris` (cheap filter before parsing)."""
     found = []
     for obj in objs:
         source = (obj.get("spec") or {}).get("sourceModelUri")
-        if isinstance(source, str) and cache_keys.match_storage_uri(source, uri):
+        if isinstance(source, str) and any(cache_keys.match_storage_uri(source, u) for u in uris):
             found.append(obj)
     return found
 

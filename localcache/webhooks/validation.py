@@ -246,10 +246,8 @@ def validate_delete(cache: AnyCache, *, snapshot: Snapshot) -> list[Violation]:
 # ------------------------------------------------------------------------ admission handler
 
 
-class IndexedLister(stores.Lister, Protocol):
+class IndexedLister(stores.Lister, stores.Indexed, Protocol):
     """The part of an informer store the validator reads (`runtime.store.Reader`)."""
-
-    def by_index(self, index: str, value: str) -> Objs: ...
 
 
 class CacheValidator:

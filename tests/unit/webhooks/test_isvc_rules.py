@@ -51,7 +51,11 @@ def test_a_predictor_node_selector_for_the_second_group_gets_its_claim() -> None
 
 def test_without_constraints_the_fit_is_not_consulted() -> None:
     obj = isvc_obj(URI)
-    decision = decide(obj, cluster("model1", URI, groups=("a100", "h100")), fit=fit_for(obj))
+    # a fit that knows only h100: consulted, it would pick model1-h100
+    only_h100 = groupfit.GroupFit(
+        {"h100": GROUPS["h100"]}, NODES, (groupfit.Workload.of(obj["spec"]["predictor"]),)
+    )
+    decision = decide(obj, cluster("model1", URI, groups=("a100", "h100")), fit=only_h100)
     assert decision.annotations[PVC] == "model1-a100"
 
 
