@@ -154,7 +154,7 @@ def group_tolerations(
             ident = identity(tol) if reason is None else None
             if ident is not None and ident not in seen and len(chosen) >= MAX_ADDED:
                 reason = f"the agent takes at most {MAX_ADDED} tolerations from node groups"
-            if reason is not None or ident is None:
+            if reason is not None or ident is None:  # ident is None exactly when reason is set
                 rejected.append(Rejected(name, key, reason or ""))
                 continue
             taken += 1

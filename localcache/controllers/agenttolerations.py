@@ -39,6 +39,7 @@ from localcache.runtime import (
     keys,
     manager,
     metrics,
+    onchange,
     predicates,
     reconcile,
     store,
@@ -99,7 +100,7 @@ class AgentTolerationsReconciler:
         self._daemonsets = daemonsets
         self._groups = groups
         self._recorder = recorder
-        self._reported: dict[tuple[str, str, str, str], None] = {}
+        self._reported = onchange.OnChange(max_keys=_REPORTED_LIMIT)
 
     async def reconcile(self, key: keys.ObjectKey) -> reconcile.Result:
         ds = self._daemonsets.get(key)
@@ -108,14 +109,15 @@ class AgentTolerationsReconciler:
             return reconcile.Result()
         groups = list(self._groups.list())
         named = [(str((g.get("metadata") or {}).get("name") or ""), g) for g in groups]
+        template, record = _template_tolerations(ds), _record(ds)
         want = rules.plan(
-            live=_template_tolerations(ds),
-            record=_record(ds),
+            live=template,
+            record=record,
             groups=[(name, _group_tolerations(g)) for name, g in named],
         )
         await self._report(want.rejected, dict(named))
-        live = _template_tolerations(ds) or []
-        if want.tolerations == live and want.record == (_record(ds) or rules.record_text([])):
+        live = template or []
+        if want.tolerations == live and want.record == (record or rules.record_text([])):
             return reconcile.Result()
         meta = ds.get("metadata") or {}
         body = {
@@ -142,12 +144,9 @@ class AgentTolerationsReconciler:
     async def _report(self, rejected: tuple[rules.Rejected, ...], groups: dict[str, Obj]) -> None:
         for item in rejected:
             meta = groups.get(item.group, {}).get("metadata") or {}
-            seen = (item.group, str(meta.get("resourceVersion") or ""), item.key, item.reason)
-            if seen in self._reported:
+            version = str(meta.get("resourceVersion") or "")
+            if not self._reported.changed((item.group, item.key, item.reason), version):
                 continue
-            if len(self._reported) >= _REPORTED_LIMIT:
-                self._reported.pop(next(iter(self._reported)))
-            self._reported[seen] = None
             _log.warning(
                 "agent_toleration_rejected", group=item.group, key=item.key, reason=item.reason
             )

@@ -25,7 +25,7 @@ kustomize install renders it, changed only where the test bed needs it:
 - `inferenceservice_config(deployed, ...)`: KServe's whole `inferenceservice-config`, merged into
   the ConfigMap localcache's manifests deployed: localcache's `localModel`, `storageInitializer`
   and `credentials` stay (KServe reads the same keys), KServe's other sections are added, with
-  `deploy.defaultDeploymentMode` Standard and the `localModel.enabled` given.
+  `deploy.defaultDeploymentMode` Standard and `localModel.enabled` true.
 - `serving_runtime`: a ServingRuntime of the stand-in model server (hack/runtime-standin) for
   `modelFormat` onnx, which reads the files at /mnt/models and prints their digests.
 
@@ -52,10 +52,7 @@ NAMESPACE = "kserve"
 MANAGER = "kserve-controller-manager"
 LLMISVC = "llmisvc-controller-manager"
 CONFIG_MAP = "inferenceservice-config"
-POD_MUTATOR = "inferenceservice.kserve-webhook-server.pod-mutator"
-LLMISVC_DEFAULTER_CONFIG = "llminferenceservice.serving.kserve.io"
 MANAGER_CRD_DIRS = ("config/crd/full", "config/crd/full/clusterstoragecontainer")
-LOCAL_MODEL_GROUP_SUFFIX = "serving.kserve.io"
 INJECT_CA = "cert-manager.io/inject-ca-from"
 DROPPED_SIDECAR = "kube-rbac-proxy"
 RUNTIME_NAME = "standin-onnx"
@@ -175,9 +172,7 @@ def llmisvc_presets(*, kubectl: str) -> list[Obj]:
     return _render(kubectl, "config/llmisvcconfig")
 
 
-def inferenceservice_config(
-    deployed: Obj, *, storage_initializer_image: str, local_model_enabled: bool
-) -> Obj:
+def inferenceservice_config(deployed: Obj, *, storage_initializer_image: str) -> Obj:
     """KServe's `inferenceservice-config` merged into the `deployed` one (module docstring)."""
     kserve = kserve_addon.inferenceservice_config(storage_initializer_image)
     data = dict(kserve["data"])
@@ -185,7 +180,7 @@ def inferenceservice_config(
     data.update({k: v for k, v in (deployed.get("data") or {}).items() if k in LOCALCACHE_SECTIONS})
     data["deploy"] = json.dumps({"defaultDeploymentMode": "Standard"})
     local_model = json.loads(data["localModel"])
-    local_model["enabled"] = local_model_enabled
+    local_model["enabled"] = True
     data["localModel"] = json.dumps(local_model, indent=2)
     meta = deployed["metadata"]
     return {
@@ -259,7 +254,7 @@ class KServeControllers:
         return "\n".join(parts)
 
 
-def install(shared: e2ebed.SharedBed, *, local_model_enabled: bool = True) -> KServeControllers:
+def install(shared: e2ebed.SharedBed) -> KServeControllers:
     """The bed reset, KServe's CRDs, localcache deployed as the bed deploys it (without the
     stand-in CRDs), KServe's `inferenceservice-config` merged in, and both KServe controllers
     rolled out with their webhooks answering."""
@@ -279,7 +274,6 @@ def install(shared: e2ebed.SharedBed, *, local_model_enabled: bool = True) -> KS
         inferenceservice_config(
             found.config_map(),
             storage_initializer_image=realnodes.STORAGE_INITIALIZER_IMAGE,
-            local_model_enabled=local_model_enabled,
         )
     ])  # fmt: skip
     found.apply(
