@@ -74,13 +74,15 @@ def _established(control_plane: ControlPlane, name: str) -> bool:
     return any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions)
 
 
+def _served_versions(crd: dict[str, Any]) -> list[str]:
+    return [v["name"] for v in crd["spec"]["versions"] if v.get("served", True)]
+
+
 def _discoverable(control_plane: ControlPlane, crd: dict[str, Any]) -> bool:
     group = crd["spec"]["group"]
     plural = crd["spec"]["names"]["plural"]
-    for version in crd["spec"]["versions"]:
-        if not version.get("served", True):
-            continue
-        status, body = control_plane.rest("GET", f"/apis/{group}/{version['name']}")
+    for version in _served_versions(crd):
+        status, body = control_plane.rest("GET", f"/apis/{group}/{version}")
         if status != 200:
             return False
         if plural not in {r.get("name") for r in body.get("resources", [])}:
@@ -92,9 +94,17 @@ def _listable(control_plane: ControlPlane, crd: dict[str, Any]) -> bool:
     group = crd["spec"]["group"]
     plural = crd["spec"]["names"]["plural"]
     return all(
-        control_plane.rest("GET", f"/apis/{group}/{version['name']}/{plural}?limit=1")[0] == 200
-        for version in crd["spec"]["versions"]
-        if version.get("served", True)
+        control_plane.rest("GET", f"/apis/{group}/{version}/{plural}?limit=1")[0] == 200
+        for version in _served_versions(crd)
+    )
+
+
+def _serving(control_plane: ControlPlane, crd: dict[str, Any]) -> bool:
+    """Established, discoverable, then listable: each step only once the one before holds."""
+    return (
+        _established(control_plane, crd["metadata"]["name"])
+        and _discoverable(control_plane, crd)
+        and _listable(control_plane, crd)
     )
 
 
@@ -106,20 +116,9 @@ def install_crds(
     for crd in crds:
         _apply(control_plane, crd)
     for crd in crds:
-        name = crd["metadata"]["name"]
         waiting.wait_until_sync(
-            functools.partial(_established, control_plane, name),
+            functools.partial(_serving, control_plane, crd),
             timeout=timeout,
-            what=f"CRD {name} is Established",
-        )
-        waiting.wait_until_sync(
-            functools.partial(_discoverable, control_plane, crd),
-            timeout=timeout,
-            what=f"discovery lists the resources of CRD {name}",
-        )
-        waiting.wait_until_sync(
-            functools.partial(_listable, control_plane, crd),
-            timeout=timeout,
-            what=f"the resources of CRD {name} can be listed",
+            what=f"CRD {crd['metadata']['name']} is Established, discovered and listable",
         )
     return [crd["metadata"]["name"] for crd in crds]

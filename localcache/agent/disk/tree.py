@@ -41,23 +41,7 @@ log = structlog.get_logger(__name__)
 def folder_bytes(path: Path) -> int:
     """Total size of the regular files under `path` (symlinks not followed). Files that vanish
     or cannot be read while a download is writing are skipped; a missing `path` counts 0."""
-    total = 0
-    stack = [path]
-    while stack:
-        current = stack.pop()
-        try:
-            entries = list(os.scandir(current))
-        except (FileNotFoundError, NotADirectoryError, PermissionError):
-            continue
-        for entry in entries:
-            try:
-                if entry.is_dir(follow_symlinks=False):
-                    stack.append(Path(entry.path))
-                elif entry.is_file(follow_symlinks=False):
-                    total += entry.stat(follow_symlinks=False).st_size
-            except (FileNotFoundError, PermissionError):
-                continue
-    return total
+    return _walk(path, max_entries=None, max_depth=None).bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +57,10 @@ class Usage:
 def folder_usage(path: Path, *, max_entries: int) -> Usage:
     """`folder_bytes` within a bound: at most `max_entries` entries listed and no directory
     deeper than `layout.MAX_TREE_DEPTH` walked (either makes the result `truncated`)."""
+    return _walk(path, max_entries=max_entries, max_depth=layout.MAX_TREE_DEPTH)
+
+
+def _walk(path: Path, *, max_entries: int | None, max_depth: int | None) -> Usage:
     total = entries_seen = 0
     stack = [(path, 0)]
     while stack:
@@ -81,7 +69,7 @@ def folder_usage(path: Path, *, max_entries: int) -> Usage:
             with os.scandir(current) as listing:
                 entries = []
                 for entry in listing:
-                    if entries_seen >= max_entries:
+                    if max_entries is not None and entries_seen >= max_entries:
                         return Usage(total, entries_seen, truncated=True)
                     entries_seen += 1
                     entries.append(entry)
@@ -90,7 +78,7 @@ def folder_usage(path: Path, *, max_entries: int) -> Usage:
         for entry in entries:
             try:
                 if entry.is_dir(follow_symlinks=False):
-                    if depth + 1 > layout.MAX_TREE_DEPTH:
+                    if max_depth is not None and depth + 1 > max_depth:
                         return Usage(total, entries_seen, truncated=True)
                     stack.append((Path(entry.path), depth + 1))
                 elif entry.is_file(follow_symlinks=False):
