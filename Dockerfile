@@ -1,6 +1,8 @@
 # One image for both components: `localcache controller` (Deployment) and `localcache agent`
 # (DaemonSet); `localcache download` also works as a download-Job container for file:// and
-# http(s):// URIs.
+# http(s):// URIs; `localcache import prepare|progress|place` are the steps of a shared-volume
+# cache's import pod (run as the pod's uid, which need not be 65532: nothing is written outside
+# the claim and stdout).
 #
 #   docker build -t localcache:dev .
 #

@@ -2,8 +2,8 @@
 
 Two servers run in the same process and the same run, each behind a TLS site with a TinyCA
 certificate: the `AdmissionServer` with the production InferenceService mutation handler
-(`webhooks.isvc.IsvcMutator` over in-memory stores of 60 caches: longest matching URI, labels,
-annotations, the no-copy-yet warning), and a bare aiohttp handler that reads the body and
+(`webhooks.isvchandler.IsvcMutator` over in-memory stores of 60 caches: longest matching URI,
+labels, annotations, the no-copy-yet warning), and a bare aiohttp handler that reads the body and
 returns a fixed allowed AdmissionReview. A keep-alive client sends realistic InferenceService
 AdmissionReviews with a fixed concurrency, bounded by a request count and a wall-clock limit,
 and reports requests per second and p50/p99 latency for each. Client and servers share one
@@ -33,7 +33,7 @@ from localcache.runtime import logging as logging_mod
 from localcache.runtime import metrics, store
 from localcache.runtime.serving import admission
 from localcache.runtime.serving import tls as tls_mod
-from localcache.webhooks import isvc
+from localcache.webhooks import isvc, isvchandler
 
 PATH = isvc.MUTATE_PATH
 GROUP = "gpu"
@@ -54,7 +54,7 @@ def _cache(name: str, uri: str, namespace: str | None = None) -> dict[str, Any]:
     }
 
 
-def real_mutator() -> isvc.IsvcMutator:
+def real_mutator() -> isvchandler.IsvcMutator:
     """The production ISVC mutation handler over in-memory stores: 50 cluster caches, 10
     namespace caches in the ISVCs' namespace, one node group (what an informer would hold)."""
     caches, namespace_caches, groups = store.Store(), store.Store(), store.Store()
@@ -71,7 +71,7 @@ def real_mutator() -> isvc.IsvcMutator:
             "spec": {"storageLimit": "100Gi"},
         }
     )
-    return isvc.IsvcMutator(
+    return isvchandler.IsvcMutator(
         caches=caches.view(),
         namespace_caches=namespace_caches.view(),
         node_groups=groups.view(),

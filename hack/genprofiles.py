@@ -97,6 +97,9 @@ SUBSTRINGS = {
     "system:serviceaccount:kserve:kserve-localmodelnode-agent": (
         f"system:serviceaccount:{NAMESPACE}:localcache-agent"
     ),
+    "system:serviceaccount:kserve:kserve-localmodel-controller-manager": (
+        f"system:serviceaccount:{NAMESPACE}:localcache-controller"
+    ),
 }
 # localcache's own keys of the localModel section (KServe has no such keys, or localcache
 # must decide them): with-kserve keeps only these in localcache-config, so KServe's

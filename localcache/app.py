@@ -104,6 +104,14 @@ async def check_apiserver(
         await client.close()
 
 
+def _own_pod(settings: settings_mod.Settings) -> ObjectKey | None:
+    """This controller's own Pod (POD_NAMESPACE/POD_NAME, as the Deployment sets them), whose
+    container image import Jobs run when `--import-image` is empty; None outside a pod."""
+    if settings.command != "controller" or "identity" not in settings.given:
+        return None
+    return ObjectKey(settings.config.namespace, settings.leadership.identity)
+
+
 def _cause(exc: BaseException) -> str:
     """The underlying reason of a transport error (aiohttp's message is the readable one)."""
     cause = exc.__cause__
@@ -246,6 +254,8 @@ async def run_components(
                 metrics=registry,
                 workers=settings.controller.workers,
                 factory=informers,
+                import_image=settings.controller.import_image,
+                own_pod=_own_pod(settings),
             )
             ready_source = live_config
             ready = readiness.setup(

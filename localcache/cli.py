@@ -1,12 +1,12 @@
-"""Command line: `localcache controller|agent|run|download`, each with `--help`.
+"""Command line: `localcache controller|agent|run|download|import`, each with `--help`.
 
 Flags and their environment variables are defined once in `localcache.settings`.
 
 Expected failures end in one line on stderr, `localcache COMMAND: error: ...`, and exit 1:
 a kubeconfig that is missing or unusable, an apiserver that does not answer or refuses us
 (`controller` and `agent` check this before anything starts), a bad URI or destination
-(`download`). Usage errors are argparse's (usage line and message, exit 2). A traceback
-means a bug.
+(`download`), a step of an import pod that cannot proceed (`import`). Usage errors are
+argparse's (usage line and message, exit 2). A traceback means a bug.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from localcache import settings as settings_mod
+from localcache.download import importcommand as import_command
 from localcache.download import program as download_program
 from localcache.runtime import errors
 
@@ -71,6 +72,15 @@ def build_parser() -> argparse.ArgumentParser:
         description="Download a model URI into a directory; writes are atomic.",
     )
     download_program.add_arguments(download)
+    import_cmd = sub.add_parser(
+        "import",
+        help="the steps of a shared-volume cache's import pod (prepare, progress, place)",
+        description=(
+            "Stage a model on a shared claim and move it into place atomically (the import "
+            "Job of a LocalModelNamespaceCache with spec.pvcRef runs these)."
+        ),
+    )
+    import_command.add_arguments(import_cmd)
     prepare = sub.add_parser(
         "prepare-models-root",
         help="make a node's models root usable by the agent and download pods",
@@ -123,6 +133,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "download":
         return download_program.run(args)
+    if args.command == "import":
+        return import_command.run(args)
     if args.command == "prepare-models-root":
         return _prepare_models_root(args)
     if args.command == "csi-node":

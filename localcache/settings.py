@@ -119,6 +119,8 @@ FLAGS: tuple[Flag, ...] = (
              "its TLS 1.2 cipher suites, Go's names, comma-separated (empty: ECDHE with AEAD)"),
         Flag("--agent-daemonset", "LOCALCACHE_AGENT_DAEMONSET", "kserve-localmodelnode-agent",
              "agent DaemonSet (in --config-namespace) given the node groups' tolerations, or ''"),
+        Flag("--import-image", "LOCALCACHE_IMPORT_IMAGE", "",
+             "localcache image of shared-volume import Jobs (empty: the controller's own)"),
     ),
     *_for(("agent",),
         Flag("--node-name", "NODE_NAME", "",
@@ -181,6 +183,7 @@ class Leadership:
 class Controller:
     workers: int
     agent_daemonset: str = ""  # its tolerations follow the node groups' (empty: left alone)
+    import_image: str = ""  # of shared-volume import Jobs (empty: the controller's own)
 
 
 @dataclass(frozen=True)
@@ -272,12 +275,8 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
     """Add the flags that apply to `command`; defaults are read later, from the environment."""
     for flag in FLAGS:
         if command in flag.commands:
-            parser.add_argument(
-                flag.flag,
-                dest=flag.dest,
-                default=None,
-                help=f"{flag.help} [env {flag.env}, default {flag.default or '(empty)'}]",
-            )
+            text = f"{flag.help} [env {flag.env}, default {flag.default or '(empty)'}]"
+            parser.add_argument(flag.flag, dest=flag.dest, default=None, help=text)
 
 
 def _typed(flag: Flag, text: str) -> str | int | float | bool:
@@ -361,7 +360,7 @@ def from_args(
             renew_deadline=renew,
             retry_period=retry,
         ),
-        controller=Controller(max(1, int(n("workers"))), s("agent_daemonset")),
+        controller=Controller(max(1, int(n("workers"))), s("agent_daemonset"), s("import_image")),
         webhook=Webhook(
             port=int(n("webhook_port")),
             cert_dir=Path(s("webhook_cert_dir")),

@@ -20,12 +20,12 @@ Obj = dict[str, Any]
 #: CRD name -> (field paths KServe's schema lacks, paths whose CEL rules KServe lacks)
 EXTRAS: Final[dict[str, tuple[tuple[str, ...], tuple[str, ...]]]] = {
     "localmodelcaches.serving.kserve.io": (
-        ("spec.download", "status.conditions"),
+        ("spec.download", "status.conditions", "status.sharedVolume"),
         ("spec.modelSize",),
     ),
     "localmodelnamespacecaches.serving.kserve.io": (
-        ("spec.download", "status.conditions"),
-        ("spec.modelSize",),
+        ("spec.download", "spec.pvcRef", "status.conditions", "status.sharedVolume"),
+        ("spec", "spec.modelSize"),
     ),
     "localmodelnodes.serving.kserve.io": (
         ("status.downloadJobs", "status.modelProgress", "status.summary"),
@@ -35,6 +35,13 @@ EXTRAS: Final[dict[str, tuple[tuple[str, ...], tuple[str, ...]]]] = {
         ("spec.download", "spec.tolerations"),
         ("spec.storageLimit",),
     ),
+}
+
+
+#: CRD name -> (schema path, fields KServe v0.20 requires there that ours does not)
+REQUIRED: Final[dict[str, tuple[str, tuple[str, ...]]]] = {
+    # KServe v0.20 has no shared-volume mode (#6107): every namespace cache names node groups
+    "localmodelnamespacecaches.serving.kserve.io": ("spec", ("nodeGroups",)),
 }
 
 
@@ -51,6 +58,9 @@ def kserve_shaped(crd: Obj) -> Obj:
     for version in crd["spec"]["versions"]:
         schema = version["schema"]["openAPIV3Schema"]
         stripped = schemastrip.drop_rules(schemastrip.strip(schema, fields), rules)
+        if (required := REQUIRED.get(crd["metadata"]["name"])) is not None:
+            node = stripped["properties"][required[0]]
+            node["required"] = sorted({*node.get("required", ()), *required[1]})
         lean = {k: v for k, v in version.items() if k != "additionalPrinterColumns"}
         versions.append({**lean, "schema": {"openAPIV3Schema": stripped}})
     names = {k: v for k, v in crd["spec"]["names"].items() if k not in ("shortNames", "categories")}

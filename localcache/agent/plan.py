@@ -36,20 +36,20 @@ from typing import Any, Final
 
 from localcache.agent import downloads, jobstate, stall, status
 from localcache.agent.disk import layout
-from localcache.agent.jobs import failures
 from localcache.agent.jobstate import JobPhase as JobPhase
 from localcache.agent.jobstate import JobState as JobState
 from localcache.agent.jobstate import job_state as job_state
 from localcache.api import modelnode
+from localcache.caching import jobfailures
 from localcache.runtime import clock as clock_mod
 
 Obj = dict[str, Any]
 ModelStatus = modelnode.ModelStatus
 
-POD_MESSAGE_LIMIT: Final = failures.POD_MESSAGE_LIMIT
+POD_MESSAGE_LIMIT: Final = jobfailures.POD_MESSAGE_LIMIT
 STALL_LOOK_MIN_S: Final = 1.0
-one_line = failures.one_line
-clip = failures.clip
+one_line = jobfailures.one_line
+clip = jobfailures.clip
 
 
 def retry_delay(attempt: int, *, base: float, cap: float) -> float:

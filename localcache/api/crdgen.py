@@ -69,6 +69,11 @@ CACHE_COLUMNS: Final = (
     ),
     AGE,
 )
+NAMESPACE_CACHE_COLUMNS: Final = (
+    *CACHE_COLUMNS[:3],
+    Column("PVC", "string", ".spec.pvcRef", "Shared claim the model is imported onto.", priority=1),
+    *CACHE_COLUMNS[3:],
+)
 NODE_COLUMNS: Final = (
     Column("Models", "integer", ".status.summary.total", "Model entries on this node."),
     Column("Downloaded", "integer", ".status.summary.downloaded", "Entries downloaded."),
@@ -95,7 +100,7 @@ SOURCES: Final = (
     CrdSource(
         groupversion.LOCAL_MODEL_NAMESPACE_CACHE,
         modelcache.LocalModelNamespaceCache,
-        CACHE_COLUMNS,
+        NAMESPACE_CACHE_COLUMNS,
     ),
     CrdSource(groupversion.LOCAL_MODEL_NODE, modelnode.LocalModelNode, NODE_COLUMNS),
     CrdSource(

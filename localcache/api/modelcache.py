@@ -7,7 +7,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Final
 
-from pydantic import Field
+from pydantic import Field, JsonValue
 
 from localcache.api import groupversion, meta, schema
 from localcache.api.download import DownloadSpec
@@ -91,7 +91,54 @@ class LocalModelCacheSpec(meta.ApiModel):
     )
 
 
-LocalModelNamespaceCacheSpec = LocalModelCacheSpec
+PVC_REF_PATTERN: Final = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+"""A DNS-1123 subdomain: what a PersistentVolumeClaim's name must be (KServe's `pvcRef`)."""
+MAX_PVC_REF_LENGTH: Final = 253
+MODE_RULES: Final[list[JsonValue]] = [
+    {
+        "rule": "!(has(self.nodeGroups) && has(self.pvcRef))",
+        "message": "nodeGroups and pvcRef are mutually exclusive",
+    },
+    {
+        "rule": "has(self.nodeGroups) || has(self.pvcRef)",
+        "message": "exactly one of nodeGroups or pvcRef must be set",
+    },
+]
+"""KServe's (#6107) rules on a namespace cache's spec: per-node copies or one shared claim."""
+
+
+class LocalModelNamespaceCacheSpec(LocalModelCacheSpec):
+    """A namespace cache's spec: the cluster cache's, with KServe's shared-volume mode
+    (`pvcRef`, exclusive with `nodeGroups`)."""
+
+    node_groups: list[str] = Field(
+        default_factory=list,
+        min_length=1,
+        description=(
+            "LocalModelNodeGroups whose nodes keep a copy. The first is the default group "
+            "for InferenceServices that do not name one. Exclusive with pvcRef."
+        ),
+    )
+    pvc_ref: str | None = Field(
+        default=None,
+        max_length=MAX_PVC_REF_LENGTH,
+        pattern=PVC_REF_PATTERN,
+        description=(
+            "A ReadWriteMany PersistentVolumeClaim of the cache's namespace: one import Job "
+            "copies the model onto it (at models/<storage key>) instead of one copy per node. "
+            "Exclusive with nodeGroups. Immutable."
+        ),
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {"rule": "self == oldSelf", "message": "pvcRef is immutable"}
+            ],
+        },
+    )
+
+    @property
+    def shared_volume(self) -> bool:
+        """KServe's shared-PVC mode: the model lives on the tenant's claim, not on nodes."""
+        return self.pvc_ref is not None
 
 
 class ModelCopies(meta.ApiModel):
@@ -105,6 +152,43 @@ class ModelCopies(meta.ApiModel):
 class NamespacedName(meta.ApiModel):
     namespace: str | None = Field(default=None, description="Namespace of the object.")
     name: str | None = Field(default=None, description="Name of the object.")
+
+
+class ImportJobRef(meta.ApiModel):
+    """The import Job the controller created, trusted by its uid (never by its name)."""
+
+    name: str | None = Field(default=None, description="Name of the Job.")
+    uid: str | None = Field(default=None, description="UID of the Job the controller created.")
+
+
+class SharedVolumeStatus(meta.ApiModel):
+    """localcache: the import onto a shared-volume cache's claim (pvcRef). Pruned where
+    KServe's own CRDs are installed."""
+
+    claim_uid: str | None = Field(
+        default=None,
+        alias="claimUID",
+        description="UID of the claim the current import targets or landed on.",
+    )
+    job: ImportJobRef | None = Field(default=None, description="The import Job created.")
+    attempt: int | None = Field(default=None, ge=0, description="Import attempts started.")
+    failed_attempts: int | None = Field(
+        default=None, ge=0, description="Import attempts that failed in a row."
+    )
+    next_attempt_time: str | None = Field(
+        default=None,
+        json_schema_extra=meta.DATE_TIME,
+        description="When the failed import is tried again (RFC 3339), while backing off.",
+    )
+    bytes: int | None = Field(
+        default=None,
+        ge=0,
+        json_schema_extra={"format": "int64"},
+        description="Bytes imported so far, or of the placed model once imported.",
+    )
+    message: str | None = Field(
+        default=None, max_length=1024, description="What the import is doing or why it failed."
+    )
 
 
 class LocalModelCacheStatus(meta.ApiModel):
@@ -133,6 +217,13 @@ class LocalModelCacheStatus(meta.ApiModel):
             "x-kubernetes-list-map-keys": ["type"],
         },
     )
+    shared_volume: SharedVolumeStatus | None = Field(
+        default=None,
+        description=(
+            "localcache: the import of a shared-volume namespace cache (pvcRef). Pruned "
+            "where KServe's own CRDs are installed."
+        ),
+    )
 
 
 class LocalModelCache(meta.KubeObject):
@@ -151,13 +242,17 @@ class LocalModelCache(meta.KubeObject):
 
 class LocalModelNamespaceCache(meta.KubeObject):
     """LocalModelNamespaceCache keeps one model on the local disks of the nodes in its node
-    groups, for the InferenceServices of its own namespace, downloaded with that namespace's
-    credentials."""
+    groups, or on one ReadWriteMany claim of its namespace (pvcRef), for the InferenceServices
+    of its own namespace, downloaded with that namespace's credentials."""
 
     api_version: str | None = groupversion.LOCAL_MODEL_NAMESPACE_CACHE.api_version
     kind: str | None = groupversion.LOCAL_MODEL_NAMESPACE_CACHE.kind
-    spec: LocalModelCacheSpec = Field(
-        description="The model to cache and the node groups to cache it on."
+    spec: LocalModelNamespaceCacheSpec = Field(
+        description=(
+            "The model to cache, and the node groups to cache it on or the shared claim to "
+            "import it onto."
+        ),
+        json_schema_extra={"x-kubernetes-validations": MODE_RULES},
     )
     status: LocalModelCacheStatus | None = Field(
         default=None, description="Where the model is downloaded, and who uses the cache."

@@ -9,7 +9,8 @@ Contract:
 - A missing section, or a key missing from a section, takes the default KServe ships in its
   ConfigMap (e.g. `jobNamespace` = `kserve-localmodel-jobs`, `fsGroup` = 1000). An explicit
   JSON `null` for `fsGroup` means "no fsGroup"; for the other optional numbers it means the
-  default, as it does in KServe.
+  default, as it does in KServe. `sharedPVCImportFSGroup` (KServe's, the import Jobs of
+  shared-volume caches) has no default: absent or `null` means no fsGroup.
 - Values are type-checked strictly, like Go's `json.Unmarshal` (`"60"` is not a number, `60.0`
   is not an integer) and range-checked; unknown keys are ignored.
 - localcache's own keys live in `localModel`: `downloadRetryBackoffInSecs` (first retry of a
@@ -67,6 +68,9 @@ class LocalModelConfig(_Section):
     )
     default_job_image: str = Field("kserve/storage-initializer:latest", alias="defaultJobImage")
     fs_group: int | None = Field(1000, alias="fsGroup", ge=0)
+    shared_pvc_import_fs_group: int | None = Field(None, alias="sharedPVCImportFSGroup", ge=0)
+    """KServe's: the fsGroup of a shared-volume cache's import Job (in the tenant's namespace,
+    where `fsGroup`, sized for jobNamespace, may be refused); none when absent or null."""
     job_ttl_seconds_after_finished: int = Field(
         3600, alias="jobTTLSecondsAfterFinished", ge=0, le=INT32_MAX
     )

@@ -315,9 +315,10 @@ MAX_OWNERS, MAX_KEPT, MAX_VALUE = 8, 16, 1024
 def observed_claim(obj: Obj) -> Obj:
     """What the controller keeps of a PersistentVolumeClaim (its informer's transform): the
     identity, a few ownerReferences, our own annotations and labels (clipped), the volume it
-    names and its phase. Anyone may create claims in their namespace, with megabytes of
-    annotations each (security review finding 6: 400 such claims took the controller to
-    409 MB on restart); the rest is never read."""
+    names and its phase, and what a shared-volume cache's preflight reads (volume mode,
+    access modes, requested and bound storage). Anyone may create claims in their namespace,
+    with megabytes of annotations each (security review finding 6: 400 such claims took the
+    controller to 409 MB on restart); the rest is never read."""
     meta = _meta(obj)
     kept: Obj = {k: meta[k] for k in _CLAIM_METADATA if k in meta}
     owners = [r for r in meta.get("ownerReferences") or [] if isinstance(r, dict)]
@@ -333,13 +334,29 @@ def observed_claim(obj: Obj) -> Obj:
     spec = _spec(obj)
     found_status = obj.get("status")
     status: Obj = found_status if isinstance(found_status, dict) else {}
+    kept_spec: Obj = {"volumeName": str(spec.get("volumeName") or "")[:MAX_VALUE]}
+    # what a shared-volume cache's preflight reads (`caching.sharedvolume.preflight`)
+    if isinstance(mode := spec.get("volumeMode"), str):
+        kept_spec["volumeMode"] = mode[:64]
+    if isinstance(modes := spec.get("accessModes"), list) and modes:
+        kept_spec["accessModes"] = [str(m)[:64] for m in modes[:8]]
+    if (requested := _storage_of((spec.get("resources") or {}).get("requests"))) is not None:
+        kept_spec["resources"] = {"requests": {"storage": requested}}
+    kept_status: Obj = {"phase": str(status.get("phase") or "")[:64]}
+    if (capacity := _storage_of(status.get("capacity"))) is not None:
+        kept_status["capacity"] = {"storage": capacity}
     return {
         "apiVersion": obj.get("apiVersion"),
         "kind": obj.get("kind"),
         "metadata": kept,
-        "spec": {"volumeName": str(spec.get("volumeName") or "")[:MAX_VALUE]},
-        "status": {"phase": str(status.get("phase") or "")[:64]},
+        "spec": kept_spec,
+        "status": kept_status,
     }
+
+
+def _storage_of(values: object) -> str | None:
+    found = values.get("storage") if isinstance(values, dict) else None
+    return str(found)[:64] if found is not None else None
 
 
 def _ours(key: str) -> bool:

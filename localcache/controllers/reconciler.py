@@ -44,11 +44,13 @@ import pydantic
 import structlog
 
 from localcache.api import modelcache
-from localcache.caching import conditions, placement
+from localcache.caching import conditions, placement, prunedmode, sharedroute
 from localcache.controllers import (
+    importjobs,
     legacy,
     nodes,
     scope,
+    sharedvolume,
     state,
     status,
     users,
@@ -59,6 +61,7 @@ from localcache.controllers import (
 from localcache.runtime import clock as clock_mod
 from localcache.runtime import errors, reconcile
 from localcache.runtime import keys as runtime_keys
+from localcache.runtime import reconcile as reconcile_mod
 
 _log = structlog.get_logger(__name__)
 
@@ -90,6 +93,7 @@ class CacheReconciler:
         recorder: status.EventRecorder,
         writer: nodes.LocalModelNodes,
         now: Callable[[], str] = clock_mod.now_rfc3339,
+        import_image: importjobs.ImageSource | None = None,
     ) -> None:
         self.scope = sc
         self._api = api
@@ -102,6 +106,20 @@ class CacheReconciler:
         self._written = status.WrittenStatus()
         self._created = volumes.CreatedClaims()
         self._claim_users = legacy.ClaimUsers()
+        self._shared = (
+            sharedvolume.SharedVolumeReconciler(
+                sc,
+                api=api,  # type: ignore[arg-type]  # runtime.kube.Kube is importjobs.Api too
+                stores=self._stores,
+                config=config,
+                recorder=recorder,
+                written=self._written,
+                image=import_image,
+                now=now,
+            )
+            if import_image is not None
+            else None
+        )
 
     async def reconcile(self, key: runtime_keys.ObjectKey) -> reconcile.Result:
         raw = self.scope.store(self._stores).get(key)
@@ -111,6 +129,11 @@ class CacheReconciler:
             cache = self.scope.parse(raw)
         except pydantic.ValidationError as exc:
             raise errors.TerminalError(f"{self.scope.kind.kind} {key} is invalid: {exc}") from exc
+        if isinstance(cache, modelcache.LocalModelNamespaceCache):
+            if sharedroute.is_shared(cache):
+                return await self._reconcile_shared(raw, cache)
+            if not cache.metadata.deletion_timestamp and prunedmode.dropped_pvc_ref(raw):
+                return await self._reconcile_unavailable(raw, cache)
         if cache.metadata.deletion_timestamp:
             await self._finalize(cache)
             return reconcile.Result()
@@ -173,6 +196,43 @@ class CacheReconciler:
         if outcome.waiting:
             return reconcile.Result(requeue_after=legacy.RECHECK)
         return reconcile.Result()
+
+    async def _reconcile_shared(
+        self, raw: Obj, cache: modelcache.LocalModelNamespaceCache
+    ) -> reconcile_mod.Result:
+        """A shared-volume cache (`sharedvolume`): no node-group work at all."""
+        if self._shared is None:
+            raise errors.TerminalError("shared-volume caches are not reconciled by this process")
+        if cache.metadata.deletion_timestamp:
+            if self.scope.finalizer not in (cache.metadata.finalizers or []):
+                return reconcile_mod.Result()
+            if not await self._shared.finalize(cache, raw):
+                return reconcile_mod.Result(requeue_after=sharedvolume.DELETION_RECHECK)
+            remaining = [f for f in cache.metadata.finalizers or [] if f != self.scope.finalizer]
+            if await self._patch_finalizers(cache, remaining):
+                _log.info("finalizer_removed")
+            return reconcile_mod.Result()
+        if self.scope.finalizer not in (cache.metadata.finalizers or []):
+            # the finalizer's own event brings the next reconcile, on the store's new copy:
+            # the import's trust record is written against that copy, never an older one
+            await self._ensure_finalizer(cache)
+            return reconcile_mod.Result()
+        return await self._shared.reconcile(raw, cache)
+
+    async def _reconcile_unavailable(
+        self, raw: Obj, cache: modelcache.LocalModelNamespaceCache
+    ) -> reconcile_mod.Result:
+        """A cache applied with a pvcRef the apiserver pruned (`caching.prunedmode`): placed
+        on no node (`state.StateReader.caches` leaves it out), which takes its entries off the
+        nodes holding them; its status and a Warning Event say why."""
+        if self._shared is None:
+            raise errors.TerminalError("shared-volume caches are not reconciled by this process")
+        if not await self._ensure_finalizer(cache):
+            return reconcile_mod.Result()
+        _log.warning("shared_volume_unavailable", pvc_ref=prunedmode.dropped_pvc_ref(raw))
+        await self._sync_nodes(cache, self._reader.snapshot(), {})
+        await self._shared.unavailable(raw, cache)
+        return reconcile_mod.Result()
 
     # ------------------------------------------------------------------- steps
 

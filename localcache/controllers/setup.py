@@ -59,20 +59,20 @@ from typing import Any
 import structlog
 
 from localcache.caching import config as config_mod
-from localcache.caching import indexes, llmuse, placement
+from localcache.caching import indexes, llmuse
 from localcache.controllers import (
     adoption,
+    cachewiring,
     clustercache,
+    importjobs,
     namespacecache,
     nodegroups,
     nodes,
     reconciler,
-    scope,
     state,
     status,
     users,
     volumegate,
-    volumes,
 )
 from localcache.runtime import clock as clock_mod
 from localcache.runtime import (
@@ -143,81 +143,6 @@ def _cache_changed(old: Obj, new: Obj) -> bool:
     return any(a.get(f) != b.get(f) for f in ("generation", "deletionTimestamp", "finalizers"))
 
 
-def _spec_changed(old: Obj, new: Obj) -> bool:
-    return old.get("spec") != new.get("spec") or _cache_changed(old, new)
-
-
-def _node_changed(old: Obj, new: Obj) -> bool:
-    return _meta(old).get("labels") != _meta(new).get("labels") or (
-        placement.node_is_ready(old) != placement.node_is_ready(new)
-    )
-
-
-def _volume_changed(old: Obj, new: Obj) -> bool:
-    """A PV/PVC turned broken (Released, Failed, Lost), started terminating, or (a PV) had
-    its reclaim policy changed."""
-    phase = (new.get("status") or {}).get("phase")
-    broke = phase != (old.get("status") or {}).get("phase") and phase in _BROKEN_PHASES
-    deleting = bool(_meta(new).get("deletionTimestamp"))
-    policy = (new.get("spec") or {}).get("persistentVolumeReclaimPolicy")
-    retained = policy != (old.get("spec") or {}).get("persistentVolumeReclaimPolicy")
-    return broke or retained or deleting != bool(_meta(old).get("deletionTimestamp"))
-
-
-_BROKEN_PHASES = volumes.BROKEN_PV_PHASES | volumes.BROKEN_PVC_PHASES
-
-
-def _lmn_changed(old: Obj, new: Obj) -> bool:
-    return old.get("status") != new.get("status")
-
-
-# ------------------------------------------------------------------------ mappings
-
-
-def _map_node(sc: scope.Scope, reader: state.StateReader) -> handlers.MapFunc:
-    def keys_of(node: Obj) -> list[keys.ObjectKey]:
-        caches = sc.store(reader.stores)
-        found: list[keys.ObjectKey] = []
-        for group in placement.groups_of(node, reader.groups()):
-            found.extend(keys.ObjectKey.of(c) for c in caches.by_index(state.BY_NODE_GROUP, group))
-        return found
-
-    return keys_of
-
-
-def _map_lmn(sc: scope.Scope) -> handlers.MapFunc:
-    def keys_of(lmn: Obj) -> list[keys.ObjectKey]:
-        status_keys = set(((lmn.get("status") or {}).get("modelStatus") or {}).keys())
-        status_keys.update(state.index_entries(lmn))
-        return [k for sk in status_keys if (k := sc.key_of_status_key(sk)) is not None]
-
-    return keys_of
-
-
-def _map_isvc(sc: scope.Scope) -> handlers.MapFunc:
-    def keys_of(isvc: Obj) -> list[keys.ObjectKey]:
-        key = sc.cache_key_of_isvc(isvc)
-        return [key] if key is not None else []
-
-    return keys_of
-
-
-def _map_volume(sc: scope.Scope) -> handlers.MapFunc:
-    def keys_of(obj: Obj) -> list[keys.ObjectKey]:
-        return [k for o in state.index_owner(obj) if (k := sc.key_of_owner_id(o)) is not None]
-
-    return keys_of
-
-
-def _map_group(sc: scope.Scope, reader: state.StateReader) -> handlers.MapFunc:
-    def keys_of(group: Obj) -> list[keys.ObjectKey]:
-        name = str(_meta(group).get("name") or "")
-        caches = sc.store(reader.stores).by_index(state.BY_NODE_GROUP, name)
-        return [keys.ObjectKey.of(c) for c in caches]
-
-    return keys_of
-
-
 def _groups_of_cache(cache: Obj) -> Iterable[keys.ObjectKey]:
     return [keys.ObjectKey("", g) for g in indexes.cache_node_groups(cache)]
 
@@ -248,12 +173,15 @@ def setup(
     clock: clock_mod.Clock | None = None,
     workers: int = DEFAULT_WORKERS,
     factory: factory_mod.InformerFactory | None = None,
+    import_image: str = "",
+    own_pod: keys.ObjectKey | None = None,
 ) -> CacheControllers:
     """Register the cache controllers on `manager`, reading through informers from
     `factory` (a new one over `kube` and `clock` when None; a shared factory's informers
     run on its clock). `config` is the configuration or a function returning the one in
     force: a fixed one decides here whether InferenceServices are watched; a function is
-    read at every reconcile (module docstring). Call before `manager.run()`."""
+    read at every reconcile (module docstring). Import Jobs run `import_image`, else the
+    image of `own_pod`'s container (`importjobs.ImageSource`). Call before `manager.run()`."""
     clk = clock or clock_mod.SystemClock()
     shared = factory or factory_mod.InformerFactory(kube, manager, clock=clk)
     fixed = isinstance(config, config_mod.InferenceServiceConfig)
@@ -266,7 +194,10 @@ def setup(
     get = shared.informer
     informers = {
         "caches": get(state.LOCAL_MODEL_CACHES, indexers=state.CACHE_INDEXERS),
-        "namespace_caches": get(state.LOCAL_MODEL_NAMESPACE_CACHES, indexers=state.CACHE_INDEXERS),
+        "namespace_caches": get(
+            state.LOCAL_MODEL_NAMESPACE_CACHES,
+            indexers={**state.CACHE_INDEXERS, cachewiring.BY_PVC_REF: cachewiring.pvc_ref_index},
+        ),
         "local_model_nodes": get(state.LOCAL_MODEL_NODES, indexers=state.LOCAL_MODEL_NODE_INDEXERS),
         "node_groups": get(state.LOCAL_MODEL_NODE_GROUPS),
         "nodes": get(kube_api.NODES, transform=nodes.slim_node),
@@ -276,6 +207,7 @@ def setup(
             indexers=state.VOLUME_INDEXERS,
             transform=adoption.observed_claim,
         ),
+        "jobs": cachewiring.job_informer(shared),
     }
     isvcs: optional.OptionalInformer | None = None
     llms: optional.OptionalInformer | None = None
@@ -299,8 +231,10 @@ def setup(
         persistent_volume_claims=informers["persistent_volume_claims"].reader(),
         inference_services=isvcs.reader() if isvcs is not None else None,
         llm_inference_services=llms.reader() if llms is not None else None,
+        jobs=informers["jobs"].reader(),
     )
     reader = state.StateReader(stores)
+    image = importjobs.ImageSource(kube, image=import_image, pod=own_pod)
     unmanaged = state.StateReader(
         dataclasses.replace(stores, inference_services=None, llm_inference_services=None)
     )
@@ -312,16 +246,36 @@ def setup(
         (namespacecache.SCOPE, informers["namespace_caches"]),
     ):
         rec: reconcile.Reconciler = reconciler.CacheReconciler(
-            sc, api=kube, reader=reader, config=source, recorder=recorder, writer=writer
+            sc,
+            api=kube,
+            reader=reader,
+            config=source,
+            recorder=recorder,
+            writer=writer,
+            import_image=image,
         )
         if mode is not None:
             without = reconciler.CacheReconciler(
-                sc, api=kube, reader=unmanaged, config=source, recorder=recorder, writer=writer
+                sc,
+                api=kube,
+                reader=unmanaged,
+                config=source,
+                recorder=recorder,
+                writer=writer,
+                import_image=image,
             )
             rec = volumegate.Gated(mode, managed=rec, unmanaged=without)
         ctl = _controller(sc.name, rec, clock=clk, workers=workers, registry=metrics)
-        _wire_cache_controller(sc, ctl.queue, informers, reader, (isvcs, llms))
+        cachewiring.wire_cache_controller(sc, ctl.queue, informers, reader, (isvcs, llms))
         own.add_handler(handlers.enqueue_self(ctl.queue, predicates.funcs(updated=_cache_changed)))
+        if sc.namespaced:
+            cachewiring.wire(
+                ctl.queue,
+                caches=informers["namespace_caches"],
+                claims=informers["persistent_volume_claims"],
+                jobs=informers["jobs"],
+                serving=(isvcs, llms),
+            )
         built[sc.name] = manager.add_controller(ctl)
     usage = _controller(
         "localmodelnodegroup",
@@ -331,12 +285,12 @@ def setup(
         registry=metrics,
     )
     informers["node_groups"].add_handler(
-        handlers.enqueue_self(usage.queue, predicates.funcs(updated=_spec_changed))
+        handlers.enqueue_self(usage.queue, predicates.funcs(updated=cachewiring.spec_changed))
     )
     for name in ("caches", "namespace_caches"):
         informers[name].add_handler(
             handlers.enqueue_mapped(
-                usage.queue, _groups_of_cache, predicates.funcs(updated=_spec_changed)
+                usage.queue, _groups_of_cache, predicates.funcs(updated=cachewiring.spec_changed)
             )
         )
     manager.add_controller(usage)
@@ -362,39 +316,3 @@ def setup(
 def _resync(handle: CacheControllers) -> None:
     count = handle.resync()
     structlog.get_logger(__name__).info("cache_controllers_resync", keys=count)
-
-
-def _wire_cache_controller(
-    sc: scope.Scope,
-    queue: workqueue.WorkQueue,
-    informers: dict[str, informer.Informer],
-    reader: state.StateReader,
-    serving_kinds: tuple[optional.OptionalInformer | None, optional.OptionalInformer | None],
-) -> None:
-    fn = predicates.funcs
-    informers["nodes"].add_handler(
-        handlers.enqueue_mapped(queue, _map_node(sc, reader), fn(updated=_node_changed))
-    )
-    informers["local_model_nodes"].add_handler(
-        handlers.enqueue_mapped(
-            queue, _map_lmn(sc), fn(added=lambda _: False, updated=_lmn_changed)
-        )
-    )
-    informers["node_groups"].add_handler(
-        handlers.enqueue_mapped(queue, _map_group(sc, reader), fn(updated=_spec_changed))
-    )
-    for name in ("persistent_volumes", "persistent_volume_claims"):
-        informers[name].add_handler(
-            handlers.enqueue_mapped(
-                queue, _map_volume(sc), fn(added=lambda _: False, updated=_volume_changed)
-            )
-        )
-    isvcs, llms = serving_kinds
-    if isvcs is not None:
-        isvcs.add_handler(
-            handlers.enqueue_mapped(queue, _map_isvc(sc), fn(updated=users.isvc_changed))
-        )
-    if llms is not None:
-        llms.add_handler(
-            handlers.enqueue_mapped(queue, users.map_llmisvc(sc), fn(updated=users.llmisvc_changed))
-        )

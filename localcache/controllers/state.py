@@ -21,7 +21,7 @@ import structlog
 
 from localcache.api import groupversion, inferenceservice, modelcache, nodegroup
 from localcache.caching import config as config_mod
-from localcache.caching import indexes, keys, placement
+from localcache.caching import indexes, keys, placement, prunedmode
 from localcache.runtime import kube, store
 
 _log = structlog.get_logger(__name__)
@@ -54,6 +54,7 @@ LOCAL_MODEL_NODES: Final = groupversion.LOCAL_MODEL_NODE.api
 LOCAL_MODEL_NODE_GROUPS: Final = groupversion.LOCAL_MODEL_NODE_GROUP.api
 INFERENCE_SERVICES: Final = groupversion.INFERENCE_SERVICE.api
 LLM_INFERENCE_SERVICES: Final = groupversion.LLM_INFERENCE_SERVICE.api
+CLUSTER_STORAGE_CONTAINERS: Final = groupversion.CLUSTER_STORAGE_CONTAINER.api
 
 
 def owner_id(kind: str, namespace: str, name: str) -> str:
@@ -178,6 +179,8 @@ class Stores:
     """None when InferenceServices are not watched (`disableVolumeManagement` at start-up)."""
     llm_inference_services: store.Reader | None = None
     """KServe's LLMInferenceServices (`users.LLMISVC_INDEXERS`); None when not watched."""
+    jobs: store.Reader | None = None
+    """Import Jobs of shared-volume caches (`importjobs.JOB_SELECTOR`), in every namespace."""
 
 
 # ------------------------------------------------------------------------ parsing
@@ -253,7 +256,8 @@ class StateReader:
         models: list[modelcache.LocalModelCache | modelcache.LocalModelNamespaceCache] = [
             m for _, m in cluster
         ]
-        models.extend(m for _, m in namespaced)
+        # a pvcRef the apiserver pruned makes no node-group cache (`caching.prunedmode`)
+        models.extend(m for raw, m in namespaced if prunedmode.dropped_pvc_ref(raw) is None)
         return [
             placement.PlacedCache(
                 name=cache.name,

@@ -22,8 +22,8 @@ from typing import Any, Final
 
 import structlog
 
-from localcache.api import inferenceservice
-from localcache.caching import indexes, llmuse, names
+from localcache.api import inferenceservice, modelcache
+from localcache.caching import indexes, llmuse, names, sharedvolume
 from localcache.controllers import scope, state
 from localcache.runtime import keys as runtime_keys
 from localcache.runtime import store
@@ -194,3 +194,26 @@ def isvc_changed(old: Obj, new: Obj) -> bool:
 def llmisvc_changed(old: Obj, new: Obj) -> bool:
     """Update predicate: what decides a use (or its claims) changed."""
     return _relevant(old) != _relevant(new)
+
+
+def shared_users(stores: state.Stores, cache: modelcache.LocalModelNamespaceCache) -> Obj:
+    """`inferenceServices` / `llmInferenceServices` of a shared-volume cache: the workloads of
+    its namespace whose model or adapter URI it serves (`sharedvolume.uses`: proof by URI,
+    routed or not; such workloads carry no cache label)."""
+    out: Obj = {}
+    ref, uri = cache.spec.pvc_ref or "", cache.spec.source_model_uri
+
+    def serves(value: str | None) -> bool:
+        return sharedvolume.uses(value, cache_uri=uri, pvc_ref=ref)
+
+    isvcs, llms = stores.inference_services, stores.llm_inference_services
+    if isvcs is not None:
+        found = [o for o in isvcs.list(cache.namespace) if serves(indexes.isvc_storage_uri(o))]
+        out["inferenceServices"] = tracked(found)
+    if llms is not None:
+        out["llmInferenceServices"] = tracked(
+            o
+            for o in llms.list(cache.namespace)
+            if serves(llmuse.model_uri(o)) or any(serves(a) for a in llmuse.adapter_uris(o))
+        )
+    return out

@@ -2,11 +2,14 @@
 
 - `program`: the command (arguments, limits, exit codes) and the atomic download of a
   `file://` or `http(s)://` URI into a directory;
-- `http`: streaming one URL to a file with timeouts, retries, redirect checks and limits.
+- `http`: streaming one URL to a file with timeouts, retries, redirect checks and limits;
+- `importcommand`, `importplace`, `importwalk`, `importlayout`: `localcache import
+  prepare|progress|place`, the program of a shared-volume cache's import pod (staging on the
+  claim, atomic placement with recovery, a bounded progress walk, the layout's names).
 
-A download Job's pod runs only this, so the package imports nothing of the operator: no
-agent, controllers, webhooks or development environment; from localcache only itself,
-`runtime.durable` (fsync and atomic writes, shared with the agent), `runtime.clock`,
-`runtime.errors` and `api.quantity` (`tests/unit/foundation/test_architecture.py`, rule
-`download`).
+A download Job's or an import Job's pod runs only this, so the package imports nothing of
+the operator: no agent, controllers, webhooks or development environment; from localcache
+only itself, `runtime.durable` (fsync and atomic writes, shared with the agent),
+`runtime.fstree`, `runtime.clock`, `runtime.errors` and `api.quantity`
+(`tests/unit/foundation/test_architecture.py`, rule `download`).
 """

@@ -169,6 +169,22 @@ class Verbs:
         )
         return body.decode(errors="replace")
 
+    async def pod_log(
+        self,
+        name: str,
+        *,
+        namespace: str,
+        container: str,
+        tail_lines: int,
+        limit_bytes: int,
+        request_timeout: float | None = None,
+    ) -> str:
+        """The last `tail_lines` lines of a container's log, at most `limit_bytes` bytes (the
+        apiserver cuts the body: a pod's output is never read whole)."""
+        path = apitypes.PODS.path(namespace=namespace, name=name) + "/log"
+        query = {"container": container, "tailLines": tail_lines, "limitBytes": limit_bytes}
+        return await self.raw(path, query=query, request_timeout=request_timeout)
+
     # ---------------------------------------------------------------- writes
 
     async def create(

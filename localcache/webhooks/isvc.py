@@ -21,20 +21,26 @@
   cache), annotation `internal.serving.kserve.io/localmodel-sourceuri` (cache URI) and
   annotation `internal.serving.kserve.io/localmodel-pvc-name` (`{cache}-{nodeGroup}`); with no
   candidate all four are removed (stale labels never survive).
+- Shared-volume namespace caches (`spec.pvcRef`, `caching.sharedroute`) of the ISVC's own
+  namespace compete with its node-group namespace caches by the same specificity, but only
+  once Ready (Ready=True for the current generation); until then they count as absent (a
+  cluster cache may then match) and a warning names the cache and why. A chosen shared cache
+  rewrites the predictor's `storageUri` to `pvc://<pvcRef>/models/<storage key><subPath>`,
+  removes the four keys above except `…/localmodel-sourceuri`, which records the original
+  URI, and sets `localcache.kserve.io/shared-volume-cache` (cache name); no node-group key is
+  set, or KServe's injector would mount a node-local claim. An ISVC whose `storageUri` is
+  `pvc://` and that carries that annotation (routed before) is left alone.
 - Warnings: the chosen cache has no downloaded copy yet (`copies.available` is 0 or no node
   reports `NodeDownloaded`), the node-group annotation excluded every cache of the URI, the
   chosen group has no node the predictor can be scheduled on, or a cache of the URI has a
   name too long for a label.
 
-`IsvcMutator` is the thin admission handler: it reads caches, node groups and nodes from
-informer stores (the narrow `Lister` protocol; no API call per request) and answers with a
-JSON patch. Until those stores have synced it admits the ISVC unchanged with a warning, so an
-empty cache at start-up never strips labels. Not promised: the download state in the warning
-and the nodes the group is judged by are as fresh as the informer caches.
+The admission handler is `webhooks.isvchandler.IsvcMutator`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -44,12 +50,9 @@ import pydantic
 import structlog
 
 from localcache.api import inferenceservice as isvc_api
-from localcache.api import modelcache, nodegroup
-from localcache.caching import cachename, groupfit, names
+from localcache.api import modelcache
+from localcache.caching import cachename, groupfit, names, sharedroute
 from localcache.caching import keys as cache_keys
-from localcache.runtime import keys as runtime_keys
-from localcache.runtime.serving import review
-from localcache.webhooks import stores
 
 log = structlog.get_logger(__name__)
 
@@ -59,6 +62,7 @@ LABEL_KEYS: Final = (isvc_api.LOCAL_MODEL_LABEL, isvc_api.LOCAL_MODEL_NAMESPACE_
 ANNOTATION_KEYS: Final = (
     isvc_api.LOCAL_MODEL_SOURCE_URI_ANNOTATION,
     isvc_api.LOCAL_MODEL_PVC_NAME_ANNOTATION,
+    sharedroute.SHARED_VOLUME_CACHE_ANNOTATION,
 )
 
 AnyCache = modelcache.LocalModelCache | modelcache.LocalModelNamespaceCache
@@ -118,6 +122,10 @@ class Decision:
     annotations: dict[str, str | None]
     choice: Choice | None = None
     warnings: tuple[str, ...] = field(default=())
+    routed_uri: str | None = None
+    """The URI the model field is rewritten to (a shared-volume cache chose it)."""
+    rewrites: tuple[tuple[str, str], ...] = ()
+    """(JSON pointer, value) of each model URI field to replace."""
 
 
 def _cleared(warnings: Sequence[str] = ()) -> Decision:
@@ -145,7 +153,7 @@ def _node_group(
 
 def _specificity(choice: Choice) -> tuple[int, str]:
     """Sort key: longest source URI first (one trailing `/` ignored), then name."""
-    return (-len(choice.cache.spec.source_model_uri.removesuffix("/")), choice.cache.name)
+    return sharedroute.specificity(choice.cache)
 
 
 def choose(
@@ -162,8 +170,8 @@ def choose(
     candidates: list[Choice] = []
     excluded = False
     for cache in caches:
-        if cache.metadata.deletion_timestamp:
-            continue
+        if cache.metadata.deletion_timestamp or sharedroute.is_shared(cache):
+            continue  # shared-volume caches have no node group (`sharedroute.pick`)
         if not cache_keys.match_storage_uri(cache.spec.source_model_uri, storage_uri):
             continue
         if not cachename.fits_label(cache.name):
@@ -203,6 +211,7 @@ def _long_names(uri: str, caches: Iterable[AnyCache]) -> list[str]:
         "create a cache with a shorter name"
         for c in caches
         if not c.metadata.deletion_timestamp
+        and not sharedroute.is_shared(c)
         and not cachename.fits_label(c.name)
         and cache_keys.match_storage_uri(c.spec.source_model_uri, uri)
     ]
@@ -227,9 +236,11 @@ def decide(
     (optional) judges the node group by the predictor's constraints (used when it has any).
     """
     uri = isvc.storage_uri
+    if routed_before(uri, isvc.annotations):
+        return Decision(labels={}, annotations={})
     if not enabled or isvc.local_model_disabled or not uri:
         return _cleared()
-    return match(
+    decision = match(
         uri,
         namespace=isvc.namespace,
         requested=isvc.node_group,
@@ -237,6 +248,36 @@ def decide(
         cluster_caches=cluster_caches,
         node_group_exists=node_group_exists,
         fit=fit,
+    )
+    if decision.routed_uri is None:
+        return decision
+    return dataclasses.replace(decision, rewrites=((_uri_path(isvc), decision.routed_uri),))
+
+
+def routed_before(uri: str | None, annotations: dict[str, str]) -> bool:
+    """The model URI was rewritten to a shared volume before: leave the object alone."""
+    return bool(uri and uri.startswith(sharedroute.PVC_SCHEME)) and (
+        sharedroute.SHARED_VOLUME_CACHE_ANNOTATION in annotations
+    )
+
+
+def _uri_path(isvc: isvc_api.InferenceService) -> str:
+    """The JSON pointer of the predictor implementation's `storageUri` (KServe's order)."""
+    predictor = isvc.spec.predictor if isvc.spec else None
+    key = next(k for k in isvc_api.PREDICTOR_KEYS if getattr(predictor, k, None) is not None)
+    return f"/spec/predictor/{key}/storageUri"
+
+
+def _routed(uri: str, cache: modelcache.LocalModelNamespaceCache, warnings: list[str]) -> Decision:
+    return Decision(
+        labels=dict.fromkeys(LABEL_KEYS),
+        annotations={
+            isvc_api.LOCAL_MODEL_SOURCE_URI_ANNOTATION: uri,
+            isvc_api.LOCAL_MODEL_PVC_NAME_ANNOTATION: None,
+            sharedroute.SHARED_VOLUME_CACHE_ANNOTATION: cache.name,
+        },
+        warnings=tuple(warnings),
+        routed_uri=sharedroute.routed_uri(cache, uri),
     )
 
 
@@ -249,17 +290,25 @@ def match(
     cluster_caches: Iterable[modelcache.LocalModelCache],
     node_group_exists: NodeGroupExists | None = None,
     fit: groupfit.GroupFit | None = None,
+    shared_blocked: str | None = None,
 ) -> Decision:
     """The cache of `uri` for a serving object in `namespace` that asked for node group
     `requested` (None: none asked) and whose workloads `fit` judges: the rule of the module
-    docstring past its first point, shared by InferenceService and LLMInferenceService."""
+    docstring past its first point, shared by InferenceService and LLMInferenceService.
+    `shared_blocked` says why `uri` cannot be rewritten (shared caches then count as absent);
+    a chosen shared cache gives `routed_uri`, the caller writes it."""
     own = [c for c in namespace_caches if c.namespace == namespace]
     cluster = list(cluster_caches)
     pick = functools.partial(
         choose, uri, node_group=requested, node_group_exists=node_group_exists, fit=fit
     )
     choice, excluded = pick(own)
-    long_names = _long_names(uri, own)
+    shared, shared_warnings = sharedroute.pick(uri, own, blocked=shared_blocked)
+    long_names = [*shared_warnings, *_long_names(uri, own)]
+    if shared is not None and (
+        choice is None or sharedroute.specificity(shared) < _specificity(choice)
+    ):
+        return _routed(uri, shared, long_names)
     if choice is None:
         choice, excluded_cluster = pick(cluster)
         excluded = excluded or excluded_cluster
@@ -285,91 +334,8 @@ def match(
         annotations={
             isvc_api.LOCAL_MODEL_SOURCE_URI_ANNOTATION: choice.cache.spec.source_model_uri,
             isvc_api.LOCAL_MODEL_PVC_NAME_ANNOTATION: choice.pvc_name,
+            sharedroute.SHARED_VOLUME_CACHE_ANNOTATION: None,
         },
         choice=choice,
         warnings=tuple(warnings),
     )
-
-
-# ------------------------------------------------------------------------ admission handler
-
-
-class IsvcMutator:
-    """The admission handler for InferenceService CREATE/UPDATE (module docstring)."""
-
-    def __init__(
-        self,
-        *,
-        caches: stores.Lister,
-        namespace_caches: stores.Lister,
-        node_groups: stores.Lister,
-        enabled: Callable[[], bool],
-        synced: Callable[[], bool],
-        nodes: stores.Lister | None = None,
-    ) -> None:
-        """`nodes` reads the cluster's Node objects (labels suffice); without it a constrained
-        predictor still gets the first group (KServe's choice), unjudged."""
-        self._caches = caches
-        self._namespace_caches = namespace_caches
-        self._node_groups = node_groups
-        self._nodes = nodes
-        self._enabled = enabled
-        self._synced = synced
-
-    def _node_group_exists(self, name: str) -> bool:
-        return self._node_groups.get(runtime_keys.ObjectKey("", name)) is not None
-
-    def _fit(self, obj: Obj) -> groupfit.GroupFit | None:
-        """The group fit of the ISVC's predictor; None when it has no node constraint."""
-        predictor = (obj.get("spec") or {}).get("predictor")
-        workload = groupfit.Workload.of(predictor, "the predictor")
-        if not workload.constrained:
-            return None
-        groups = stores.parse_all(nodegroup.LocalModelNodeGroup, self._node_groups.list())
-        annotations = (obj.get("metadata") or {}).get("annotations") or {}
-        return groupfit.GroupFit(
-            node_groups={g.name: g for g in groups},
-            nodes=self._nodes.list() if self._nodes is not None else None,
-            workloads=(workload,),
-            current_claim=annotations.get(isvc_api.LOCAL_MODEL_PVC_NAME_ANNOTATION),
-        )
-
-    async def __call__(self, request: review.Request) -> review.Response:
-        if (early := stores.early_answer(request, synced=self._synced())) is not None:
-            return early
-        obj = request.object
-        assert obj is not None  # early_answer answered otherwise
-        try:
-            isvc = isvc_api.InferenceService.from_dict(obj)
-        except pydantic.ValidationError as exc:
-            log.info("isvc_mutation.unparsable", error=str(exc))
-            return review.allowed()
-        if not isvc.metadata.namespace and request.namespace:
-            isvc.metadata.namespace = request.namespace
-        uri, enabled = isvc.storage_uri, self._enabled()
-        namespace_caches: list[modelcache.LocalModelNamespaceCache] = []
-        cluster_caches: list[modelcache.LocalModelCache] = []
-        if uri and enabled and not isvc.local_model_disabled:
-            namespace_caches = stores.parse_all(
-                modelcache.LocalModelNamespaceCache,
-                stores.serving_caches(self._namespace_caches.list(isvc.namespace), uri),
-            )
-            cluster_caches = stores.parse_all(
-                modelcache.LocalModelCache, stores.serving_caches(self._caches.list(), uri)
-            )
-        decision = decide(
-            isvc,
-            namespace_caches=namespace_caches,
-            cluster_caches=cluster_caches,
-            node_group_exists=self._node_group_exists,
-            enabled=enabled,
-            fit=self._fit(obj) if cluster_caches or namespace_caches else None,
-        )
-        ops = review.metadata_patch(obj, labels=decision.labels, annotations=decision.annotations)
-        if decision.choice is not None:
-            log.debug(
-                "isvc_mutation.cache_chosen",
-                cache=describe(decision.choice.cache),
-                node_group=decision.choice.node_group,
-            )
-        return review.patched(ops, warnings=decision.warnings)

@@ -19,6 +19,15 @@ fields `llmbase.resolve()` merged from `spec.baseRefs`:
   those that matched, written as KServe's `MarshalLoRACacheAnnotation` writes it (Go's
   `encoding/json`: adapters sorted, no spaces, `<`, `>`, `&` escaped), and is removed when none
   matched. A later adapter of the same name wins, as in KServe's map.
+- Shared-volume namespace caches (`isvc.match`, `caching.sharedroute`): a Ready one chosen
+  for the model URI rewrites `spec.model.uri`, and for an adapter that adapter's `uri`, to
+  `pvc://<pvcRef>/models/<storage key><subPath>`; such an adapter has no `…/localmodel-lora`
+  entry, the base model no node-group key (`…/localmodel-sourceuri` records its original
+  URI), and `localcache.kserve.io/shared-volume-cache` lists the caches. Only a URI the object
+  sets itself is rewritten: one from `spec.baseRefs` is not (copying it into the object would
+  detach the object from its configuration), a warning says so and the cache counts as
+  absent. A model URI that is `pvc://` with that annotation (routed before) is left alone,
+  as are adapters whose URI is `pvc://`.
 - When `spec.baseRefs` cannot be resolved (`llmbase` lists the reasons), a warning names the
   reason; the base-model keys are left as they are unless the LLMInferenceService sets its own
   URI, and the LoRA annotation unless it lists its own adapters. The rule never denies.
@@ -42,7 +51,7 @@ import structlog
 from localcache.api import inferenceservice as isvc_api
 from localcache.api import llminferenceservice as llm_api
 from localcache.api import modelcache, nodegroup
-from localcache.caching import groupfit
+from localcache.caching import groupfit, sharedroute
 from localcache.runtime import informer
 from localcache.runtime import keys as runtime_keys
 from localcache.runtime.crds import optional
@@ -97,6 +106,11 @@ def decide(
     """The local-model labels and annotations `llmisvc` should carry (module docstring);
     `resolved` is its spec merged with its base configurations (`llmbase.resolve`); `fit`
     (optional) judges the base model's node group by the workloads' node constraints."""
+    own = llmisvc.spec or llm_api.LLMInferenceServiceSpec()
+    if isvc.routed_before(own.model_uri, llmisvc.annotations) and (
+        not enabled or llmisvc.local_model_disabled or resolved.storage_initializer_enabled is False
+    ):
+        return isvc.Decision(labels={}, annotations={})
     if not enabled or llmisvc.local_model_disabled:
         return _cleared()
     if resolved.storage_initializer_enabled is False:
@@ -111,7 +125,9 @@ def decide(
     own_caches = [c for c in namespace_caches if c.namespace == llmisvc.namespace]
     clusters = list(cluster_caches)
 
-    def match(uri: str, fit: groupfit.GroupFit | None = None) -> isvc.Decision:
+    def match(
+        uri: str, fit: groupfit.GroupFit | None = None, blocked: str | None = None
+    ) -> isvc.Decision:
         return isvc.match(
             uri,
             namespace=llmisvc.namespace,
@@ -120,6 +136,7 @@ def decide(
             cluster_caches=clusters,
             node_group_exists=node_group_exists,
             fit=fit,
+            shared_blocked=blocked,
         )
 
     warnings: list[str] = []
@@ -128,10 +145,18 @@ def decide(
     labels: dict[str, str | None] = {}
     annotations: dict[str, str | None] = {}
     choice: isvc.Choice | None = None
-    if resolved.uri:
-        base = match(resolved.uri, fit)
+    rewrites: list[tuple[str, str]] = []
+    routed: set[str] = set()
+    keep_routed = False  # a URI routed before: keep the caches the annotation lists
+    if resolved.uri and isvc.routed_before(resolved.uri, llmisvc.annotations):
+        keep_routed = True
+    elif resolved.uri:
+        base = match(resolved.uri, fit, None if own.model_uri else FROM_BASE_REFS)
         labels, annotations, choice = dict(base.labels), dict(base.annotations), base.choice
         warnings.extend(base.warnings)
+        if base.routed_uri is not None:
+            rewrites.append(("/spec/model/uri", base.routed_uri))
+            routed.update(sharedroute.names(annotations[SHARED]))
     elif not resolved.unresolved:
         labels, annotations = dict.fromkeys(LABEL_KEYS), dict.fromkeys(isvc.ANNOTATION_KEYS)
     elif (llmisvc.labels.keys() | llmisvc.annotations.keys()) & {*LABEL_KEYS, *ANNOTATION_KEYS}:
@@ -140,15 +165,52 @@ def decide(
         adapters, problems = llm_api.adapters(resolved.adapters, limit=MAX_ADAPTERS)
         warnings.extend(problems)
         chosen: dict[str, isvc.Choice] = {}
-        for adapter in adapters:
-            found = match(adapter.uri)
-            if found.choice is not None:
+        own_adapters = bool(own.raw_adapters)
+        indices = _adapter_indices(resolved.adapters) if own_adapters else []
+        for n, adapter in enumerate(adapters):
+            keep_routed = keep_routed or adapter.uri.startswith(sharedroute.PVC_SCHEME)
+            found = match(adapter.uri, None, None if own_adapters else FROM_BASE_REFS)
+            if found.routed_uri is not None:
+                rewrites.append((f"/spec/model/lora/adapters/{indices[n]}/uri", found.routed_uri))
+                routed.update(sharedroute.names(found.annotations[SHARED]))
+                chosen.pop(adapter.name, None)
+            elif found.choice is not None:
                 chosen[adapter.name] = found.choice
             warnings.extend(f"LoRA adapter {adapter.name}: {w}" for w in found.warnings)
         annotations[llm_api.LOCAL_MODEL_LORA_ANNOTATION] = lora_annotation(chosen)
+    if keep_routed:
+        routed.update(sharedroute.names(llmisvc.annotations.get(SHARED)))
+    if SHARED in annotations or routed or keep_routed:
+        annotations[SHARED] = sharedroute.annotation(routed)
     return isvc.Decision(
-        labels=labels, annotations=annotations, choice=choice, warnings=tuple(warnings)
+        labels=labels,
+        annotations=annotations,
+        choice=choice,
+        warnings=tuple(warnings),
+        rewrites=tuple(rewrites),
     )
+
+
+SHARED: Final = sharedroute.SHARED_VOLUME_CACHE_ANNOTATION
+FROM_BASE_REFS: Final = (
+    "the URI comes from spec.baseRefs (an LLMInferenceServiceConfig) and localcache rewrites "
+    "only URIs the LLMInferenceService sets itself: set it in the LLMInferenceService's spec"
+)
+
+
+def _adapter_indices(raw: Any) -> list[int]:
+    """The indices in `raw` of the adapters `llm_api.adapters` returns, in its order."""
+    if not isinstance(raw, list):
+        return []
+    return [
+        i
+        for i, entry in enumerate(raw[:MAX_ADAPTERS])
+        if isinstance(entry, dict)
+        and isinstance(entry.get("name"), str)
+        and entry["name"]
+        and isinstance(entry.get("uri"), str)
+        and entry["uri"]
+    ]
 
 
 # ------------------------------------------------------------------------ admission handler
@@ -285,6 +347,7 @@ class LlmIsvcMutator:
             fit=self._fit(obj) if namespace_caches or cluster_caches else None,
         )
         ops = review.metadata_patch(obj, labels=decision.labels, annotations=decision.annotations)
+        ops += [{"op": "replace", "path": p, "value": v} for p, v in decision.rewrites]
         if decision.choice is not None:
             log.debug(
                 "llmisvc_mutation.cache_chosen",

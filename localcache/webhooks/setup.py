@@ -51,7 +51,7 @@ from localcache.runtime import informer, kube
 from localcache.runtime import manager as manager_mod
 from localcache.runtime.crds import optional
 from localcache.runtime.serving import admission
-from localcache.webhooks import isvc, llmisvc, podwait, validation
+from localcache.webhooks import isvc, isvchandler, llmisvc, podwait, validation
 
 Obj = dict[str, Any]
 
@@ -76,7 +76,7 @@ class Webhooks:
     llm_configs: optional.OptionalInformer
     storage_containers: optional.OptionalInformer | None
     llm_inference_services: optional.OptionalInformer
-    mutator: isvc.IsvcMutator
+    mutator: isvchandler.IsvcMutator
     llm_mutator: llmisvc.LlmIsvcMutator
     pod_mutator: podwait.PodWaitMutator
     cache_validator: validation.CacheValidator
@@ -180,7 +180,7 @@ def setup(
     def synced() -> bool:
         return _all_synced(required, (isvcs, containers, llmisvcs))
 
-    mutator = isvc.IsvcMutator(
+    mutator = isvchandler.IsvcMutator(
         caches=caches.reader(),
         namespace_caches=namespace_caches.reader(),
         node_groups=node_groups.reader(),

@@ -26,6 +26,12 @@ Create and update (an update of an object being deleted is always allowed, as in
   a URI already on the group adds only what its size grows. Checked on create, for groups an
   update adds, and for all groups when an update grows `modelSize`. A write that adds nothing
   is never denied, even on a group already over its limit;
+- a LocalModelNamespaceCache's storage mode (`webhooks.sharedvalidation`): exactly one of
+  `spec.nodeGroups` / `spec.pvcRef`, `pvcRef` a claim name and immutable (checked on the raw
+  object, before parsing), and on create no other shared-volume cache of the namespace
+  importing the same model onto the same claim. A shared-volume cache has no node groups, so
+  the node-group, capacity and share rules find nothing to check, and the name rule does not
+  apply to it (it makes no serving PVC);
 - a namespace's share (`webhooks.capacity`, security review finding 9): the namespace caches of
   one namespace may declare at most `localModel.namespaceStorageSharePercent` (default 50) of
   a group's `storageLimit`, so no tenant can take a whole shared group for itself.
@@ -53,11 +59,11 @@ import pydantic
 import structlog
 
 from localcache.api import modelcache, nodegroup, storage
-from localcache.caching import cachename, downloadenv, indexes, uris
+from localcache.caching import cachename, downloadenv, indexes, sharedroute, uris
 from localcache.caching import config as config_mod
 from localcache.runtime import keys as runtime_keys
 from localcache.runtime.serving import review
-from localcache.webhooks import capacity, inuse, isvc, stores
+from localcache.webhooks import capacity, inuse, isvc, sharedvalidation, stores
 
 log = structlog.get_logger(__name__)
 
@@ -182,7 +188,9 @@ def check_name(cache: AnyCache, *, old: AnyCache | None, snapshot: Snapshot) -> 
     else:
         others = snapshot.cluster_caches
     for other in sorted(others, key=_ref):
-        if other.name == cache.name:
+        if other.name == cache.name and not (
+            sharedroute.is_shared(cache) or sharedroute.is_shared(other)
+        ):
             return [
                 Violation(
                     "metadata.name",
@@ -220,6 +228,13 @@ def validate_write(
         *check_node_groups(cache, old=old, node_groups=snapshot.node_groups),
         *check_unique_uri(cache, old=old, cluster_caches=snapshot.cluster_caches),
         *check_name(cache, old=old, snapshot=snapshot),
+        *(
+            sharedvalidation.check_destination(
+                cache, old=old, namespace_caches=snapshot.namespace_caches
+            )
+            if isinstance(cache, modelcache.LocalModelNamespaceCache)
+            else ()
+        ),
         *capacity.check_capacity(
             cache,
             old=old,
@@ -301,6 +316,13 @@ class CacheValidator:
                 code=503,
                 reason="ServiceUnavailable",
             )
+        if (
+            self._model is modelcache.LocalModelNamespaceCache
+            and request.operation in ("CREATE", "UPDATE")
+            and request.object is not None
+            and (mode := sharedvalidation.check_mode(request.object, old=request.old_object))
+        ):
+            return review.denied("; ".join(str(v) for v in mode), field=mode[0].field)
         try:
             new = self._cache(request.object, request)
             old = self._cache(request.old_object, request)
@@ -344,6 +366,10 @@ class CacheValidator:
             same_name = self._caches.get(runtime_keys.ObjectKey("", cache.name))
             _collect(cluster, [same_name] if same_name is not None else [])
         _collect(namespaced, self._namespace_caches.by_index(NAME_INDEX, cache.name))
+        if old is None and sharedroute.is_shared(
+            cache
+        ):  # destination conflicts: the namespace's caches
+            _collect(namespaced, self._namespace_caches.list(cache.namespace))
         for group in groups:
             _collect(cluster, self._caches.by_index(NODE_GROUP_INDEX, group))
             _collect(namespaced, self._namespace_caches.by_index(NODE_GROUP_INDEX, group))

@@ -4,7 +4,8 @@
 packages use (the operator's, KServe's add-on's, KServe's serving controllers' and the stand-in
 model server's), and the test servers in its hub
 namespace: an HTTP model server, a throttled one over the same files, and an S3 store that
-enforces credentials. Each package brings the bed to the state it needs and leaves the rest to
+enforces credentials; and a ReadWriteMany export both nodes mount (`tests.support.sharedvolume`:
+why it is not NFS). Each package brings the bed to the state it needs and leaves the rest to
 `reset()`, which a package calls before it deploys anything:
 
 `reset()` puts the cluster back as the bed started it, whatever a package left: serving
@@ -13,8 +14,8 @@ objects and caches are deleted first, through the finalizers of an operator that
 DaemonSet, the operator's node plugin, last), CRD, PV and cluster-scoped object that was not
 there at the start (`Baseline`), Helm's release records and the Events in `default`; then
 node labels and taints are restored and both models roots of every node (`/mnt/models` and
-`/models`) are emptied. The test servers keep their files and counters: tests name their
-models uniquely and count requests per path.
+`/models`) and the shared export are emptied. The test servers keep their files and counters:
+tests name their models uniquely and count requests per path.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from localcache.devenv import modelserver, realnodes, testbed, waiting
-from tests.support import objectstore
+from tests.support import objectstore, sharedvolume
 
 Obj = dict[str, Any]
 HTTP_PORT, SLOW_PORT, S3_PORT = 8000, 8001, 9000
@@ -81,6 +82,7 @@ class SharedBed:
     store: objectstore.ObjectStore = field(init=False)
     images: dict[str, str] = field(init=False)  # image name (hack/build-images.sh) -> ref
     kubectl: realnodes.Kubectl = field(init=False)
+    shared_dir: Path = field(init=False)  # the ReadWriteMany export, as host and nodes see it
     baseline: Baseline = field(init=False)
     _servers: list[modelserver.ModelServer | objectstore.ObjectStore] = field(
         default_factory=list, init=False
@@ -95,6 +97,7 @@ class SharedBed:
         self.bed = testbed.TestBed(nodes=2, images=built)
         try:
             self.bed.start()
+            self.shared_dir = sharedvolume.export(self.bed.run_dir)
             self._start_servers()
             plane = self.bed.control_plane
             assert plane.kubectl_path is not None
@@ -207,6 +210,7 @@ class SharedBed:
         for real in self.bed.node_list:
             for root in (real.models_dir, real.kserve_models_dir):
                 _empty(root)
+        _empty(self.shared_dir)
 
     def _release(self, kinds: Sequence[str]) -> bool:
         """Delete every object of `kinds` (again on every poll: admission may refuse while a

@@ -9,7 +9,7 @@ Contract:
 - The container's `terminationMessagePolicy` is always `FallbackToLogsOnError`: KServe's
   storage initializer writes no termination message, so the kubelet keeps the tail of its log
   there; the agent publishes only the fixed-vocabulary gist of such a text
-  (`jobs.failures`), never the log lines themselves.
+  (`caching.jobfailures`), never the log lines themselves.
 - The Job runs in the entry's namespace (namespace cache) or `jobNamespace` (cluster cache),
   mounts the entry's download PVC with `subPath` = its staging folder (`layout.staging_subpath`)
   at `/mnt/models`, and downloads `[uri, /mnt/models]`; the agent promotes the staging folder
@@ -38,10 +38,10 @@ from typing import Any, Final
 
 from localcache.agent.disk import layout
 from localcache.api import download as download_api
-from localcache.api import groupversion, modelnode, nodegroup, storage
-from localcache.caching import config, credentials, downloadenv, names
+from localcache.api import groupversion, modelnode, nodegroup
+from localcache.caching import config, credentials, downloadcontainer, downloadenv, labels, names
 
-CONTAINER_NAME: Final = "kserve-localmodel-download"
+CONTAINER_NAME: Final = downloadcontainer.CONTAINER_NAME
 VOLUME_NAME: Final = "kserve-pvc-source"
 MOUNT_PATH: Final = "/mnt/models"
 HOSTNAME_LABEL: Final = "kubernetes.io/hostname"
@@ -49,7 +49,6 @@ LABEL_MODEL: Final = "model"
 LABEL_NODE: Final = "node"
 LABEL_MODEL_NAMESPACE: Final = "modelNamespace"
 LABEL_STORAGE_KEY: Final = "storageKey"
-_MAX_LABEL: Final = 63
 _NAME_PREFIX: Final = "lmd"
 RESTRICTED_CONTAINER: Final = {
     "allowPrivilegeEscalation": False,
@@ -61,25 +60,14 @@ TAG_LENGTH: Final = 16
 SUFFIX_LENGTH: Final = 8
 _SUFFIX_ALPHABET: Final = "abcdefghijklmnopqrstuvwxyz0123456789"
 _SUFFIX = re.compile(rf"[a-z0-9]{{{SUFFIX_LENGTH}}}")
-_NON_LABEL = re.compile(r"[^-A-Za-z0-9_.]")
-_LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")
-
-
-class JobError(Exception):
-    """The Job cannot be built (e.g. a ClusterStorageContainer with a bad regex)."""
 
 
 def _digest(text: str, length: int = 8) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:length]
 
 
-def label_value(value: str) -> str:
-    """`value` as a valid label value: unchanged when it already is one, else cut to fit 63
-    characters with a hash of the full value appended (distinct values stay distinct)."""
-    if len(value) <= _MAX_LABEL and _LABEL_VALUE.fullmatch(value):
-        return value
-    head = _NON_LABEL.sub("-", value)[: _MAX_LABEL - 9].strip("-_.")
-    return f"{head}-{_digest(value)}" if head else _digest(value)
+label_value = labels.value
+"""`value` as a valid label value (`caching.labels.value`)."""
 
 
 def job_name(
@@ -133,34 +121,6 @@ def job_labels(
     return labels
 
 
-def select_container(
-    uri: str,
-    storage_containers: Sequence[storage.ClusterStorageContainer],
-    storage_initializer: config.StorageInitializerConfig,
-) -> dict[str, Any]:
-    """The download container template: the first enabled ClusterStorageContainer (by name)
-    with `workloadType: localModelDownloadJob` that supports `uri`, else one from
-    `storageInitializer` (its image and resources)."""
-    for csc in sorted(storage_containers, key=lambda c: c.name):
-        if csc.is_disabled or csc.workload_type != storage.WORKLOAD_LOCAL_MODEL_DOWNLOAD_JOB:
-            continue
-        try:
-            supported = csc.supports_uri(uri)
-        except ValueError as exc:
-            raise JobError(str(exc)) from exc
-        if supported:
-            container = copy.deepcopy(csc.spec.container)
-            container.setdefault("name", CONTAINER_NAME)
-            if not container.get("resources"):
-                container["resources"] = storage_initializer.resources()
-            return container
-    return {
-        "name": CONTAINER_NAME,
-        "image": storage_initializer.image,
-        "resources": storage_initializer.resources(),
-    }
-
-
 def build_job(
     *,
     entry: modelnode.LocalModelInfo,
@@ -178,7 +138,7 @@ def build_job(
     download: Sequence[download_api.DownloadSpec | None] = (),
 ) -> dict[str, Any]:
     """The download Job for `entry` on `node` (see the module contract). `container` comes
-    from `select_container`, `injection` from `credentials.resolve`, `scope` from
+    from `downloadcontainer.select_container`, `injection` from `credentials.resolve`, `scope` from
     `credentials.credential_scope`, `download` is the node group's and the cache's
     `spec.download` (`caching.downloadenv.apply`: later wins, credentials are never replaced)."""
     node_name = node.name
@@ -201,7 +161,7 @@ def build_job(
         *copy.deepcopy(list(injection.volume_mounts)),
     ]
     # The log tail when the program writes no termination message (KServe's storage
-    # initializer): the agent reads only its gist (`failures.gist`, a fixed vocabulary), so a
+    # initializer): the agent reads only its gist (`jobfailures.gist`, a fixed vocabulary), so a
     # tenant's pod logs never reach the cluster-scoped LocalModelNode status or Events.
     main["terminationMessagePolicy"] = "FallbackToLogsOnError"
     if not main["env"]:

@@ -34,9 +34,16 @@ import structlog
 
 from localcache.agent import downloads
 from localcache.agent.disk import folders, layout, roots
-from localcache.agent.jobs import failures, jobs, trust
+from localcache.agent.jobs import jobs, trust
 from localcache.api import download, modelnode, nodegroup, storage
-from localcache.caching import config, credentials, downloadenv, placement
+from localcache.caching import (
+    config,
+    credentials,
+    downloadcontainer,
+    downloadenv,
+    jobfailures,
+    placement,
+)
 from localcache.runtime import clock as clock_mod
 from localcache.runtime import errors, keys, kube, onchange, store
 
@@ -218,8 +225,10 @@ class JobLauncher:
             containers = [
                 storage.ClusterStorageContainer.model_validate(o) for o in self._containers.list()
             ]
-            container = jobs.select_container(unit.request.uri, containers, cfg.storage_initializer)
-        except (credentials.CredentialError, jobs.JobError) as exc:
+            container = downloadcontainer.select_container(
+                unit.request.uri, containers, cfg.storage_initializer
+            )
+        except (credentials.CredentialError, downloadcontainer.ContainerError) as exc:
             if self._warned.changed(unit.storage_key, str(exc)):
                 log.warning("download_not_started", storage_key=unit.storage_key, error=str(exc))
             return NotLaunched(str(exc))
@@ -388,4 +397,4 @@ class JobLauncher:
             ) from exc
 
 
-pod_failure_message = failures.pod_failure_message
+pod_failure_message = jobfailures.pod_failure_message

@@ -85,6 +85,7 @@ class Cluster:
     node_models_dir: Callable[[str], Path] | None = None  # host path of a node's /mnt/models
     read_disk: Callable[[str, str], dict[str, str]] | None = None  # (node, rel) -> digests
     sources: Sources | None = None
+    shared_dir: Path | None = None  # the bed's ReadWriteMany export (tests.support.sharedvolume)
     cache_dir: Path = field(default_factory=lambda: Path("/tmp"))
 
     @classmethod
@@ -112,6 +113,7 @@ class Cluster:
             node_names=shared.node_names,
             node_models_dir=models_dir,
             sources=sources,
+            shared_dir=shared.shared_dir,
             cache_dir=Path(tempfile.mkdtemp(prefix=f"localcache-{package}-", dir=shared.work)),
         )
 

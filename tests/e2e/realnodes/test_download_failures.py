@@ -21,7 +21,7 @@ import uuid
 
 import pytest
 
-from localcache.agent.jobs import failures
+from localcache.caching import jobfailures as failures
 from localcache.caching import keys
 from tests.e2e.realnodes import objects
 from tests.e2e.realnodes.cluster import Cluster, Obj, Sources

@@ -10,7 +10,7 @@ import datetime
 import pytest
 
 from localcache.agent import downloads, plan
-from localcache.agent.jobs import failures
+from localcache.caching import jobfailures as failures
 from localcache.caching import keys
 from localcache.devenv.waiting import wait_until
 from tests.integration.agent.harness import URI, Agent, Obj, entry, eventually

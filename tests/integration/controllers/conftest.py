@@ -30,6 +30,8 @@ from localcache.runtime import errors, kube, manager, metrics
 
 Obj = dict[str, Any]
 URI = "s3://mybucket/mymodel"
+IMPORT_IMAGE = "localcache:integration"
+"""The localcache image of shared-volume import Jobs (no kubelet runs them here)."""
 INSTANCE_TYPE = "node.kubernetes.io/instance-type"
 CACHE_RESOURCES = {
     groupversion.LOCAL_MODEL_CACHE.kind: state.LOCAL_MODEL_CACHES,
@@ -157,7 +159,9 @@ class Env:
         cfg = config_mod.parse_config({"localModel": json.dumps(settings)})
         client = await kube.Kube.from_kubeconfig(self.plane.kubeconfig_path)
         mgr = manager.Manager(handle_signals=False, shutdown_timeout=10.0)
-        handle = controllers_setup.setup(mgr, kube=client, config=cfg, metrics=metrics.Metrics())
+        handle = controllers_setup.setup(
+            mgr, kube=client, config=cfg, metrics=metrics.Metrics(), import_image=IMPORT_IMAGE
+        )
         task = asyncio.create_task(mgr.run(), name=f"test-manager-{self.suffix}")
         await wait_until(
             lambda: mgr.started.is_set() or task.done(), timeout=60, what="the manager started"

@@ -107,6 +107,13 @@ ACCESS: dict[str, list[A]] = {
         # legacy (hostPath) pairs are replaced only once no pod mounts their claim; watch:
         # Events on serving pods that wait for their copy (controllers/readiness.py)
         A("list watch", "pods", TENANT),
+        # shared-volume caches: import Jobs in the cache's namespace, their credentials, the
+        # progress sidecar's last line, and its own pod's image (controllers/importjobs.py)
+        A("get list watch create delete", "jobs.batch", TENANT),
+        A("get", "serviceaccounts", TENANT),
+        A("get", "secrets", TENANT),
+        A("get", "pods/log", TENANT),
+        A("get", "pods", NS),
     ],
     AGENT: [
         A("get list watch", f"localmodelnodes.{SERVING}"),
@@ -136,10 +143,8 @@ ACCESS: dict[str, list[A]] = {
 EVERYTHING = A("* get list create delete", "*.*")
 DENIED: dict[str, list[A]] = {
     CONTROLLER: [
-        A("get", "secrets", NS, "storage-config"),
         A("list watch", "secrets", NS),
-        A("get list", "secrets", TENANT),
-        A("get", "secrets", TENANT, CERT_SECRET),
+        A("list watch", "secrets", TENANT),
         A("create delete", f"localmodelcaches.{SERVING}"),
         A("create delete", f"localmodelnamespacecaches.{SERVING}", TENANT),
         A("update patch", f"inferenceservices.{SERVING}", TENANT),
@@ -150,7 +155,7 @@ DENIED: dict[str, list[A]] = {
         A("get", "configmaps", NS, "other-config"),
         A("get", "configmaps", TENANT, CONFIGMAP),
         A("get create", "leases.coordination.k8s.io", TENANT),
-        A("create delete", "jobs.batch", JOBS_NS),
+        A("update patch", "jobs.batch", TENANT),
         A("create delete get update patch", "pods", TENANT),
         A("delete create update", "nodes"),
         A("get patch update delete", "daemonsets.apps", NS, "someone-elses"),
@@ -355,10 +360,10 @@ def test_real_requests_with_the_service_accounts_credentials(
     controller = control_plane.service_account_credentials(NS, CONTROLLER)
     agent = control_plane.service_account_credentials(NS, AGENT)
     configmap = f"/api/v1/namespaces/{NS}/configmaps/{CONFIGMAP}"
-    secret = f"/api/v1/namespaces/{NS}/secrets/storage-config"
+    secrets = f"/api/v1/namespaces/{NS}/secrets"
     assert control_plane.rest("GET", configmap, creds=controller)[0] == 200
     assert control_plane.rest("GET", configmap, creds=agent)[0] == 200
-    assert control_plane.rest("GET", secret, creds=controller)[0] == 403
+    assert control_plane.rest("GET", secrets, creds=controller)[0] == 403
     assert control_plane.rest("DELETE", f"{LMC}/any-cache", creds=agent)[0] == 403
     assert control_plane.rest("GET", LMC, creds=agent)[0] == 200  # modelSize, for progress %
     assert control_plane.rest("GET", LMC, creds=controller)[0] == 200

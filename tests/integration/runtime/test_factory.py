@@ -49,6 +49,7 @@ SHARED = {
     str(groupversion.LLM_INFERENCE_SERVICE_CONFIG.api): 1,  # webhooks: spec.baseRefs
 }
 AGENT_ONLY = 3  # its LocalModelNode, its Jobs, the inferenceservice-config ConfigMap
+CONTROLLER_ONLY = 1  # shared-volume caches' import Jobs (label-selected)
 OPTIONAL_KIND_CRDS = 3  # KServe's CRDs by name (ISVC, LLMISVC, LLMISVC config): each kind is
 # watched while served
 
@@ -146,7 +147,7 @@ def namespace_cache(namespace: str, name: str) -> Obj:
 async def test_each_target_is_listed_and_watched_once_for_all_consumers(
     process: Process,
 ) -> None:
-    informers = len(SHARED) + AGENT_ONLY + OPTIONAL_KIND_CRDS
+    informers = len(SHARED) + AGENT_ONLY + CONTROLLER_ONLY + OPTIONAL_KIND_CRDS
     requests = process.informer_client.requests
 
     await wait_until(

@@ -13,7 +13,7 @@ import pytest
 
 from localcache.agent.jobs import jobs
 from localcache.api import groupversion, modelnode, nodegroup
-from localcache.caching import config, credentials, keys
+from localcache.caching import config, credentials, downloadcontainer, keys
 from localcache.devenv.clientconfig import Credentials
 from localcache.devenv.controlplane import ControlPlane
 from localcache.devenv.waiting import wait_until
@@ -192,7 +192,7 @@ async def test_the_agents_real_download_job_and_its_pod_are_admitted(
     )
     job = jobs.build_job(
         entry=entry, node=node, node_group=group, storage_key=key, attempt=0,
-        container=jobs.select_container(uri, [], config.StorageInitializerConfig()),
+        container=downloadcontainer.select_container(uri, [], config.StorageInitializerConfig()),
         injection=credentials.Injection(uri=uri, service_account_name="bert-reader"),
         local_model=config.LocalModelConfig(), suffix="abcd1234",
         run_as_user=65532,  # the DaemonSet's agent uid

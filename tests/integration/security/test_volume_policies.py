@@ -254,3 +254,67 @@ async def test_updating_an_admitted_pod_is_not_refused(
         return True
 
     await wait_until(finalizer_removed, timeout=30, interval=0.5, what="the finalizer removed")
+
+
+async def test_a_tenants_own_rwx_claim_is_left_alone_for_shared_volume_caches(
+    control_plane: ControlPlane, namespace: str, tenant: Credentials, serving_claim: str
+) -> None:
+    """Issue 22: a shared-volume cache's claim is the tenant's own (any name, RWX, bound to a
+    volume localcache did not make): a serving pod mounting it the way KServe's `pvc://`
+    storage path does (mounted readOnly, subPath below models/<key>) and an import-style Job
+    writing it at subPath models are admitted while the policies confine localcache's claims."""
+    await _denied(
+        control_plane, tenant, _pods(namespace),
+        harness.pod(namespace, "probe", harness.pod_spec(serving_claim, {"readOnly": True})),
+        "the probe pod without subPath (the policy is in force)",
+    )  # fmt: skip
+    claim, pv_name = "team-models", f"{namespace}-nfs"
+    pv = {
+        "apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": pv_name},
+        "spec": {
+            "capacity": {"storage": "5Gi"}, "accessModes": ["ReadWriteMany"],
+            "nfs": {"server": "192.0.2.1", "path": "/exports/models"},
+            "claimRef": {"namespace": namespace, "name": claim},
+        },
+    }  # fmt: skip
+    pvc = {
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "metadata": {"name": claim, "namespace": namespace},
+        "spec": {
+            "accessModes": ["ReadWriteMany"], "volumeName": pv_name,
+            "resources": {"requests": {"storage": "5Gi"}},
+        },
+    }  # fmt: skip
+    harness.ok(control_plane.rest("POST", "/api/v1/persistentvolumes", pv), "the NFS PV")
+    try:
+        harness.ok(
+            control_plane.rest(
+                "POST", f"/api/v1/namespaces/{namespace}/persistentvolumeclaims", pvc, creds=tenant
+            ),
+            "the tenant's RWX claim",
+        )
+        # KServe v0.20's pod mutator for pvc://<claim>/<path>: the claim as volume
+        # kserve-pvc-source, mounted readOnly at /mnt/models with subPath <path>
+        serving = harness.pod_spec(claim, {"subPath": f"models/{KEY}/v1", "readOnly": True})
+        serving["volumes"][0]["name"] = "kserve-pvc-source"
+        serving["containers"][0]["volumeMounts"][0]["name"] = "kserve-pvc-source"
+        harness.ok(
+            control_plane.rest(
+                "POST", _pods(namespace), harness.pod(namespace, "served", serving), creds=tenant
+            ),
+            "a serving pod mounting the tenant's claim as KServe's pvc:// path does",
+        )
+        importer = harness.pod_spec(claim, {"subPath": "models"})
+        job = {
+            "apiVersion": "batch/v1", "kind": "Job",
+            "metadata": {"name": "shared-import", "namespace": namespace},
+            "spec": {"template": {"spec": importer}},
+        }  # fmt: skip
+        harness.ok(
+            control_plane.rest(
+                "POST", f"/apis/batch/v1/namespaces/{namespace}/jobs", job, creds=tenant
+            ),
+            "an import-style Job writing the tenant's claim at subPath models",
+        )
+    finally:
+        control_plane.rest("DELETE", f"/api/v1/persistentvolumes/{pv_name}")

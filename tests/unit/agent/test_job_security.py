@@ -7,7 +7,7 @@ from typing import Any
 
 from localcache.agent.jobs import jobs
 from localcache.api import modelnode, nodegroup
-from localcache.caching import config, credentials, keys
+from localcache.caching import config, credentials, downloadcontainer, keys
 
 URI = "s3://mybucket/mymodel"
 AGENT_UID = 65532
@@ -37,7 +37,8 @@ def _job(*, run_as_user: int | None, container: dict[str, Any] | None = None) ->
         node_group=group,
         storage_key=keys.storage_key(URI),
         attempt=0,
-        container=container or jobs.select_container(URI, [], config.StorageInitializerConfig()),
+        container=container
+        or downloadcontainer.select_container(URI, [], config.StorageInitializerConfig()),
         injection=credentials.Injection(uri=URI),
         local_model=config.LocalModelConfig(),
         suffix="abcd1234",

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from localcache.agent.disk import layout
 from localcache.agent.jobs import jobs
 from localcache.api import modelnode, nodegroup, storage
-from localcache.caching import config, credentials, downloadenv, keys, names
+from localcache.caching import config, credentials, downloadcontainer, downloadenv, keys, names
 
 URI = "s3://mybucket/mymodel"
 KEY = keys.storage_key(URI)
@@ -85,7 +85,7 @@ def _job(
         node_group=group or _group(),
         storage_key=KEY,
         attempt=attempt,
-        container=container or jobs.select_container(URI, [], INITIALIZER),
+        container=container or downloadcontainer.select_container(URI, [], INITIALIZER),
         injection=injection or credentials.Injection(uri=URI),
         local_model=local_model,
         backoff_limit=backoff_limit,
@@ -239,7 +239,7 @@ def test_matching_cluster_storage_container_wins() -> None:
             "resources": {"limits": {"memory": "4Gi"}},
         }),
     ]  # fmt: skip
-    chosen = jobs.select_container(URI, containers, INITIALIZER)
+    chosen = downloadcontainer.select_container(URI, containers, INITIALIZER)
     assert chosen["image"] == "custom:1"
     assert chosen["resources"] == {"limits": {"memory": "4Gi"}}
     injection = credentials.Injection(uri=URI, env=({"name": "HF_TOKEN", "value": "ref"},))
@@ -255,21 +255,23 @@ def test_matching_cluster_storage_container_wins() -> None:
 
 
 def test_storage_container_by_regex_gets_initializer_resources_when_it_has_none() -> None:
-    chosen = jobs.select_container("hf://org/m", [_csc("hf", regex=r"^hf://")], INITIALIZER)
+    chosen = downloadcontainer.select_container(
+        "hf://org/m", [_csc("hf", regex=r"^hf://")], INITIALIZER
+    )
     assert chosen["image"] == "hf:1"
     assert chosen["resources"] == INITIALIZER.resources()
 
 
 def test_no_matching_storage_container_falls_back_to_storage_initializer_image() -> None:
     initializer = config.StorageInitializerConfig.model_validate({"image": "my/init:2"})
-    chosen = jobs.select_container("hf://org/m", [_csc("s3")], initializer)
+    chosen = downloadcontainer.select_container("hf://org/m", [_csc("s3")], initializer)
     assert chosen["image"] == "my/init:2"
     assert chosen["name"] == "kserve-localmodel-download"
 
 
 def test_bad_storage_container_regex_is_a_job_error() -> None:
-    with pytest.raises(jobs.JobError, match="bad"):
-        jobs.select_container(URI, [_csc("bad", regex="(")], INITIALIZER)
+    with pytest.raises(downloadcontainer.ContainerError, match="bad"):
+        downloadcontainer.select_container(URI, [_csc("bad", regex="(")], INITIALIZER)
 
 
 def test_job_name_is_distinct_per_node_scope_attempt_and_suffix() -> None:

@@ -91,7 +91,10 @@ def test_schemas_are_structural_and_described(kind: str) -> None:
 @pytest.mark.parametrize("kind", ["LocalModelCache", "LocalModelNamespaceCache"])
 def test_cache_spec_carries_the_reference_validations(kind: str) -> None:
     spec = _at(kind, "spec")
-    assert spec["required"] == ["modelSize", "nodeGroups", "sourceModelUri"]
+    if kind == "LocalModelCache":
+        assert spec["required"] == ["modelSize", "nodeGroups", "sourceModelUri"]
+    else:  # KServe #6107: nodeGroups or pvcRef, exactly one
+        assert spec["required"] == ["modelSize", "sourceModelUri"]
     assert _at(kind, "spec", "sourceModelUri")["x-kubernetes-validations"] == [
         {"rule": "self == oldSelf", "message": "StorageUri is immutable"}
     ]
@@ -108,6 +111,7 @@ def test_cache_spec_carries_the_reference_validations(kind: str) -> None:
         "NodeDownloaded",
         "NodeDownloadError",
     ]
+
     assert set(_at(kind, "status", "copies")["properties"]) == {"available", "total", "failed"}
     conditions = _at(kind, "status", "conditions")
     assert conditions["x-kubernetes-list-type"] == "map"
@@ -135,8 +139,34 @@ def test_sizes_must_be_positive_in_the_schema(kind: str, path: tuple[str, ...]) 
     assert validation["message"] == f"{path[-1]} must be greater than zero"
 
 
+def test_namespace_cache_spec_has_kserves_shared_volume_rules() -> None:
+    spec = _at("LocalModelNamespaceCache", "spec")
+    assert spec["x-kubernetes-validations"] == [
+        {
+            "rule": "!(has(self.nodeGroups) && has(self.pvcRef))",
+            "message": "nodeGroups and pvcRef are mutually exclusive",
+        },
+        {
+            "rule": "has(self.nodeGroups) || has(self.pvcRef)",
+            "message": "exactly one of nodeGroups or pvcRef must be set",
+        },
+    ]
+    pvc_ref = _at("LocalModelNamespaceCache", "spec", "pvcRef")
+    assert pvc_ref["maxLength"] == 253
+    assert pvc_ref["x-kubernetes-validations"] == [
+        {"rule": "self == oldSelf", "message": "pvcRef is immutable"}
+    ]
+    assert "pvcRef" not in _at("LocalModelCache", "spec")["properties"]
+
+
 def test_cache_kinds_share_one_spec_and_status_schema() -> None:
-    assert _at("LocalModelCache", "spec") == _at("LocalModelNamespaceCache", "spec")
+    cluster = _at("LocalModelCache", "spec")["properties"]
+    namespaced = dict(_at("LocalModelNamespaceCache", "spec")["properties"])
+    del namespaced["pvcRef"]
+    assert namespaced.keys() == cluster.keys()
+    for name, field in cluster.items():
+        if name != "nodeGroups":  # the namespace cache's names pvcRef in its description
+            assert namespaced[name] == field, name
     assert _at("LocalModelCache", "status") == _at("LocalModelNamespaceCache", "status")
 
 

@@ -105,7 +105,7 @@ def test_conditions_parse_to_the_standard_shape() -> None:
 def test_new_cache_built_in_code_serialises_to_kubernetes_json() -> None:
     cache = modelcache.LocalModelNamespaceCache(
         metadata=meta.ObjectMeta(name="m", namespace="ns"),
-        spec=modelcache.LocalModelCacheSpec(
+        spec=modelcache.LocalModelNamespaceCacheSpec(
             source_model_uri="gs://b/m",
             model_size=Quantity("1Gi"),
             node_groups=["g"],

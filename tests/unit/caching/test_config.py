@@ -71,6 +71,7 @@ def test_missing_sections_take_kserves_shipped_defaults() -> None:
     assert local.job_namespace == "kserve-localmodel-jobs"
     assert local.default_job_image == "kserve/storage-initializer:latest"
     assert local.fs_group == 1000
+    assert local.shared_pvc_import_fs_group is None
     assert local.job_ttl_seconds_after_finished == 3600
     assert local.reconcilation_frequency_in_secs == 60
     assert local.disable_volume_management is False
@@ -171,6 +172,19 @@ def test_null_fs_group_means_no_fs_group_but_null_ttl_means_default() -> None:
     assert local.job_ttl_seconds_after_finished == 3600
 
 
+def test_shared_pvc_import_fs_group_is_kserves_key_with_no_default() -> None:
+    def parsed(body: str) -> int | None:
+        return config.parse_config({"localModel": body}).local_model.shared_pvc_import_fs_group
+
+    assert parsed('{"sharedPVCImportFSGroup": 2000}') == 2000
+    assert parsed('{"sharedPVCImportFSGroup": null}') is None
+    assert parsed('{"fsGroup": 3000}') is None  # the global fsGroup is not used for imports
+    with pytest.raises(config.ConfigError, match="sharedPVCImportFSGroup"):
+        parsed('{"sharedPVCImportFSGroup": -1}')
+    with pytest.raises(config.ConfigError, match="sharedPVCImportFSGroup"):
+        parsed('{"sharedPVCImportFSGroup": "2000"}')
+
+
 def test_parsed_config_is_immutable() -> None:
     parsed = config.parse_config({})
     with pytest.raises(ValueError, match="frozen"):
@@ -261,6 +275,7 @@ _keys = st.sampled_from(
         "enabled",
         "jobNamespace",
         "fsGroup",
+        "sharedPVCImportFSGroup",
         "jobTTLSecondsAfterFinished",
         "reconcilationFrequencyInSecs",
         "image",

@@ -338,3 +338,18 @@ def test_unused_group_reports_zero_used() -> None:
     usage = placement.group_usage("g", Quantity("1Gi"), [])
     assert str(usage.used) == "0"
     assert usage.available == Quantity("1Gi")
+
+
+def test_a_shared_volume_cache_is_on_no_node_and_in_no_group_usage() -> None:
+    """Issue 22: a pvcRef cache has `nodeGroups == []`: nothing node-local is planned for it."""
+    spec = modelcache.LocalModelNamespaceCacheSpec.model_validate(
+        {"sourceModelUri": "s3://b/shared", "modelSize": "5Gi", "pvcRef": "shared"}
+    )
+    shared = placement.PlacedCache(name="shared", namespace="team", spec=spec)
+    snap = _snapshot([shared, _cache("iris", ["gpu1"])])
+    assert snap.members(spec.node_groups) == {}
+    assert snap.missing_groups(spec.node_groups) == []
+    for node in ("n1", "n2", "n3"):
+        assert ("team", "shared") not in snap.desired_entries(node).entries
+    usage = placement.group_usage("gpu1", Quantity("10Gi"), [shared])
+    assert usage.used == Quantity(0)

@@ -666,7 +666,7 @@ def test_the_controller_keeps_only_what_it_reads_of_a_claim() -> None:
     assert kept["metadata"]["annotations"] == {state.OWNER_ANNOTATION: "LocalModelCache/iris"}
     assert kept["metadata"]["labels"] == {state.MANAGED_BY_LABEL: state.MANAGED_BY}
     assert len(kept["metadata"]["ownerReferences"]) == adoption.MAX_OWNERS
-    assert kept["spec"] == {"volumeName": "pv-1"}
+    assert kept["spec"] == {"volumeName": "pv-1", "resources": {"requests": {"storage": "x" * 64}}}
     assert kept["status"] == {"phase": "Bound"}
     assert state.index_owner(kept) == state.index_owner(claim)
     owner = adoption.Owner("LocalModelCache/iris", "LocalModelCache", "u1")
@@ -681,3 +681,26 @@ def test_the_controller_keeps_only_what_it_reads_of_a_claim() -> None:
     verdict = adoption.judge_claim(kept, owner=owner, pv_name="pv-1", pv=pv)
     assert verdict == adoption.judge_claim(claim, owner=owner, pv_name="pv-1", pv=pv)
     assert verdict == adoption.OURS
+
+
+def test_the_claim_keeps_what_a_shared_volume_preflight_reads() -> None:
+    claim = {
+        "metadata": {"name": "shared", "namespace": "team", "uid": "u"},
+        "spec": {
+            "volumeName": "pv-9",
+            "volumeMode": "Filesystem",
+            "accessModes": ["ReadWriteMany", "ReadOnlyMany"],
+            "resources": {"requests": {"storage": "10Gi"}, "limits": {"storage": "20Gi"}},
+            "storageClassName": "nfs",
+        },
+        "status": {"phase": "Bound", "capacity": {"storage": "12Gi"}},
+    }
+    kept = adoption.observed_claim(claim)
+    assert kept["metadata"]["uid"] == "u"
+    assert kept["spec"] == {
+        "volumeName": "pv-9",
+        "volumeMode": "Filesystem",
+        "accessModes": ["ReadWriteMany", "ReadOnlyMany"],
+        "resources": {"requests": {"storage": "10Gi"}},
+    }
+    assert kept["status"] == {"phase": "Bound", "capacity": {"storage": "12Gi"}}

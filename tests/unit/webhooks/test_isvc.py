@@ -9,14 +9,16 @@ import pytest
 
 from localcache.api import inferenceservice as isvc_api
 from localcache.api import modelcache
+from localcache.caching import sharedroute
 from localcache.runtime import store
 from localcache.runtime.serving import review
-from localcache.webhooks import isvc
+from localcache.webhooks import isvc, isvchandler
 
 LABEL = isvc_api.LOCAL_MODEL_LABEL
 NS_LABEL = isvc_api.LOCAL_MODEL_NAMESPACE_LABEL
 SOURCE = isvc_api.LOCAL_MODEL_SOURCE_URI_ANNOTATION
 PVC = isvc_api.LOCAL_MODEL_PVC_NAME_ANNOTATION
+SHARED = sharedroute.SHARED_VOLUME_CACHE_ANNOTATION
 DOWNLOADED = {"copies": {"available": 1, "total": 1}, "nodeStatus": {"n1": "NodeDownloaded"}}
 
 
@@ -94,7 +96,7 @@ def decide(obj: dict[str, Any], *caches: isvc.AnyCache, **kw: Any) -> isvc.Decis
 
 
 def cleared() -> tuple[dict[str, None], dict[str, None]]:
-    return {LABEL: None, NS_LABEL: None}, {SOURCE: None, PVC: None}
+    return {LABEL: None, NS_LABEL: None}, {SOURCE: None, PVC: None, SHARED: None}
 
 
 # ------------------------------------------------------------------ KServe's defaulter cases
@@ -105,7 +107,11 @@ def test_the_first_node_group_is_used_without_an_annotation() -> None:
         isvc_obj("gs://testbucket/testmodel"), cluster("model1", "gs://testbucket/testmodel")
     )
     assert decision.labels == {LABEL: "model1", NS_LABEL: None}
-    assert decision.annotations == {SOURCE: "gs://testbucket/testmodel", PVC: "model1-gpu1"}
+    assert decision.annotations == {
+        SOURCE: "gs://testbucket/testmodel",
+        PVC: "model1-gpu1",
+        SHARED: None,
+    }
     assert decision.warnings == ()
 
 
@@ -148,7 +154,7 @@ def test_framework_predictors_are_matched_by_their_storage_uri(framework: str) -
 def test_a_namespace_cache_sets_both_labels_and_both_annotations() -> None:
     decision = decide(isvc_obj("gs://bucket/model"), namespaced("model1", "gs://bucket/model"))
     assert decision.labels == {LABEL: "model1", NS_LABEL: "default"}
-    assert decision.annotations == {SOURCE: "gs://bucket/model", PVC: "model1-gpu1"}
+    assert decision.annotations == {SOURCE: "gs://bucket/model", PVC: "model1-gpu1", SHARED: None}
 
 
 # ------------------------------------------------------------------ spec §6 changes
@@ -285,14 +291,15 @@ def apply(obj: dict[str, Any], ops: tuple[dict[str, Any], ...]) -> dict[str, Any
         *parents, last = [
             t.replace("~1", "/").replace("~0", "~") for t in op["path"].split("/")[1:]
         ]
-        target = out
+        target: Any = out
         for token in parents:
-            target = target[token]
+            target = target[int(token)] if isinstance(target, list) else target[token]
+        index: Any = int(last) if isinstance(target, list) else last
         if op["op"] == "remove":
-            del target[last]
+            del target[index]
         else:
             assert op["op"] in ("add", "replace")
-            target[last] = op["value"]
+            target[index] = op["value"]
     return out
 
 
@@ -306,8 +313,8 @@ class Stores:
         for group in ("gpu1", "gpu2"):
             self.node_groups.upsert({"metadata": {"name": group}, "spec": {}})
 
-    def mutator(self) -> isvc.IsvcMutator:
-        return isvc.IsvcMutator(
+    def mutator(self) -> isvchandler.IsvcMutator:
+        return isvchandler.IsvcMutator(
             caches=self.caches.view(),
             namespace_caches=self.namespace_caches.view(),
             node_groups=self.node_groups.view(),

@@ -9,7 +9,7 @@ from typing import Any
 from localcache.api import modelcache
 from localcache.caching import groupfit
 from localcache.runtime import store
-from localcache.webhooks import isvc, validation
+from localcache.webhooks import isvchandler, validation
 from tests.unit.caching.test_groupfit import GROUPS, NODES, group, node
 from tests.unit.webhooks import test_validation as tv
 from tests.unit.webhooks.test_isvc import (
@@ -121,7 +121,7 @@ async def test_an_update_keeps_the_claim_the_isvc_has_while_its_group_fits() -> 
     for n in NODES:
         nodes.upsert(n)
     stores.caches.upsert(cache_obj("model1", URI, groups=("a100", "h100")))
-    mutator = isvc.IsvcMutator(
+    mutator = isvchandler.IsvcMutator(
         caches=stores.caches.view(),
         namespace_caches=stores.namespace_caches.view(),
         node_groups=stores.node_groups.view(),
@@ -146,7 +146,7 @@ async def test_the_handler_judges_the_group_by_the_nodes_it_sees() -> None:
         stores.node_groups.upsert(group(g, g[0]).to_dict())
     nodes = store.Store()
     stores.caches.upsert(cache_obj("model1", URI, groups=("a100", "h100")))
-    mutator = isvc.IsvcMutator(
+    mutator = isvchandler.IsvcMutator(
         caches=stores.caches.view(),
         namespace_caches=stores.namespace_caches.view(),
         node_groups=stores.node_groups.view(),

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from localcache.agent.jobs import failures
+from localcache.caching import jobfailures as failures
 
 # Log tails as KServe's storage initializer (kserve-storage 0.21) leaves them.
 S3_403 = """\
@@ -112,3 +112,56 @@ def test_a_message_the_container_wrote_itself_is_published_sanitised() -> None:
     for policy in ("File", None):
         pod = _failed_pod(term, policy=policy)
         assert failures.pod_failure_message([pod]) == "bad input at https://h/m?<redacted>"
+
+
+def test_an_import_pods_failed_init_container_speaks_and_a_stopped_sidecar_does_not() -> None:
+    pod: dict[str, Any] = {
+        "metadata": {"creationTimestamp": "2026-12-04T22:00:00Z"},
+        "spec": {
+            "initContainers": [
+                {"name": "prepare"},
+                {"name": "progress", "restartPolicy": "Always"},
+                {"name": "download", "terminationMessagePolicy": "FallbackToLogsOnError"},
+            ],
+            "containers": [{"name": "place"}],
+        },
+        "status": {
+            "phase": "Failed",
+            "initContainerStatuses": [
+                {
+                    "name": "prepare",
+                    "state": {"terminated": {"exitCode": 0, "reason": "Completed"}},
+                },
+                {
+                    "name": "progress",
+                    "state": {"terminated": {"exitCode": 0, "reason": "Completed"}},
+                },
+                {
+                    "name": "download",
+                    "state": {
+                        "terminated": {"exitCode": 1, "reason": "Error", "message": "secret\nx"}
+                    },
+                },
+            ],
+            "containerStatuses": [
+                {"name": "place", "state": {"waiting": {"reason": "PodInitializing"}}}
+            ],
+        },
+    }
+    assert failures.pod_failure_message([pod]) == "Error (exit code 1)"
+    pod["status"]["initContainerStatuses"][2]["state"]["terminated"]["message"] = S3_403
+    assert failures.pod_failure_message([pod]) == "403 Forbidden from the S3 store (exit code 1)"
+    pod["status"]["initContainerStatuses"][2]["state"]["terminated"] = {"exitCode": 0}
+    pod["status"]["containerStatuses"] = [
+        {
+            "name": "place",
+            "state": {
+                "terminated": {
+                    "exitCode": 1,
+                    "reason": "Error",
+                    "message": "the download left no file in the staging folder",
+                }
+            },
+        }
+    ]
+    assert failures.pod_failure_message([pod]) == "the download left no file in the staging folder"

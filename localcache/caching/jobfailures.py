@@ -1,10 +1,11 @@
 """Why a download failed, as it may be published: the gist of a download container's
 termination message, and the sanitising every pod-supplied text goes through. Pure.
 
-Download containers run with `terminationMessagePolicy: FallbackToLogsOnError` (`jobs.py`):
-KServe's storage initializer writes no termination message, so the kubelet takes the tail of
-its log (at most 80 lines, 2048 bytes). A log tail is a tenant's pod output and must never be
-copied into the cluster-scoped LocalModelNode status or an Event, so:
+Download containers run with `terminationMessagePolicy: FallbackToLogsOnError` (the agent's
+download Jobs and the controller's import Jobs): KServe's storage initializer writes no
+termination message, so the kubelet takes the tail of its log (at most 80 lines, 2048 bytes).
+A log tail is a tenant's pod output and must never be copied into the cluster-scoped
+LocalModelNode status or an Event, so:
 
 - `gist(text)` recognises the failures that matter to an operator (an S3 store or an HTTP
   server refusing access, a 404, an archive refused for a member outside its destination or
@@ -148,7 +149,9 @@ def one_line(text: object, *, limit: int = POD_MESSAGE_LIMIT) -> str:
 
 def pod_failure_message(pods: Iterable[Obj], *, job_uid: str | None = None) -> str:
     """What the newest failed pod (of the Job `job_uid`, when given: its controller
-    ownerReference) says: the gist of its container's termination message (`gist`)
+    ownerReference) says: the first failed init container's (an import pod's download runs
+    as one; those that exited 0 are passed over), else its containers' in order: the gist of
+    the termination message (`gist`)
     with the reason and exit code; a message the container wrote itself (`File` policy) as
     `sanitise` publishes it; never a log tail (`FallbackToLogsOnError`) as such; else
     the pod's own message or reason; "" when no pod failed."""
@@ -162,6 +165,12 @@ def pod_failure_message(pods: Iterable[Obj], *, job_uid: str | None = None) -> s
     for pod in reversed(failed):
         status = pod.get("status") or {}
         policies = _message_policies(pod)
+        for container in status.get("initContainerStatuses") or []:
+            term = (container.get("state") or {}).get("terminated") or {}
+            if term.get("exitCode") == 0:  # an init step that succeeded, a sidecar stopped
+                continue
+            if text := _container_message(term, policies.get(str(container.get("name")))):
+                return text
         for container in status.get("containerStatuses") or []:
             term = (container.get("state") or {}).get("terminated") or {}
             if text := _container_message(term, policies.get(str(container.get("name")))):
@@ -188,7 +197,8 @@ def _container_message(term: Obj, policy: str | None) -> str:
 
 def _message_policies(pod: Obj) -> dict[str, str]:
     """Each container's `terminationMessagePolicy` (Kubernetes' default is `File`)."""
-    containers = ((pod.get("spec") or {}).get("containers")) or []
+    spec = pod.get("spec") or {}
+    containers = [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]
     return {
         str(c.get("name")): str(c.get("terminationMessagePolicy") or "File")
         for c in containers
