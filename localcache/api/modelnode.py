@@ -16,6 +16,7 @@ from enum import StrEnum
 from pydantic import Field
 
 from localcache.api import groupversion, meta, modelcache
+from localcache.api.peer import PeerStatus
 from localcache.api.storage import LocalModelStorageSpec
 
 
@@ -103,6 +104,25 @@ class ModelProgress(meta.ApiModel):
     )
 
 
+    source: str | None = Field(
+        default=None,
+        max_length=80,
+        description="Where the bytes came from: origin, or peer/<node> (the first peer used).",
+    )
+    origin_bytes: int | None = Field(
+        default=None,
+        ge=0,
+        json_schema_extra={"format": "int64"},
+        description="Bytes the download took from the origin (peer distribution).",
+    )
+    peer_bytes: int | None = Field(
+        default=None,
+        ge=0,
+        json_schema_extra={"format": "int64"},
+        description="Bytes the download took from peer nodes (peer distribution).",
+    )
+
+
 class ModelSummary(meta.ApiModel):
     """Counts over `modelStatus`, for `kubectl get localmodelnodes`."""
 
@@ -149,6 +169,9 @@ class LocalModelNodeStatus(meta.ApiModel):
     download_jobs: list[DownloadJob] | None = Field(
         default=None,
         description="Download Jobs this node's agent created and trusts (matched by uid).",
+    )
+    peer: PeerStatus | None = Field(
+        default=None, description="What this node serves to peers (peer distribution)."
     )
 
 

@@ -18,6 +18,7 @@ from pydantic import Field
 
 from localcache.api import coreschema, groupversion, meta, schema
 from localcache.api.download import DownloadSpec
+from localcache.api.peer import PeerDistributionSpec
 from localcache.api.quantity import Quantity
 
 
@@ -69,6 +70,14 @@ class LocalModelNodeGroupSpec(meta.ApiModel):
             "localcache: environment and memory of the download container for the group's "
             "caches (a cache's own spec.download wins). References resolve in the namespace "
             "the download Job runs in."
+        ),
+    )
+
+    peer_distribution: PeerDistributionSpec | None = Field(
+        default=None,
+        description=(
+            "localcache: nodes of the group fill each other with verified files, so one copy "
+            "of each model leaves the origin (off unless enabled)."
         ),
     )
 

@@ -16,6 +16,7 @@ import stat
 from pathlib import Path
 from typing import Final
 
+from localcache.api import peer
 from localcache.runtime import fstree
 
 PREFIX: Final = "sha256:"
@@ -35,19 +36,21 @@ def file_sha256(path: str) -> str:
 
 def tree_digest(folder: Path) -> str:
     """The folder's content digest (module doc); `OSError` when something cannot be read."""
-    lines: list[str] = []
+    files: list[tuple[str, int, str]] = []
+    dirs: list[str] = []
+    links: list[tuple[str, str]] = []
+    others: list[str] = []
     top = str(folder)
     for path, is_dir in fstree.below(folder):
         rel = os.path.relpath(path, top)
         if is_dir:
-            lines.append(f"d {rel}")
+            dirs.append(rel)
             continue
         info = os.lstat(path)
         if stat.S_ISREG(info.st_mode):
-            lines.append(f"f {rel} {info.st_size} {file_sha256(path)}")
+            files.append((rel, info.st_size, file_sha256(path)))
         elif stat.S_ISLNK(info.st_mode):
-            lines.append(f"l {rel} {os.readlink(path)}")
+            links.append((rel, os.readlink(path)))
         else:
-            lines.append(f"o {rel}")
-    listing = "\n".join(sorted(lines)).encode("utf-8", "surrogateescape")
-    return PREFIX + hashlib.sha256(listing).hexdigest()
+            others.append(rel)
+    return peer.manifest_digest(files=files, dirs=dirs, links=links, others=others)

@@ -1,0 +1,196 @@
+"""The peer data plane's API: the node group knob, the status a node publishes about what it
+can serve, and the wire records between an agent's peer server and a peer-mode download pod.
+
+localcache's own fields (KServe's CRDs do not declare them, so the apiserver prunes them under
+the with-kserve profile's CRDs, and peer distribution is then simply off).
+
+- `PeerDistributionSpec` (`LocalModelNodeGroup.spec.peerDistribution`): off unless `enabled`;
+  `maxUploads` caps the download pods one node serves at once (the planner never gives a
+  source more children; the server answers 429 beyond it); `uploadBandwidth` caps one node's
+  serving rate (bytes per second, a quantity).
+- `PeerStatus` (`LocalModelNode.status.peer`): the agent's peer endpoint and, per model folder
+  it can serve (complete and hashed, `PeerModel`), the storage key, the content digest of its
+  file manifest and the credential scopes (SHA-256 digests, as in `DownloadJob.scope`) whose
+  own download Jobs proved access to that content on this node.
+- `PeerManifest` (`GET /p2p/v1/models/{storageKey}/manifest`): every entry of the folder:
+  regular files with size and sha256, directories, symlinks; `digest` is the content digest
+  (`manifest_digest`), the one `agent.disk.digest.tree_digest` computes from the folder itself:
+  one digest decides both "same content" for the tenancy rule and what a receiver verifies.
+- `FetchReport`: what a peer-mode download pod writes as its termination message (bounded).
+
+Bounds: a manifest holds at most `MAX_FILES` entries, paths at most `MAX_PATH` characters and
+`MAX_DEPTH` components, relative, without `.`/`..` components or NUL.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+from typing import Final, Literal
+
+from pydantic import Field, field_validator
+
+from localcache.api import meta
+from localcache.api.quantity import Quantity
+
+WIRE_PREFIX: Final = "/p2p/v1"
+DEFAULT_PORT: Final = 8476
+TOKEN_AUDIENCE: Final = "localcache-peer"
+SERVER_NAME: Final = "localcache-peer"
+"""The DNS name in every agent's peer serving certificate; fetchers verify it (not the IP)."""
+EXIT_USE_ORIGIN: Final = 3
+"""A peer-mode download pod's exit code when no peer could serve: the next attempt is the
+origin's."""
+DIGEST_PREFIX: Final = "sha256:"
+MAX_FILES: Final = 20000
+MAX_PATH: Final = 1024
+MAX_DEPTH: Final = 64
+MAX_PEER_MODELS: Final = 256
+MAX_SCOPES: Final = 16
+MAX_SOURCES: Final = 3
+DEFAULT_MAX_UPLOADS: Final = 2
+_SHA256_HEX: Final = r"^[0-9a-f]{64}$"
+_DIGEST: Final = r"^sha256:[0-9a-f]{64}$"
+_KEY: Final = r"^[0-9a-f]{16}$"
+
+
+class PeerDistributionSpec(meta.ApiModel):
+    """Peer distribution for a node group's downloads (localcache's own field)."""
+
+    enabled: bool = Field(
+        default=False,
+        description=(
+            "Nodes of the group fill each other: one node downloads a model from the origin, "
+            "the others fetch sha256-verified files from nodes holding it in the same "
+            "credential scope, falling back to the origin."
+        ),
+    )
+    max_uploads: int = Field(
+        default=DEFAULT_MAX_UPLOADS,
+        ge=1,
+        le=16,
+        description="Download pods one node serves at once (the fan-out of the tree).",
+    )
+    upload_bandwidth: Quantity | None = Field(
+        default=None,
+        description="Bytes per second one node may serve to peers in all; unset: no cap.",
+    )
+
+
+class PeerModel(meta.ApiModel):
+    """One model folder a node can serve to peers: complete and hashed."""
+
+    storage_key: str = Field(description="The model's storage key.", pattern=_KEY)
+    digest: str = Field(description="Content digest of its file manifest.", pattern=_DIGEST)
+    scopes: list[str] = Field(
+        description="Credential scopes (SHA-256) whose own downloads proved this content here.",
+        max_length=MAX_SCOPES,
+    )
+    bytes: int = Field(ge=0, json_schema_extra={"format": "int64"}, description="Size in bytes.")
+
+
+class PeerStatus(meta.ApiModel):
+    """What this node's agent serves to peer-mode download pods."""
+
+    endpoint: str | None = Field(
+        default=None,
+        description="https://<pod IP>:<port> of the agent's peer server; unset when not serving.",
+        json_schema_extra={"maxLength": 128},
+    )
+    models: list[PeerModel] | None = Field(
+        default=None,
+        description="Model folders this node can serve.",
+        json_schema_extra={"maxItems": MAX_PEER_MODELS},
+    )
+
+
+class ManifestFile(meta.ApiModel):
+    path: str
+    size: int = Field(ge=0)
+    sha256: str = Field(pattern=_SHA256_HEX)
+
+    @field_validator("path")
+    @classmethod
+    def _relative(cls, value: str) -> str:
+        return check_path(value)
+
+
+class ManifestLink(meta.ApiModel):
+    path: str
+    target: str = Field(max_length=MAX_PATH)
+
+    @field_validator("path")
+    @classmethod
+    def _relative(cls, value: str) -> str:
+        return check_path(value)
+
+
+class PeerManifest(meta.ApiModel):
+    """A model folder's file manifest, as a peer serves it."""
+
+    storage_key: str = Field(pattern=_KEY)
+    digest: str = Field(pattern=_DIGEST)
+    files: list[ManifestFile] = Field(max_length=MAX_FILES)
+    dirs: list[str] = Field(default_factory=list, max_length=MAX_FILES)
+    links: list[ManifestLink] = Field(default_factory=list, max_length=MAX_FILES)
+    others: list[str] = Field(
+        default_factory=list,
+        max_length=MAX_FILES,
+        description="Entries that are neither (sockets, FIFOs...): never served.",
+    )
+
+    @property
+    def bytes(self) -> int:
+        return sum(f.size for f in self.files)
+
+    def computed_digest(self) -> str:
+        return manifest_digest(
+            files=((f.path, f.size, f.sha256) for f in self.files),
+            dirs=self.dirs,
+            links=((link.path, link.target) for link in self.links),
+            others=self.others,
+        )
+
+
+class FetchReport(meta.ApiModel):
+    """A peer-mode download pod's termination message (at most 4 KiB)."""
+
+    outcome: Literal["complete", "use-origin", "failed"]
+    peer_bytes: int = Field(default=0, ge=0)
+    origin_bytes: int = Field(default=0, ge=0)
+    sources: dict[str, int] = Field(
+        default_factory=dict, description="Bytes per source node.", max_length=MAX_SOURCES + 1
+    )
+    reason: str | None = Field(default=None, max_length=256)
+
+
+def check_path(value: str) -> str:
+    """`value` if it is a safe relative path of a manifest entry, else `ValueError`."""
+    parts = value.split("/")
+    if (
+        not value
+        or len(value) > MAX_PATH
+        or len(parts) > MAX_DEPTH
+        or "\0" in value
+        or value.startswith("/")
+        or any(p in ("", ".", "..") for p in parts)
+    ):
+        raise ValueError(f"unsafe manifest path {value[:80]!r}")
+    return value
+
+
+def manifest_digest(
+    *,
+    files: Iterable[tuple[str, int, str]],
+    dirs: Iterable[str] = (),
+    links: Iterable[tuple[str, str]] = (),
+    others: Iterable[str] = (),
+) -> str:
+    """The content digest: SHA-256 over the sorted listing `d <path>`, `f <path> <size>
+    <sha256>`, `l <path> <target>`, `o <path>` joined by newlines (`agent.disk.digest`)."""
+    lines = [f"d {d}" for d in dirs]
+    lines += [f"f {p} {size} {sha}" for p, size, sha in files]
+    lines += [f"l {p} {target}" for p, target in links]
+    lines += [f"o {o}" for o in others]
+    listing = "\n".join(sorted(lines)).encode("utf-8", "surrogateescape")
+    return DIGEST_PREFIX + hashlib.sha256(listing).hexdigest()
