@@ -67,12 +67,14 @@ def _prometheus_client(i: Import) -> bool:
     return i.parts[0] == "prometheus_client" and i.module != "localcache/runtime/metrics.py"
 
 
-#: Where aiohttp may be imported: the framework's serving side and its transport, and the
-#: download program (`localcache download`, inside Jobs).
+#: Where aiohttp may be imported: the framework's serving side and its transport, the
+#: download program (`localcache download`, inside Jobs), and the agent's peer server (the
+#: data plane's serving side, design.md; its handlers are the HTTP surface itself).
 AIOHTTP_HOMES = (
     "localcache/runtime/serving/",
     "localcache/runtime/transport.py",
     "localcache/download/",
+    "localcache/agent/peer/server.py",
 )
 
 
