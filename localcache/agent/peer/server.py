@@ -35,7 +35,7 @@ import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final, Protocol
+from typing import Final, NoReturn, Protocol
 
 import structlog
 from aiohttp import web
@@ -224,10 +224,9 @@ class PeerServer:
             raise _Refused(503, "unavailable", retry_after=self._slots.retry_after()) from None
         if isinstance(decision, auth.Refusal):
             self._refusal(decision, key)
-        assert isinstance(decision, auth.Requester)
         return served, decision
 
-    def _refusal(self, refusal: auth.Refusal, key: str) -> None:
+    def _refusal(self, refusal: auth.Refusal, key: str) -> NoReturn:
         log.info("peer.refused", storage_key=key, reason=refusal.reason)
         if self._on_refusal is not None:
             self._on_refusal(refusal.reason, key)
