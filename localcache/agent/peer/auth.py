@@ -19,7 +19,9 @@ Refusal reasons, a fixed vocabulary (metrics, Events): `no-token`, `bad-token`,
 Steps 1-3 are cached per (SHA-256 of the token, storage key): an identity until
 min(the token's `exp`, 60 s), a refusal 10 s; at most `max_entries` (LRU). Step 4 is checked on
 every call against the scopes given, so a folder's scopes may change under a cached identity.
-Concurrent identical lookups share one. A failing API call (timeout, 5xx, connection) is not a
+Concurrent identical lookups share one; at most `max_concurrent_lookups` run at once (a
+flood of fresh tokens queues here rather than on the apiserver), and a token that is not
+shaped like a JWT is refused without asking. A failing API call (timeout, 5xx, connection) is not a
 decision: `authorize` raises `Unavailable` and nothing is cached. Tokens are never logged or
 kept (only their hash is).
 
@@ -35,6 +37,7 @@ import binascii
 import collections
 import hashlib
 import json
+import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -75,7 +78,9 @@ MAX_TOKEN_BYTES: Final = 16384
 POSITIVE_TTL_S: Final = 60.0
 NEGATIVE_TTL_S: Final = 10.0
 MAX_ENTRIES: Final = 4096
+MAX_CONCURRENT_LOOKUPS: Final = 8
 API_TIMEOUT_S: Final = 5.0
+_JWT: Final = re.compile(r"[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]*")
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,6 +267,7 @@ class Authorizer:
         clock: clock_mod.Clock | None = None,
         wall: Callable[[], float] = time.time,
         max_entries: int = MAX_ENTRIES,
+        max_concurrent_lookups: int = MAX_CONCURRENT_LOOKUPS,
         positive_ttl_s: float = POSITIVE_TTL_S,
         negative_ttl_s: float = NEGATIVE_TTL_S,
     ) -> None:
@@ -273,6 +279,7 @@ class Authorizer:
         self._negative_ttl = negative_ttl_s
         self._cache: collections.OrderedDict[tuple[str, str], _Entry] = collections.OrderedDict()
         self._pending: dict[tuple[str, str], asyncio.Future[Requester | Refusal]] = {}
+        self._lookups = asyncio.Semaphore(max_concurrent_lookups)
 
     @property
     def cached(self) -> int:
@@ -283,7 +290,7 @@ class Authorizer:
     ) -> Requester | Refusal:
         if not token:
             return refusal("no-token")
-        if len(token) > MAX_TOKEN_BYTES or not token.isascii():
+        if len(token) > MAX_TOKEN_BYTES or _JWT.fullmatch(token) is None:
             return refusal("bad-token")
         decision = await self._lookup(token, storage_key)
         if isinstance(decision, Requester) and decision.scope not in scopes:
@@ -329,6 +336,10 @@ class Authorizer:
             self._cache.popitem(last=False)
 
     async def _decide(self, token: str, storage_key: str) -> Requester | Refusal:
+        async with self._lookups:
+            return await self._ask(token, storage_key)
+
+    async def _ask(self, token: str, storage_key: str) -> Requester | Refusal:
         who = identity(await self._api.review_token(token))
         if isinstance(who, Refusal):
             return who

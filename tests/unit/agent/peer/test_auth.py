@@ -162,11 +162,30 @@ async def test_no_token_is_refused_without_api_calls(token: str | None) -> None:
     assert api.calls == []
 
 
-async def test_an_oversized_token_is_refused_without_api_calls() -> None:
+@pytest.mark.parametrize("token", ["a.b." + "c" * 20000, "not a jwt", "a.b.c\n", "ä.b.c"])
+async def test_oversized_or_malformed_tokens_are_refused_without_api_calls(token: str) -> None:
     api = FakeApi()
-    got = await authorizer(api).authorize("x" * 20000, KEY, frozenset({SCOPE}))
+    got = await authorizer(api).authorize(token, KEY, frozenset({SCOPE}))
     assert got == auth.Refusal(401, "bad-token")
     assert api.calls == []
+
+
+async def test_lookups_of_different_tokens_are_bounded() -> None:
+    api = FakeApi()
+    api.gate = asyncio.Event()
+    authz = authorizer(api, max_concurrent_lookups=2)
+    tasks = [
+        asyncio.create_task(
+            authz.authorize(jwt(exp=NOW + 600 + n), KEY, frozenset({SCOPE})), name=f"authz-{n}"
+        )
+        for n in range(5)
+    ]
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert api.calls.count("review") == 2
+    api.gate.set()
+    await asyncio.gather(*tasks)
+    assert api.calls.count("review") == 5
 
 
 async def test_decisions_are_cached_and_scopes_checked_each_time() -> None:
