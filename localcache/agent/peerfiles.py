@@ -159,9 +159,7 @@ class PeerFiles:
     ) -> dict[str, Any]:
         wants = wanted(units, placements, outcomes)
         if wants is None:
-            if self._served:
-                self._served = {}
-                self.source.replace(())
+            self._forget()
             return {}
         ready, served = dict(self._ready), dict(self._served)
         survey = await asyncio.to_thread(self._survey, wants, ready, served)
@@ -178,6 +176,17 @@ class PeerFiles:
         models = sorted((s.model() for s in survey.served.values()), key=_order)
         body = peer.PeerStatus(endpoint=self.endpoint, models=models[: peer.MAX_PEER_MODELS])
         return {"peer": body.to_dict()}
+
+    def _forget(self) -> None:
+        """Peer distribution is off: serve nothing, drop what is queued or ready (a hash in
+        progress finishes; a pass that publishes again stores it only if still current)."""
+        while not self._queue.empty():
+            self._queue.get_nowait()
+        self._queued.clear()
+        self._ready.clear()
+        if self._served:
+            self._served = {}
+            self.source.replace(())
 
     def _survey(
         self,
@@ -242,6 +251,10 @@ class PeerFiles:
                 manifest = await self._hash(job)
             except (OSError, filelists.Unservable, layout.DiskError) as exc:
                 log.warning("peer_file_list_failed", folder=job.folder, error=str(exc)[:300])
+                self._failed[key] = job.stamp
+                continue
+            except Exception:  # a bug must not end the agent: the folder is not published
+                log.exception("peer_file_list_failed", folder=job.folder)
                 self._failed[key] = job.stamp
                 continue
             finally:

@@ -147,6 +147,15 @@ def test_file_list_is_removed_with_its_folder(tmp_path: Path) -> None:
     assert not disk.model_path(KEY).exists()
 
 
+def test_orphan_manifest_sweep_removes_the_file_list_too(tmp_path: Path) -> None:
+    disk = _promoted(tmp_path)
+    path = _store(disk)
+    os.rename(disk.model_path(KEY), tmp_path / "gone")  # the folder vanished by other means
+    disk.delete_unreferenced(set())
+    assert not disk.manifest_path(KEY).exists()
+    assert not path.exists()
+
+
 def test_orphan_file_list_is_removed_before_a_folder_moves_into_place(tmp_path: Path) -> None:
     disk = folders.ModelDisk(tmp_path / "root")
     disk.ensure_layout()

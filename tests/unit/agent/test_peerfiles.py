@@ -180,6 +180,20 @@ async def test_promoted_folder_is_published_after_it_was_hashed(tmp_path: Path) 
     assert files.stats().hashed == 1
 
 
+async def test_turning_peer_distribution_off_drops_the_queue_and_the_index(
+    tmp_path: Path,
+) -> None:
+    disk = _disk(tmp_path)
+    files = peerfiles.PeerFiles(endpoint=None, on_ready=Ready())
+    units = _units("a")
+    outcomes = _outcomes(units, _downloaded())
+    await files.publish(units, {GROUP: (_group(enabled=True), disk)}, outcomes)
+    assert files.stats().queued == 1
+    assert await files.publish(units, {GROUP: (_group(enabled=False), disk)}, outcomes) == {}
+    assert files.stats() == peerfiles.Stats(queued=0, ready=0, served=0, hashed=0, failed=0)
+    assert files.source.lookup(KEY) is None
+
+
 async def test_a_new_promotion_drops_the_list_and_hashes_again(tmp_path: Path) -> None:
     disk = _disk(tmp_path)
     ready = Ready()
