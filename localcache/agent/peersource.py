@@ -3,11 +3,12 @@ lists (`agent.disk.filelists`), answering one lookup per peer request without to
 apiserver.
 
 `PeerFolders` is the peer server's `FolderSource` (`agent.peer.server`):
-`lookup(storage_key, scope=None)` returns `(folder path, PeerManifest, scopes)` of a complete,
-hashed folder of that storage key, or None. With `scope`, the folder whose scopes contain it
-(the storage key's own folder `models/<key>` first, then its variants `models/<key>.<v>`, by
-name): a requester is served the content its own scope proved, never another scope's
-variant. Without `scope`, the storage key's own folder, else its first variant.
+`lookup(storage_key, scope=None)` returns a `Found` (folder path, `PeerManifest`, scope
+digests) of a complete, hashed folder of that storage key, or None. With `scope`, the folder
+whose scopes contain it (the storage key's own folder `models/<key>` first, then its
+variants `models/<key>.<v>`, by name): a requester is served the content its own scope
+proved, never another scope's variant. Without `scope`, the storage key's own folder, else
+its first variant (the caller then checks the requester's scope against `Found.scopes`).
 
 Contract:
 - The index is replaced as a whole (`replace`) by `agent.peerfiles.PeerFiles` after each
@@ -60,7 +61,14 @@ class Served:
         )
 
 
-Found = tuple[Path, peer.PeerManifest, frozenset[str]]
+@dataclass(frozen=True, slots=True)
+class Found:
+    """What `lookup` answers: the folder, its manifest, the scopes entitled to it (the same
+    fields as the peer server's `ServedFolder`)."""
+
+    path: Path
+    manifest: peer.PeerManifest
+    scopes: frozenset[str]
 
 
 class PeerFolders:
@@ -105,7 +113,7 @@ class PeerFolders:
         manifest = self._manifest(item)
         if manifest is None:
             return None
-        return item.path, manifest, frozenset(item.scopes)
+        return Found(item.path, manifest, frozenset(item.scopes))
 
     def _manifest(self, item: Served) -> peer.PeerManifest | None:
         key = (item.root, item.folder, item.digest)

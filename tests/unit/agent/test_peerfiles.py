@@ -162,9 +162,9 @@ async def test_promoted_folder_is_published_after_it_was_hashed(tmp_path: Path) 
         assert filelists.path(disk.root, KEY).exists()
         found = files.source.lookup(KEY, units[0].scope_id)
         assert found is not None
-        assert found[0] == disk.model_path(KEY)
-        assert found[1].digest == model["digest"]
-        assert found[2] == {units[0].scope_id}
+        assert found.path == disk.model_path(KEY)
+        assert found.manifest.digest == model["digest"]
+        assert found.scopes == {units[0].scope_id}
         assert files.source.lookup(KEY, "f" * 64) is None
 
     await _with_worker(files, hashed)
