@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from localcache.agent import downloads, peerfiles, status
+from localcache.agent import downloads, peerfiles, peersource, status
 from localcache.agent.disk import digest, filelists, folders, layout
 from localcache.api import modelnode, nodegroup, peer
 from localcache.caching import keys
@@ -269,3 +269,32 @@ async def test_cancelling_the_worker_stops_and_awaits_the_hashing_thread(
     with pytest.raises(asyncio.CancelledError):
         await worker
     assert finished.is_set()  # the thread had ended when the worker's cancellation returned
+
+
+def test_lookup_gives_a_requester_the_folder_its_scope_proved(tmp_path: Path) -> None:
+    disk = _disk(tmp_path)
+    variant = "c" * 16
+    folder = layout.folder_name(KEY, variant)
+    disk.model_path(KEY, variant).mkdir()
+    (disk.model_path(KEY, variant) / "model.bin").write_bytes(b"other weights")
+    stamp = filelists.Stamp("j", "t")
+    served = []
+    for name, scope in ((KEY, "a" * 64), (folder, "b" * 64)):
+        manifest = filelists.compute(disk.models / name, KEY)
+        filelists.write(disk.root, filelists.FileList(name, stamp, manifest, (scope,)))
+        served.append(
+            peersource.Served(
+                disk.root, name, KEY, manifest.digest, manifest.bytes, (scope,), stamp
+            )
+        )
+    index = peersource.PeerFolders()
+    index.replace(reversed(served))
+    assert (found := index.lookup(KEY)) is not None
+    assert found.path == disk.model_path(KEY)
+    assert (found := index.lookup(KEY, "b" * 64)) is not None
+    assert found.path == disk.model_path(KEY, variant)
+    assert found.manifest.digest == served[1].digest
+    assert index.lookup(KEY, "d" * 64) is None
+    assert index.lookup("f" * 16) is None
+    index.replace(served[:1])
+    assert index.lookup(KEY, "b" * 64) is None
