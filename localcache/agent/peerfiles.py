@@ -163,8 +163,8 @@ class PeerFiles:
             return {}
         ready, served = dict(self._ready), dict(self._served)
         survey = await asyncio.to_thread(self._survey, wants, ready, served)
-        for key in ready:
-            if self._ready.get(key) == ready[key]:
+        for key, result in ready.items():
+            if self._ready.get(key) is result:  # consumed (or outdated); not a newer one
                 del self._ready[key]
         self._served = survey.served
         self.source.replace(survey.served.values(), survey.manifests)
