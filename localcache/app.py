@@ -329,6 +329,8 @@ async def run_components(
                     config_map=cfg.name,
                     kserve_config=cfg.kserve,
                     watch_storage_containers=True,
+                    peer_port=agent.peer_port,
+                    pod_ip=agent.pod_ip,
                     controller_name=(
                         f"{agent_setup.CONTROLLER_NAME}-{node_name}"
                         if len(components.agent_nodes) > 1

@@ -1,7 +1,7 @@
 """Process settings: the flag table, parsed once (`from_args`) into per-concern groups.
 
 Every flag has an environment variable (`LOCALCACHE_*`, or the Kubernetes convention where one
-exists: `KUBECONFIG`, `NODE_NAME`, `POD_NAMESPACE`, `POD_NAME`); a flag wins over its
+exists: `KUBECONFIG`, `NODE_NAME`, `POD_NAMESPACE`, `POD_NAME`, `POD_IP`); a flag wins over its
 variable, which wins over the default. README.md's table is generated from `FLAGS` (`python -m
 localcache.settings --markdown`). `Settings` is an immutable value built once by the entry
 point and handed to the composition root. Its groups: `connection`, `logging`, `serving`
@@ -22,9 +22,10 @@ import sys
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Literal
 
+from localcache import flagvalues
 from localcache.runtime import keys
 from localcache.runtime.serving import tlsoptions
 
@@ -135,6 +136,10 @@ FLAGS: tuple[Flag, ...] = (
              "several models roots, `<host path>=<container path>,...`: each node group is "
              "served on the root whose host path is its PV path (replaces --models-root and "
              "--host-models-root when set)"),
+        Flag("--peer-port", "LOCALCACHE_PEER_PORT", "0",
+             "TLS port of the peer server, published as status.peer.endpoint with --pod-ip "
+             "(0: not serving)", "int"),
+        Flag("--pod-ip", "POD_IP", "", "the agent pod's IP, in status.peer.endpoint"),
     ),
 )
 # fmt: on
@@ -199,13 +204,9 @@ class Webhook:
     tls: tlsoptions.TLSOptions
 
 
-@dataclass(frozen=True, slots=True)
-class RootMount:
-    """One models root of `--models-roots`: `host_path` on the node (normalised), mounted at
-    `container_path` in the agent's container."""
-
-    host_path: str
-    container_path: Path
+RootMount = flagvalues.RootMount
+SettingsError = flagvalues.SettingsError
+parse_root_mounts = flagvalues.parse_root_mounts
 
 
 @dataclass(frozen=True)
@@ -214,6 +215,8 @@ class Agent:
     models_root: Path
     host_models_root: Path  # the node path mounted at `models_root`
     models_roots: tuple[RootMount, ...] = ()
+    peer_port: int = 0  # of the peer server (0: not serving)
+    pod_ip: str = ""  # the agent pod's IP (POD_IP), in status.peer.endpoint
 
 
 @dataclass(frozen=True)
@@ -234,41 +237,10 @@ class Settings:
     """`dest`s of the flags given by flag or environment variable (`BY_DEST` names them)."""
 
 
-class SettingsError(ValueError):
-    """A flag or environment variable has an unusable value (the message names it)."""
-
-
 def _parse_bool(text: str, flag: Flag) -> bool:
     if (lowered := text.strip().lower()) in ("1", "true", "yes", "on", "0", "false", "no", "off"):
         return lowered in ("1", "true", "yes", "on")
     raise SettingsError(f"{flag.flag} / {flag.env}: expected true or false, got {text!r}")
-
-
-def _normalised(path: str | Path) -> str:
-    return str(PurePosixPath(os.path.normpath(str(path))))
-
-
-def parse_root_mounts(text: str) -> tuple[RootMount, ...]:
-    """`--models-roots`: comma-separated `<host path>=<container path>` (or a single path,
-    mounted at the same path), no host or container path twice; SettingsError names the
-    bad part."""
-    mounts: list[RootMount] = []
-    for part in (p.strip() for p in text.split(",")):
-        if not part:
-            continue
-        host, sep, container = part.partition("=")
-        host, container = host.strip(), (container.strip() if sep else host.strip())
-        if not host.startswith("/") or not container.startswith("/"):
-            raise SettingsError(
-                f"--models-roots: want <host path>=<container path>, both absolute, got {part!r}"
-            )
-        mounts.append(RootMount(_normalised(host), Path(container)))
-    hosts = [m.host_path for m in mounts]
-    containers = [_normalised(m.container_path) for m in mounts]
-    for what, values in (("host path", hosts), ("container path", containers)):
-        if dup := sorted({v for v in values if values.count(v) > 1}):
-            raise SettingsError(f"--models-roots: {what} given twice: {', '.join(dup)}")
-    return tuple(mounts)
 
 
 def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
@@ -377,6 +349,8 @@ def from_args(
             models_root=models_root,
             host_models_root=Path(s("host_models_root")) if s("host_models_root") else models_root,
             models_roots=parse_root_mounts(s("models_roots")),
+            peer_port=int(n("peer_port")),
+            pod_ip=s("pod_ip"),
         ),
         shutdown_timeout=n("shutdown_timeout"),
         given=frozenset(given),

@@ -20,9 +20,9 @@ One pass (`reconcile`), for the LocalModelNode named like this node only:
    on a root no node group declares any more, and never a folder whose entry is now served
    on another root; what is kept is logged and posted once as a `ModelFoldersKept` Warning),
    and staging folders of Jobs that no longer run;
-5. patch the owned status fields when changed (with the records of the Jobs created, so
-   they survive a restart), post Events for entries that became Downloaded or failed, and
-   requeue (sooner while downloading or waiting for a retry).
+5. patch the owned status fields when changed (the records of the Jobs created, so they
+   survive a restart; `status.peer`: `publish_peer`, `agent.peerfiles`), post Events for
+   entries that became Downloaded or failed, and requeue (sooner while downloading).
 
 Each create is recorded in status at once (`report.record_jobs`), before the pass goes on.
 A Job created just before a crash, whose record never reached status, is never trusted: it
@@ -38,7 +38,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import functools
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -78,6 +78,7 @@ def utcnow() -> datetime.datetime:
 
 
 _Placement = tuple[nodegroup.LocalModelNodeGroup, folders.ModelDisk] | launcher.NotLaunched
+_PublishPeer = Callable[..., Awaitable[dict[str, Any]]]  # (units, placements, outcomes)
 
 
 @dataclass
@@ -129,8 +130,10 @@ class Reconciler:
         job_backoff_limit: int | None = None,
         progress_interval: float = 10.0,
         job_name_suffix: Callable[[], str] | None = None,
+        publish_peer: _PublishPeer | None = None,
     ) -> None:
         self.node_name = node_name
+        self._publish_peer = publish_peer
         self._disks = disk if isinstance(disk, roots.Disks) else roots.Disks([disk])
         self._stores = stores
         self._metrics = agent_metrics
@@ -256,6 +259,8 @@ class Reconciler:
             node, anywhere={u.storage_key for u in units}, served=served, live_jobs=ctx.live_jobs
         )
         desired = status.desired_status(outcomes, jobs=self._jobs.records())
+        if self._publish_peer is not None:  # `status.peer` (peer distribution)
+            desired |= await self._publish_peer(units, placements, outcomes)
         before = await self._report.write_status(ctx.node_obj, desired)
         for change in status.transitions(before, outcomes):
             await self._report.transition(node, change)
@@ -270,12 +275,8 @@ class Reconciler:
         per bad ConfigMap version."""
         loaded = self._live_config.load()
         if loaded.new_error is not None:
-            note = (
-                "the last good configuration stays in force"
-                if loaded.config is not None
-                else "waiting"
-            )
-            message = f"{loaded.new_error}; {note}"
+            kept = "the last good configuration stays in force"
+            message = f"{loaded.new_error}; {kept if loaded.config is not None else 'waiting'}"
             await self._report.event(node, "Warning", "InvalidConfiguration", message)
         return loaded.config
 

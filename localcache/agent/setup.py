@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from localcache.agent import reconciler, report
+from localcache.agent import peerfiles, peersource, reconciler, report
 from localcache.agent.disk import folders, layout, roots
 from localcache.agent.jobs import jobs, trust
 from localcache.api import groupversion
@@ -71,6 +71,10 @@ class AgentSettings:
     watch_storage_containers: bool = True
     controller_name: str = CONTROLLER_NAME
     """Distinct per agent when several agents share one process (`localcache run`)."""
+    peer_port: int = 0
+    """The peer server's port (0: not serving: `status.peer.endpoint` stays unset)."""
+    pod_ip: str = ""
+    """The agent pod's IP (`POD_IP`), in `status.peer.endpoint`."""
 
     def __post_init__(self) -> None:
         if not self.node_name:
@@ -96,11 +100,12 @@ def setup(
     metrics: metrics_mod.Metrics,
     clock: clock_mod.Clock | None = None,
     factory: factory_mod.InformerFactory | None = None,
-) -> None:
-    """Register the agent's controller (no leader election: one agent per node) on
-    `manager`, reading through informers from `factory` (a new one over `kube` and `clock`
-    when None). `metrics` gets the controller, queue and download series. Call before
-    `manager.run()`."""
+) -> peersource.PeerFolders:
+    """Register the agent's controller (no leader election: one agent per node) and its
+    peer file-list worker (`agent.peerfiles`) on `manager`, reading through informers from
+    `factory` (a new one over `kube` and `clock` when None). `metrics` gets the controller,
+    queue and download series. Call before `manager.run()`. Returns the folders its peer
+    server may serve (`peersource.PeerFolders`, the server's `FolderSource`)."""
     clock = clock or clock_mod.SystemClock()
     node = settings.node_name
     shared = factory or factory_mod.InformerFactory(kube, manager, clock=clock)
@@ -169,6 +174,11 @@ def setup(
         # Which image a Job uses depends on every container: re-reconcile on (un)watching.
         containers.on_change(lambda _availability: queue.add(own_key))
 
+    peer_files = peerfiles.PeerFiles(
+        endpoint=peerfiles.endpoint(settings.pod_ip, settings.peer_port),
+        on_ready=lambda: queue.add(own_key),
+    )
+    manager.add_runnable(f"peer-files {settings.controller_name}", peer_files, needs_leader=False)
     rec = reconciler.Reconciler(
         node_name=node,
         api=kube,
@@ -195,6 +205,7 @@ def setup(
         clock=clock,
         job_backoff_limit=settings.job_backoff_limit,
         progress_interval=settings.progress_interval,
+        publish_peer=peer_files.publish,
     )
     ctl = controller.Controller(
         settings.controller_name,
@@ -206,3 +217,4 @@ def setup(
     )
     manager.add_controller(ctl, needs_leader=False)
     queue.add(own_key)
+    return peer_files.source
