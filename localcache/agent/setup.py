@@ -28,9 +28,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from localcache.agent import peerfiles, peersource, reconciler, report
+from localcache.agent import peerfiles, peerserving, peersource, reconciler, report
 from localcache.agent.disk import folders, layout, roots
 from localcache.agent.jobs import jobs, trust
+from localcache.agent.peer import tls as peer_tls
 from localcache.api import groupversion
 from localcache.caching import config, liveconfig
 from localcache.runtime import clock as clock_mod
@@ -74,6 +75,7 @@ class AgentSettings:
     peer_port: int = 0
     """The peer server's port (0: not serving: `status.peer.endpoint` stays unset)."""
     pod_ip: str = ""
+    peer_tls_dir: Path = peer_tls.DEFAULT_DIR
     """The agent pod's IP (`POD_IP`), in `status.peer.endpoint`."""
 
     def __post_init__(self) -> None:
@@ -217,4 +219,10 @@ def setup(
     )
     manager.add_controller(ctl, needs_leader=False)
     queue.add(own_key)
+    if settings.peer_port > 0:
+        serving = peerserving.PeerServing(
+            kube=kube, folders=peer_files.source, groups=groups.reader(),
+            port=settings.peer_port, tls_dir=settings.peer_tls_dir, metrics=metrics, clock=clock,
+        )  # fmt: skip
+        manager.add_runnable(f"peer-server {settings.controller_name}", serving, needs_leader=False)
     return peer_files.source
