@@ -16,7 +16,7 @@ Contract (`fetch`):
   the live sources without progress the worker backs off (Retry-After honoured, at most
   `peersources.MAX_RETRY_AFTER_S`). A file whose size or sha256 is wrong is discarded and
   every source that contributed to it banned for the run. 401, 403, 404, 416, TLS failures
-  and protocol violations ban the source; transport failures strike it
+  and protocol violations ban the source; transport failures and 500/502/504 strike it
   (`peersources.MAX_STRIKES` ban it). A file no live source can serve (`ROUNDS` passes
   without progress, or no source left) ends the run with "use origin".
 - Only after every file verified and fsynced are the links made (and checked against the
@@ -57,6 +57,7 @@ MAX_MANIFEST_BYTES: Final = 32 << 20
 ROUNDS: Final = 3
 BACKOFF_S: Final = 0.5
 _Failure = peersources.SourceFailure
+_NEW_FILE: Final = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 CHUNK_BYTES: Final = http.CHUNK_BYTES
 
 
@@ -230,7 +231,9 @@ class _Run:
     async def _file(self, entry: peer.ManifestFile, stage: Path) -> None:
         path = stage / entry.path
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = os.open(
+            path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644
+        )
         with os.fdopen(fd, "wb") as out:
             job = _File(entry, out)
             if entry.size > 0:
@@ -242,31 +245,42 @@ class _Run:
         log.info("fetch.file", path=entry.path[:200], bytes=entry.size)
 
     async def _transfer(self, job: _File) -> None:
-        idle = turn = 0
+        """Complete `job` from the live sources, best first, in passes (module doc)."""
+        rank = {s.node: i for i, s in enumerate(self.board.sources)}
+        previous: peersources.Source | None = None
+        idle = passes = 0  # attempts, and whole passes, without progress
+        progressed = False
         waits: list[float] = []
         last = "no source tried"
         while True:
             live = self.board.live()
             if not live or idle >= ROUNDS * len(live):
+                banned = self.board.why_banned()
                 raise peersources.use_origin(
                     f"no peer could serve {job.entry.path[:80]!r} ({last}"
-                    + (f"; banned: {self.board.why_banned()}" if self.board.why_banned() else "")
+                    + (f"; banned: {banned}" if banned else "")
                     + ")"
                 )
-            source = live[turn % len(live)]
-            before = job.written
+            after = -1 if previous is None else rank[previous.node]
+            source = next((s for s in live if rank[s.node] > after), live[0])
+            if previous is not None and rank[source.node] <= after:  # a new pass
+                if not progressed:
+                    await self._back_off(passes, max(waits, default=0.0))
+                    passes += 1
+                progressed = False
+                waits.clear()
+            previous, before = source, job.written
             try:
                 await self._stream(source, job)
             except _Failure as failure:
                 last = f"{source.node}: {failure.reason}"
                 self._failed(source, failure, what=job.entry.path)
-                if failure.kind != "ban":
-                    turn += 1  # a ban shrinks `live`: the same index is already the next one
-                    waits.append(failure.wait)
-                idle = 0 if job.written > before else idle + 1
-                if turn and turn % len(live) == 0 and idle:
-                    await self._back_off(idle // len(live), max(waits, default=0.0))
-                    waits.clear()
+                waits.append(failure.wait)
+                if job.written > before:
+                    idle = passes = 0
+                    progressed = True
+                else:
+                    idle += 1
                 continue
             if job.hasher.hexdigest() == job.entry.sha256:
                 return
@@ -275,7 +289,7 @@ class _Run:
                 log.warning("fetch.bad_bytes", source=bad.node, path=job.entry.path[:200])
             last = "sha256 mismatch"
             job.reset()
-            idle = turn = 0
+            previous, idle, passes = None, 0, 0
 
     async def _stream(self, source: peersources.Source, job: _File) -> None:
         """Fetch the rest of `job` from `source`; `_Failure` unless the file is complete."""

@@ -9,6 +9,10 @@
   `peer.SERVER_NAME`, whatever the IP) and the bearer token, re-read from its file on every
   request (the kubelet rotates projected tokens). The token never appears in a message.
 - `retry_after`: a numeric Retry-After header, bounded.
+- `SourceFailure`, `check_status`, `check_extent`: what one answer means for its source:
+  "busy" (429, 503: ask the next, back off after a pass), "strike" (500, 502, 504, transport
+  failures), "ban" (any other status, TLS failures, an extent other than the one asked).
+- `FetchError`: how a run ends when it fails (`use_origin`, or a local failure).
 """
 
 from __future__ import annotations
