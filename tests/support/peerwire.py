@@ -87,6 +87,8 @@ class Faults:
     """file -> bytes sent before the stream goes silent (first request only)."""
     flip: set[str] = dataclasses.field(default_factory=set)
     """files served with one byte flipped."""
+    shifted_range: set[str] = dataclasses.field(default_factory=set)
+    """files whose ranged answers claim (Content-Range) to start one byte early."""
     busy: int = 0
     """file requests answered 429 (Retry-After: `retry_after`) before serving."""
     retry_after: str = "7"
@@ -192,7 +194,8 @@ class Peer:
             if start >= len(body):
                 return web.Response(status=416)
             status = 206
-            headers["Content-Range"] = f"bytes {start}-{len(body) - 1}/{len(body)}"
+            shown = start - 1 if path in self.faults.shifted_range else start
+            headers["Content-Range"] = f"bytes {shown}-{len(body) - 1}/{len(body)}"
         response = web.StreamResponse(status=status, headers=headers)
         response.content_length = len(body) - start
         await response.prepare(request)

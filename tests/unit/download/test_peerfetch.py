@@ -247,3 +247,51 @@ async def test_a_peer_sending_more_than_the_manifest_size_is_banned(
     _, board = await _fetch([first, second], dest, _request(tls, token_file, RecordingClock()))
     assert _tree(dest) == EXPECTED
     assert "Content-Length" in board.why_banned()
+
+
+async def test_a_ranged_answer_starting_elsewhere_bans_the_peer(
+    tls: peerwire.Tls, token_file: Path, tmp_path: Path
+) -> None:
+    faults = [
+        Faults(cut_at={"weights/model.bin": 100_000}),
+        Faults(shifted_range={"weights/model.bin"}),
+    ]
+    peers = [
+        Peer(f"node-{c}", FILES, tls, manifest=MANIFEST, faults=f)
+        for c, f in zip("abc", [*faults, Faults()], strict=True)
+    ]
+    async with peers[0].running(), peers[1].running(), peers[2].running():
+        _, board = await _fetch(
+            peers, tmp_path / "dest", _request(tls, token_file, RecordingClock())
+        )
+    assert _tree(tmp_path / "dest") == EXPECTED
+    assert "Content-Range" in board.why_banned()
+    resumed = peers[2].file_requests("weights/model.bin")
+    assert [r.range for r in resumed] == [peers[1].file_requests("weights/model.bin")[0].range]
+
+
+async def test_a_forged_manifest_bans_its_peer_and_the_next_one_serves(
+    pair: tuple[Peer, Peer], tls: peerwire.Tls, token_file: Path, tmp_path: Path
+) -> None:
+    first, second = pair
+    first.manifest = peerwire.manifest_for({"config.json": b"evil"})
+    _, board = await _fetch(
+        [first, second], tmp_path / "dest", _request(tls, token_file, RecordingClock())
+    )
+    assert _tree(tmp_path / "dest") == EXPECTED
+    assert [r.path for r in first.requests] == ["manifest"]
+    assert "digest" in board.why_banned()
+
+
+async def test_the_deadline_ends_a_run_with_use_origin_and_leaves_nothing(
+    tls: peerwire.Tls, token_file: Path, tmp_path: Path
+) -> None:
+    slow = Peer(
+        "node-a", FILES, tls, manifest=MANIFEST, faults=Faults(stall_at={"weights/model.bin": 10})
+    )
+    request = _request(tls, token_file, RecordingClock(), deadline=0.5, stall_timeout=30.0)
+    async with slow.running():
+        with pytest.raises(peersources.FetchError, match="--deadline") as caught:
+            await _fetch([slow], tmp_path / "dest", request)
+    assert caught.value.use_origin
+    assert not (tmp_path / "dest").exists()
