@@ -131,7 +131,8 @@ def _settings(i: Import) -> bool:
 
 
 #: What the download program (`localcache download`, inside download Jobs) may import from
-#: localcache: itself, the durable writes it shares with the agent, and three leaf modules.
+#: localcache: itself, the durable writes it shares with the agent, leaf modules, and the peer
+#: wire models `localcache fetch` speaks (`api.peer`, on `api.meta` and `api.quantity`).
 DOWNLOAD_NEEDS = (
     "localcache.download",
     "localcache.runtime.durable",
@@ -139,6 +140,8 @@ DOWNLOAD_NEEDS = (
     "localcache.runtime.clock",
     "localcache.runtime.errors",
     "localcache.api.quantity",
+    "localcache.api.peer",
+    "localcache.api.meta",
 )
 
 
