@@ -93,7 +93,7 @@ class PeerServing:
         tls_dir: Path,
         metrics: metrics_mod.Metrics,
         clock: clock_mod.Clock,
-        host: str = "0.0.0.0",  # noqa: S104 - pods of other nodes connect to the pod IP
+        host: str = "0.0.0.0",  # pods of other nodes connect to the pod IP
     ) -> None:
         self._kube, self._folders, self._groups = kube, folders, groups
         self._port, self._tls_dir, self._host = port, tls_dir, host

@@ -75,8 +75,9 @@ class AgentSettings:
     peer_port: int = 0
     """The peer server's port (0: not serving: `status.peer.endpoint` stays unset)."""
     pod_ip: str = ""
-    peer_tls_dir: Path = peer_tls.DEFAULT_DIR
     """The agent pod's IP (`POD_IP`), in `status.peer.endpoint`."""
+    peer_tls_dir: Path = peer_tls.DEFAULT_DIR
+    """Where the peer server's certificate (Secret `localcache-peer-tls`) is mounted."""
 
     def __post_init__(self) -> None:
         if not self.node_name:
