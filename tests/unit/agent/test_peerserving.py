@@ -13,6 +13,7 @@ import aiohttp
 import pytest
 
 from localcache.agent import peerserving, peersource
+from localcache.agent.peer import server
 from localcache.agent.peer import tls as peer_tls
 from localcache.api import peer
 from localcache.runtime import clock as clock_mod
@@ -75,15 +76,15 @@ async def test_it_waits_for_the_certificate_then_serves_over_tls_and_stops(tmp_p
         host="127.0.0.1",
     )
     started: asyncio.Queue[int] = asyncio.Queue()
-    real_start = peerserving.server.PeerServer.start
+    real_start = server.PeerServer.start
 
     async def record_start(self: Any, host: str, port: int, ctx: ssl.SSLContext | None) -> int:
-        bound = await real_start(self, host, port, ctx)
+        bound: int = await real_start(self, host, port, ctx)
         started.put_nowait(bound)
         return bound
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(peerserving.server.PeerServer, "start", record_start)
+        mp.setattr(server.PeerServer, "start", record_start)
         task = asyncio.create_task(serving.run())
         await asyncio.sleep(0)  # let it look for the files once: none yet
         assert started.empty()
