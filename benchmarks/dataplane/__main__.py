@@ -79,6 +79,7 @@ def main(argv: Sequence[str]) -> int:
         )
     except Exception as exc:  # report what was measured, then fail
         print(f"bench-dataplane: a run failed: {type(exc).__name__}: {exc}", flush=True)
+        print(bench.diagnose(), flush=True)
         code = 1
     finally:
         bench.stop()

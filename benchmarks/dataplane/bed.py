@@ -27,7 +27,7 @@ from typing import Any
 
 from benchmarks.dataplane import shaping
 from localcache.api import groupversion
-from localcache.devenv import realnodes, testbed
+from localcache.devenv import nodeassets, realnodes, testbed
 from tests.support import objectstore
 
 Obj = dict[str, Any]
@@ -59,7 +59,7 @@ class BenchBed:
 
     def start(self) -> BenchBed:
         try:
-            images = realnodes.prepare_images(realnodes.OPERATOR_IMAGES)
+            images = _images(realnodes.OPERATOR_IMAGES)
             self.bed = testbed.TestBed(nodes=self.nodes, images=images)
             self.bed.start()
             (reach,) = self.bed.forward([S3_PORT])
@@ -159,8 +159,10 @@ class BenchBed:
     def set_members(self, members: list[str]) -> None:
         """Label `members` into the benchmark's node groups, and no other node."""
         for name in self.node_names:
-            value = f"{MEMBER_LABEL}=yes" if name in members else f"{MEMBER_LABEL}-"
-            self.kubectl("label", "node", name, "--overwrite", value)
+            if name in members:
+                self.kubectl("label", "node", name, "--overwrite", f"{MEMBER_LABEL}=yes")
+            else:  # removing a label a node does not have is not an error here
+                self.kubectl("label", "node", name, f"{MEMBER_LABEL}-", check=False)
 
     def set_peer(self, group: str, enabled: bool) -> None:
         patch = {"spec": {"peerDistribution": {"enabled": enabled}}}
@@ -198,6 +200,22 @@ class BenchBed:
         )
         return {p["metadata"]["uid"] for p in json.loads(done.stdout)["items"]}
 
+    def diagnose(self) -> str:
+        """What an operator would look at when a run fails: node statuses, Jobs, pods, the
+        agents' last log lines (best effort: every command's failure is part of the text)."""
+        if self.bed is None:
+            return "(no bed)"
+        parts = []
+        for args in (
+            ("get", "lmn", "-o", "yaml"),
+            ("get", "jobs,pods", "-A", "-o", "wide"),
+            ("get", "events", "-A", "--field-selector", "type=Warning"),
+            ("logs", "-n", realnodes.SYSTEM_NS, "-l", AGENT_SELECTOR, "--tail=20", "--prefix"),
+        ):
+            done = self.kubectl(*args, check=False)
+            parts.append(f"$ kubectl {' '.join(args)}\n{done.stdout[-6000:]}{done.stderr[-2000:]}")
+        return "\n".join(parts)
+
     def model_files(self, node: str, storage_key: str) -> dict[str, int]:
         """Size of every regular file below `models/<storage_key>` on `node`'s disk."""
         folder = self._bed().node(node).models_dir / "models" / storage_key
@@ -208,6 +226,22 @@ class BenchBed:
             for p in sorted(folder.rglob("*"))
             if p.is_file() and not p.is_symlink()
         }
+
+
+def _images(names: tuple[str, ...]) -> list[testbed.Image]:
+    """Build (or reuse) the node binaries and only the images `names` (not every image of
+    the e2e packages, as `realnodes.prepare_images` would)."""
+    if nodeassets.missing_assets() is not None:
+        realnodes.hack("build-node.sh")
+    built = json.loads(Path(realnodes.hack("build-images.sh", *names)).read_text())
+    return [
+        testbed.Image(
+            ref=built[name]["ref"],
+            tarball=Path(built[name]["tar"]),
+            aliases=realnodes.IMAGE_ALIASES.get(name, ()),
+        )
+        for name in names
+    ]
 
 
 def node_group(name: str, *, peer: bool) -> Obj:
