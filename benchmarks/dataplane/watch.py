@@ -58,6 +58,20 @@ class JsonStream:
             self._buffer = rest[end:]
 
 
+def listed_items(objs: list[Any]) -> list[Mapping[str, Any]]:
+    """The objects, with a List's items in its place (kubectl may print the first listing
+    as one List)."""
+    found: list[Mapping[str, Any]] = []
+    for obj in objs:
+        if not isinstance(obj, dict):
+            continue
+        if str(obj.get("kind", "")).endswith("List"):
+            found += [item for item in obj.get("items") or [] if isinstance(item, dict)]
+        else:
+            found.append(obj)
+    return found
+
+
 class ReadyWatch:
     """See the module docstring."""
 
@@ -102,7 +116,7 @@ class ReadyWatch:
             if not chunk:
                 break
             now = time.monotonic()
-            for obj in stream.feed(text.decode(chunk)):
+            for obj in listed_items(stream.feed(text.decode(chunk))):
                 name = (obj.get("metadata") or {}).get("name")
                 if (
                     name in self.nodes

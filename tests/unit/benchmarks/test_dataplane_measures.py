@@ -103,3 +103,11 @@ def test_a_node_is_ready_when_its_status_reports_the_key_downloaded() -> None:
     assert watch.downloaded(node, "bench/m")
     assert not watch.downloaded(node, "x")
     assert not watch.downloaded({"status": None}, "bench/m")
+
+
+def test_a_listing_counts_as_its_items() -> None:
+    listed = {"kind": "List", "items": [{"metadata": {"name": "node-1"}}]}
+    assert watch.listed_items([listed, {"kind": "LocalModelNode"}, 3]) == [
+        {"metadata": {"name": "node-1"}},
+        {"kind": "LocalModelNode"},
+    ]
