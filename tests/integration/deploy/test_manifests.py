@@ -138,6 +138,8 @@ ACCESS: dict[str, list[A]] = {
         A("get", "serviceaccounts", TENANT),
         A("get", "secrets", TENANT),
         A("get", "nodes"),
+        # the peer server authenticates peer-mode download pods' tokens (agent/peer/)
+        A("create", "tokenreviews.authentication.k8s.io"),
         A("get list watch", "configmaps", NS, CONFIGMAP),
         A("create", "events", "default"),
         A("create", "events.events.k8s.io", "default"),
@@ -184,6 +186,9 @@ DENIED: dict[str, list[A]] = {
         A("get update", "leases.coordination.k8s.io", NS),
         A("get patch", f"mutatingwebhookconfigurations.{REG}", name=MUTATING),
         A("escalate bind", "clusterroles.rbac.authorization.k8s.io"),
+        # the peer bundle is mounted, never read through the API by name with write rights
+        A("update patch delete", "secrets", NS, PEER_SECRET),
+        A("create", "subjectaccessreviews.authorization.k8s.io"),
         EVERYTHING,
     ],
 }
