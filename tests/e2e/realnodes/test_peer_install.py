@@ -7,12 +7,14 @@ from __future__ import annotations
 import base64
 import json
 
+import pytest
 from cryptography import x509
 
 from localcache.api import peer
 from localcache.controllers import peertls
 from tests.e2e.realnodes.cluster import Cluster
 
+pytestmark = pytest.mark.timeout(600)
 NS = "kserve"
 CONTROLLER = "deployment/kserve-localmodel-controller-manager"
 MOUNT = "/var/run/localcache/peer-tls"
