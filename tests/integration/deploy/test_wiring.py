@@ -120,7 +120,7 @@ def test_the_container_command_is_what_localcache_accepts(
         # the peer data plane: port, image of peer-mode Jobs, pod IP, the mounted TLS bundle
         assert parsed.agent.peer_port == ports["peer"] == peer.DEFAULT_PORT
         assert parsed.agent.peer_image == container["image"]
-        assert "POD_IP" in environ
+        assert parsed.agent.pod_ip == "10.0.0.1"  # POD_IP from status.podIP
         (mount,) = [m for m in container["volumeMounts"] if m["name"] == "peer-tls"]
         assert mount == {"name": "peer-tls", "mountPath": PEER_TLS_DIR, "readOnly": True}
         (volume,) = [v for v in pod["volumes"] if v["name"] == "peer-tls"]
