@@ -333,6 +333,8 @@ def _tokenize(node: Any, jobs: str, key: str | None = None) -> Any:
             return "@@KSERVENAMESPACE@@"
         if node == IMAGE:
             return "@@IMAGE@@"
+        if node == f"--peer-image={IMAGE}":  # the agent's peer-mode Jobs run the same image
+            return "--peer-image=@@IMAGE@@"
         node = node.replace(
             f"system:serviceaccount:{NAMESPACE}:", "system:serviceaccount:@@NAMESPACE@@:"
         )

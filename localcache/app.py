@@ -4,7 +4,8 @@ The only module that imports both the framework (`runtime`) and every domain pac
 entry points, one per process shape:
 
 - `run_controller`: the cache reconcilers plus the admission server (self-managed
-  certificates by default), behind a Lease when `--leader-elect` is on. Only the
+  certificates by default) and the peer TLS bundle's Secret, behind a Lease when
+  `--leader-elect` is on. Only the
   reconcilers need the lease: the admission server, its certificate rotation, the informers
   that feed both, /metrics and the probes serve on every replica, and a replica that loses
   the lease stops its reconcilers and campaigns again instead of exiting;
@@ -35,7 +36,7 @@ from localcache.agent.disk import roots
 from localcache.api import crdgen, groupversion
 from localcache.caching import config as config_mod
 from localcache.caching import liveconfig
-from localcache.controllers import agenttolerations, readiness
+from localcache.controllers import agenttolerations, peertls, readiness
 from localcache.controllers import setup as controllers_setup
 from localcache.runtime import errors, factory, informer, kube, leaderelection, manager, metrics
 from localcache.runtime import logging as logging_mod
@@ -280,6 +281,8 @@ async def run_components(
                 instance=lead.identity,
             )
         if components.controller:
+            # the peer data plane's TLS bundle, which the agents mount (controllers/peertls.py)
+            peertls.setup(mgr, kube_api=api, namespace=cfg.namespace)
             # every replica checks that the served CRDs keep the fields we write
             crdcheck.setup(
                 mgr,

@@ -140,6 +140,7 @@ FLAGS: tuple[Flag, ...] = (
              "TLS port of the peer server, published as status.peer.endpoint with --pod-ip "
              "(0: not serving)", "int"),
         Flag("--pod-ip", "POD_IP", "", "the agent pod's IP, in status.peer.endpoint"),
+        Flag("--peer-image", "LOCALCACHE_PEER_IMAGE", "", "image of peer-mode download Jobs"),
     ),
 )
 # fmt: on
@@ -217,6 +218,7 @@ class Agent:
     models_roots: tuple[RootMount, ...] = ()
     peer_port: int = 0  # of the peer server (0: not serving)
     pod_ip: str = ""  # the agent pod's IP (POD_IP), in status.peer.endpoint
+    peer_image: str = ""  # the localcache image of peer-mode download Jobs
 
 
 @dataclass(frozen=True)
@@ -351,6 +353,7 @@ def from_args(
             models_roots=parse_root_mounts(s("models_roots")),
             peer_port=int(n("peer_port")),
             pod_ip=s("pod_ip"),
+            peer_image=s("peer_image"),
         ),
         shutdown_timeout=n("shutdown_timeout"),
         given=frozenset(given),

@@ -1,4 +1,5 @@
-"""Pure certificate logic for the admission server's self-managed serving certificate.
+"""Pure certificate logic for self-managed serving certificates (the admission server's, the
+peer data plane's).
 
 No I/O and no clock: every function takes `now`. `runtime.serving.certs.CertManager` does the I/O.
 - `service_dns_names`: the names a client may use for a Service.
@@ -122,8 +123,10 @@ def issue_bundle(
     cert_validity: datetime.timedelta = datetime.timedelta(days=365),
     ca_validity: datetime.timedelta = datetime.timedelta(days=3650),
     previous: CertBundle | None = None,
+    ca_name: str = "localcache-webhook-ca",
 ) -> CertBundle:
-    """A serving certificate for `names` (IP literals become IP SANs), signed by a CA.
+    """A serving certificate for `names` (IP literals become IP SANs), signed by a CA (a new
+    one's common name is `ca_name@<unix time>`).
 
     The CA of `previous` is reused when it outlives the new certificate by a day; otherwise a
     new CA is made and `previous`'s current CA stays in the trust bundle while still valid.
@@ -137,7 +140,7 @@ def issue_bundle(
         new_key = ec.generate_private_key(ec.SECP256R1())
         ski = x509.SubjectKeyIdentifier.from_public_key(new_key.public_key())
         ca_cert_pem = _sign(
-            f"localcache-webhook-ca@{int(now.timestamp())}",
+            f"{ca_name}@{int(now.timestamp())}",
             new_key,
             issuer=None,
             now=now,
@@ -279,15 +282,21 @@ def bundle_from_secret(secret: dict[str, Any]) -> CertBundle | None:
 
 
 def secret_body(
-    bundle: CertBundle, *, name: str, namespace: str, resource_version: str | None = None
+    bundle: CertBundle,
+    *,
+    name: str,
+    namespace: str,
+    resource_version: str | None = None,
+    component: str = "webhook",
 ) -> dict[str, Any]:
-    """The Secret (type kubernetes.io/tls, plus `ca.crt` and `ca.key`) that stores `bundle`."""
+    """The Secret (type kubernetes.io/tls, plus `ca.crt` and `ca.key`) that stores `bundle`,
+    labelled managed-by localcache and `app.kubernetes.io/component: <component>`."""
     metadata: dict[str, Any] = {
         "name": name,
         "namespace": namespace,
         "labels": {
             "app.kubernetes.io/managed-by": "localcache",
-            "app.kubernetes.io/component": "webhook",
+            "app.kubernetes.io/component": component,
         },
     }
     if resource_version is not None:

@@ -1,10 +1,10 @@
 """Self-managed serving certificates for the admission server: the I/O around `certgen`.
 
 `CertManager` loads the bundle from a Secret (or creates a CA and a serving certificate with
-`certgen` and stores them with create-if-absent), writes the files the TLS server reads,
-patches `caBundle` into our own Mutating/ValidatingWebhookConfigurations, and re-checks
-periodically so the certificate is renewed before it expires. `CertStore` is the narrow API it
-needs; `CertSettings` says where the certificate lives and what it covers.
+`certgen` and stores them with create-if-absent: `secretbundle.settle`), writes the files the
+TLS server reads, patches `caBundle` into our own Mutating/ValidatingWebhookConfigurations,
+and re-checks periodically so the certificate is renewed before it expires. `CertStore` is the
+narrow API it needs; `CertSettings` says where the certificate lives and what it covers.
 
 Contract:
 - Replicas share one Secret. Creation is create-if-absent: on AlreadyExists the loser re-reads
@@ -32,18 +32,17 @@ import structlog
 
 from localcache.runtime import clock as clock_mod
 from localcache.runtime import errors
-from localcache.runtime.serving import certgen
+from localcache.runtime.serving import certgen, secretbundle
 
 log = structlog.get_logger(__name__)
 
-CERT_MANAGER_ANNOTATION = "cert-manager.io/certificate-name"
+CERT_MANAGER_ANNOTATION = secretbundle.CERT_MANAGER_ANNOTATION
 
 ConfigurationKind = Literal["mutating", "validating"]
 Now = Callable[[], datetime.datetime]
 
 
-def utcnow() -> datetime.datetime:
-    return datetime.datetime.now(datetime.UTC)
+utcnow = secretbundle.utcnow
 
 
 class CertStore(Protocol):
@@ -143,54 +142,15 @@ class CertManager:
 
     async def _shared_bundle(self) -> certgen.CertBundle:
         s = self.settings
-        for _ in range(5):
-            try:
-                secret: dict[str, Any] | None = await self.store.get_secret(
-                    s.namespace, s.secret_name
-                )
-            except errors.NotFound:
-                secret = None
-            annotations = ((secret or {}).get("metadata") or {}).get("annotations") or {}
-            if CERT_MANAGER_ANNOTATION in annotations:
-                raise errors.TerminalError(
-                    f"Secret {s.namespace}/{s.secret_name} is managed by cert-manager: "
-                    "turn self-managed certificates off"
-                )
-            current = certgen.bundle_from_secret(secret) if secret is not None else None
-            reason = certgen.renewal_reason(
-                current, names=s.names, now=self.now(), renew_before=s.renew_before
-            )
-            if reason is None and current is not None:
-                return current
-            fresh = certgen.issue_bundle(
-                s.names,
-                now=self.now(),
-                cert_validity=s.cert_validity,
-                ca_validity=s.ca_validity,
-                previous=current,
-            )
-            try:
-                if secret is None:
-                    await self.store.create_secret(
-                        s.namespace,
-                        certgen.secret_body(fresh, name=s.secret_name, namespace=s.namespace),
-                    )
-                else:
-                    rv = (secret.get("metadata") or {}).get("resourceVersion")
-                    body = certgen.secret_body(
-                        fresh, name=s.secret_name, namespace=s.namespace, resource_version=rv
-                    )
-                    await self.store.replace_secret(s.namespace, s.secret_name, body)
-            except errors.Conflict:
-                log.info("certs.lost_race", secret_name=s.secret_name, namespace=s.namespace)
-                continue
-            log.info(
-                "certs.issued", secret_name=s.secret_name, reason=reason, serial=hex(fresh.serial)
-            )
-            return fresh
-        raise errors.TerminalError(
-            f"could not settle Secret {s.namespace}/{s.secret_name} after 5 tries"
+        spec = secretbundle.BundleSpec(
+            namespace=s.namespace,
+            secret_name=s.secret_name,
+            names=tuple(s.names),
+            cert_validity=s.cert_validity,
+            ca_validity=s.ca_validity,
+            renew_before=s.renew_before,
         )
+        return await secretbundle.settle(self.store, spec, now=self.now)
 
     async def _write_files(self, bundle: certgen.CertBundle) -> None:
         s = self.settings

@@ -7,8 +7,8 @@ real objects, byte for byte, is tested on real nodes (tests/e2e/profiles).
 
 - The with-kserve controller, run as the profile's ServiceAccount with the Deployment's
   flags, becomes ready (it reads its own ConfigMap and KServe's through the profile's RBAC),
-  takes its own Lease, issues its webhook certificate into its own Secret and patches only
-  its own webhook configurations, leaving KServe's objects untouched.
+  takes its own Lease, issues its webhook certificate and the peer TLS bundle into its own
+  Secrets and patches only its own webhook configurations, leaving KServe's objects untouched.
 - KServe's localmodelcache sample (issue 12): an unlabelled ServiceAccount `hf-downloader` in
   the job namespace, named by a LocalModelCache, its download Job run as it by the agent.
   with-kserve's job namespace is KServe's `kserve-localmodel-jobs` (created beforehand, as
@@ -190,6 +190,12 @@ def test_with_kserve_controller_runs_on_the_profile_rbac_and_names(
                     timeout=60,
                     interval=0.5,
                     what="the controller took its own Lease",
+                )
+                wait_until_sync(
+                    lambda: installer.exists(("Secret", namespace, "localcache-peer-tls")),
+                    timeout=60,
+                    interval=0.5,
+                    what="the controller issued the peer TLS bundle into its own namespace",
                 )
                 bundle = _ca_bundles(
                     installer, "validatingwebhookconfiguration", "localcache-caches"

@@ -41,6 +41,7 @@ TENANT = "team-a"  # any namespace: access reviews do not need it to exist
 MUTATING = "localmodel.inferenceservice.serving.kserve.io"
 VALIDATING = "localmodelcache.serving.kserve.io"
 CERT_SECRET = "localmodel-webhook-server-cert"
+PEER_SECRET = "localcache-peer-tls"
 AGENT_DAEMONSET = "kserve-localmodelnode-agent"
 KEPT_KINDS = {"Namespace", "CustomResourceDefinition"}  # shared with the rest of the session
 LMC = "/apis/serving.kserve.io/v1alpha1/localmodelcaches"
@@ -101,6 +102,8 @@ ACCESS: dict[str, list[A]] = {
         A("get list watch", "configmaps", NS, CONFIGMAP),
         A("get create update patch", "leases.coordination.k8s.io", NS),
         A("get update patch", "secrets", NS, CERT_SECRET),
+        # the peer data plane's TLS bundle, issued and renewed (controllers/peertls.py)
+        A("get update", "secrets", NS, PEER_SECRET),
         A("create", "secrets", NS),
         # the agent DaemonSet's tolerations follow the node groups' (agenttolerations.py)
         A("get list watch patch", "daemonsets.apps", NS, AGENT_DAEMONSET),
@@ -135,6 +138,8 @@ ACCESS: dict[str, list[A]] = {
         A("get", "serviceaccounts", TENANT),
         A("get", "secrets", TENANT),
         A("get", "nodes"),
+        # the peer server authenticates peer-mode download pods' tokens (agent/peer/)
+        A("create", "tokenreviews.authentication.k8s.io"),
         A("get list watch", "configmaps", NS, CONFIGMAP),
         A("create", "events", "default"),
         A("create", "events.events.k8s.io", "default"),
@@ -181,6 +186,9 @@ DENIED: dict[str, list[A]] = {
         A("get update", "leases.coordination.k8s.io", NS),
         A("get patch", f"mutatingwebhookconfigurations.{REG}", name=MUTATING),
         A("escalate bind", "clusterroles.rbac.authorization.k8s.io"),
+        # the peer bundle is mounted, never read through the API by name with write rights
+        A("update patch delete", "secrets", NS, PEER_SECRET),
+        A("create", "subjectaccessreviews.authorization.k8s.io"),
         EVERYTHING,
     ],
 }

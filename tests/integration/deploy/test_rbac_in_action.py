@@ -4,13 +4,21 @@ a namespace cache from creation to a download Job and per-node status.
 
 A hand-written permission table can only check what it lists; this test fails whenever the
 code makes a call the manifests do not allow (a 403 stops an informer's sync or a write).
+
+The peer data plane's TLS bundle (controllers/peertls.py), with the controller's shipped
+permissions: the controller issues Secret localcache-peer-tls on start, with no agent running
+(agents mount it optionally and pick it up whenever it appears), keeps a good one as it is
+across restarts, and renews it before expiry with the same CA, so a fetcher holding the old
+ca.crt trusts the new certificate.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import contextlib
+import datetime
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -18,14 +26,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cryptography import x509
+from cryptography.exceptions import InvalidSignature
 
 from localcache import app
 from localcache import settings as settings_mod
-from localcache.api import groupversion
+from localcache.api import groupversion, peer
 from localcache.caching import keys
+from localcache.controllers import peertls
 from localcache.devenv.controlplane import ControlPlane
 from localcache.devenv.waiting import wait_until
 from localcache.runtime import errors, kube, manager
+from localcache.runtime.serving import certgen, kubecerts, secretbundle
 
 REPO = Path(__file__).resolve().parents[3]
 BASE = REPO / "manifests" / "base"
@@ -265,4 +277,110 @@ async def test_controller_and_agent_work_with_only_their_shipped_permissions(
         for res, name in ((lmng, group), (kube.NODES, node), (lmn, node)):
             with contextlib.suppress(errors.NotFound):
                 await admin.delete(res, name)
+        await admin.close()
+
+
+async def _peer_secret(client: kube.Kube) -> Obj:
+    return await _get(client, kube.SECRETS, peertls.SECRET_NAME, CONTROLLER_SA[0])
+
+
+def _bundle(secret: Obj) -> certgen.CertBundle:
+    bundle = certgen.bundle_from_secret(secret)
+    assert bundle is not None, f"Secret {peertls.SECRET_NAME} lacks a key: {sorted(secret)}"
+    return bundle
+
+
+def _verifies(bundle: certgen.CertBundle, ca_pem: bytes) -> bool:
+    """The serving certificate chains to a CA of `ca_pem` and names `localcache-peer`."""
+    cert = bundle.certificate
+    san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    if san.get_values_for_type(x509.DNSName) != [peer.SERVER_NAME]:
+        return False
+    for ca in x509.load_pem_x509_certificates(ca_pem):
+        try:
+            cert.verify_directly_issued_by(ca)
+        except (ValueError, TypeError, InvalidSignature):
+            continue
+        return True
+    return False
+
+
+async def test_the_controller_issues_the_peer_tls_secret_with_its_shipped_permissions(
+    control_plane: ControlPlane, shipped_rbac: None, tmp_path: Path
+) -> None:
+    admin = await kube.Kube.from_kubeconfig(control_plane.kubeconfig_path)
+    ns = CONTROLLER_SA[0]
+    try:
+        with contextlib.suppress(errors.NotFound):
+            await admin.delete(kube.SECRETS, peertls.SECRET_NAME, namespace=ns)
+        async with _run_as(
+            control_plane, tmp_path, CONTROLLER_SA, _settings("controller"),
+            app.Components(controller=True),
+        ):  # fmt: skip
+            await wait_until(
+                lambda: _peer_secret(admin),
+                timeout=60,
+                what=f"the controller (as its ServiceAccount) creates Secret {peertls.SECRET_NAME}",
+            )
+        secret = await _peer_secret(admin)
+        assert secret["type"] == "kubernetes.io/tls"
+        assert secret["metadata"]["labels"]["app.kubernetes.io/component"] == "peer"
+        issued = _bundle(secret)
+        assert _verifies(issued, issued.ca_cert_pem)
+        days = (issued.not_after - datetime.datetime.now(datetime.UTC)).days
+        assert days >= 364, f"the peer certificate is valid for {days} days only"
+        # A restart keeps a good bundle as it is (no rewrite, so no agent reload).
+        async with _run_as(
+            control_plane, tmp_path, CONTROLLER_SA, _settings("controller"),
+            app.Components(controller=True),
+        ):  # fmt: skip
+            client = await _client_as(control_plane, tmp_path, CONTROLLER_SA)
+            async with client:
+                kept = await secretbundle.settle(
+                    kubecerts.KubeCertStore(client), peertls.spec(ns), now=secretbundle.utcnow
+                )
+        again = await _peer_secret(admin)
+        assert kept == issued
+        assert again["metadata"]["resourceVersion"] == secret["metadata"]["resourceVersion"]
+    finally:
+        await admin.close()
+
+
+async def test_the_peer_tls_bundle_is_renewed_before_expiry_keeping_its_ca(
+    control_plane: ControlPlane, shipped_rbac: None, tmp_path: Path
+) -> None:
+    """Run by the manager itself (as the controller's ServiceAccount, so `update` is shown to
+    be allowed), on a clock 340 days ahead: within 30 days of the certificate's expiry."""
+    admin = await kube.Kube.from_kubeconfig(control_plane.kubeconfig_path)
+    client = await _client_as(control_plane, tmp_path, CONTROLLER_SA)
+    ns = CONTROLLER_SA[0]
+    store = kubecerts.KubeCertStore(client)
+    try:
+        with contextlib.suppress(errors.NotFound):
+            await admin.delete(kube.SECRETS, peertls.SECRET_NAME, namespace=ns)
+        first = await secretbundle.SecretBundleManager(store, peertls.spec(ns)).ensure()
+        later = datetime.datetime.now(datetime.UTC) + datetime.timedelta(days=340)
+        renewer = secretbundle.SecretBundleManager(store, peertls.spec(ns), now=lambda: later)
+        task = asyncio.create_task(renewer.run(), name="peer-tls-renewer")
+        try:
+
+            async def renewed() -> certgen.CertBundle | None:
+                bundle = certgen.bundle_from_secret(await _peer_secret(admin))
+                return bundle if bundle is not None and bundle.serial != first.serial else None
+
+            fresh = await wait_until(
+                renewed, timeout=30, what="the peer certificate is renewed 25 days before expiry"
+            )
+            assert fresh is not None
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        assert fresh.ca_key_pem == first.ca_key_pem, "the CA changed on a certificate renewal"
+        assert _verifies(fresh, first.ca_cert_pem), "the old ca.crt does not trust the new cert"
+        assert fresh.not_after > later + datetime.timedelta(days=300)
+        data = (await _peer_secret(admin))["data"]
+        assert base64.b64decode(data["ca.crt"]) == first.ca_cert_pem
+    finally:
+        await client.close()
         await admin.close()

@@ -18,10 +18,14 @@ import pydantic
 import pytest
 
 from localcache import csi, settings
+from localcache.api import peer
 from localcache.caching import config
+from localcache.controllers import peertls
 from localcache.csi import command as csi_command
 from localcache.devenv.controlplane import ControlPlane
 from tests.integration.deploy.builds import AGENT, CONFIGMAP, CONTROLLER, NS, Doc, build, one
+
+PEER_TLS_DIR = "/var/run/localcache/peer-tls"
 
 
 def test_the_services_select_the_pods_and_their_ports(control_plane: ControlPlane) -> None:
@@ -92,7 +96,8 @@ def test_the_container_command_is_what_localcache_accepts(
     parser = argparse.ArgumentParser()
     settings.add_arguments(parser, command)
     downward = {"metadata.namespace": workload["metadata"]["namespace"],
-                "metadata.name": "pod-1", "spec.nodeName": "node-1"}  # fmt: skip
+                "metadata.name": "pod-1", "spec.nodeName": "node-1",
+                "status.podIP": "10.0.0.1"}  # fmt: skip
     environ = {
         e["name"]: downward[e["valueFrom"]["fieldRef"]["fieldPath"]] for e in container["env"]
     }
@@ -112,6 +117,30 @@ def test_the_container_command_is_what_localcache_accepts(
     else:
         assert parsed.agent.node_name == "node-1"
         assert str(parsed.agent.models_root) in writable
+        # the peer data plane: port, image of peer-mode Jobs, pod IP, the mounted TLS bundle
+        assert parsed.agent.peer_port == ports["peer"] == peer.DEFAULT_PORT
+        assert parsed.agent.peer_image == container["image"]
+        assert parsed.agent.pod_ip == "10.0.0.1"  # POD_IP from status.podIP
+        (mount,) = [m for m in container["volumeMounts"] if m["name"] == "peer-tls"]
+        assert mount == {"name": "peer-tls", "mountPath": PEER_TLS_DIR, "readOnly": True}
+        (volume,) = [v for v in pod["volumes"] if v["name"] == "peer-tls"]
+        secret = volume["secret"]
+        assert (secret["secretName"], secret["optional"]) == (peertls.SECRET_NAME, True)
+        # the CA key stays out of the agents' mount
+        assert [i["key"] for i in secret["items"]] == ["ca.crt", "tls.crt", "tls.key"]
+        assert all(i["key"] == i["path"] for i in secret["items"])
+
+
+@pytest.mark.parametrize("overlay", ["default", "kind", "testbed"])
+def test_peer_mode_jobs_run_the_agents_own_image_in_every_overlay(
+    control_plane: ControlPlane, overlay: str
+) -> None:
+    """--peer-image follows `images:` (the overlays' replacements), so peer-mode Jobs run the
+    image the admission policy admits: the agent's own."""
+    agent = one(build(control_plane, overlay), "DaemonSet", AGENT)
+    (manager,) = [c for c in agent["spec"]["template"]["spec"]["containers"]
+                  if c["name"] == "manager"]  # fmt: skip
+    assert f"--peer-image={manager['image']}" in manager["args"], manager["args"]
 
 
 def test_the_configmap_holds_kserve_defaults_with_local_models_enabled(
@@ -160,6 +189,11 @@ def test_the_test_bed_overlay_changes_only_image_references(control_plane: Contr
                 if key == "image" and isinstance(value, str):  # not a CRD schema property
                     images.append(value)
                     out[key] = "<image>"
+                elif key == "args" and isinstance(value, list):
+                    out[key] = [
+                        "--peer-image=<image>" if str(a).startswith("--peer-image=") else a
+                        for a in value
+                    ]
                 else:
                     out[key] = strip_images(value)
             return out
