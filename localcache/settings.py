@@ -1,15 +1,14 @@
 """Process settings: the flag table, parsed once (`from_args`) into per-concern groups.
 
-Every flag has an environment variable (`LOCALCACHE_*`, or the Kubernetes convention where one
-exists: `KUBECONFIG`, `NODE_NAME`, `POD_NAMESPACE`, `POD_NAME`); a flag wins over its
-variable, which wins over the default. README.md's table is generated from `FLAGS` (`python -m
-localcache.settings --markdown`). `Settings` is an immutable value built once by the entry
-point and handed to the composition root. Its groups: `connection`, `logging`, `serving`
-(metrics/health server), `config` (the ConfigMaps; the namespace also holds the Lease and the
-webhook Secret), `leadership`, `controller`, `webhook`, `agent`; and `given`, the `dest`s of
-the flags the user gave (flag or non-empty variable), so callers tell "left alone" from
-"chosen" whatever the value. Imports no domain package (`--models-roots` parses into
-`RootMount`, which the composition root converts for the agent).
+Every flag has an environment variable (`LOCALCACHE_*`, or the Kubernetes convention: `KUBECONFIG`,
+`NODE_NAME`, `POD_NAMESPACE`, `POD_NAME`); a flag wins over its variable, which wins over the
+default. README.md's table is generated from `FLAGS` (`python -m localcache.settings --markdown`).
+`Settings` is immutable, built once by the entry point for the composition root. Its groups:
+`connection`, `logging`, `serving` (metrics/health server), `config` (the ConfigMaps; the
+namespace also holds the Lease and the webhook Secret), `leadership`, `controller`, `webhook`,
+`agent`; and `given`, the `dest`s of the flags the user gave (flag or non-empty variable), so
+callers tell "left alone" from "chosen" whatever the value. Imports no domain package
+(`--models-roots` parses into `RootMount`, which the composition root converts for the agent).
 """
 
 from __future__ import annotations
@@ -35,8 +34,7 @@ _AGENT = ("agent", "run")
 
 @dataclass(frozen=True)
 class Flag:
-    """One setting: flag, environment variable, default and help text; `dest` (argparse's
-    destination, the name in `Settings.given`) defaults to the flag's name in snake case."""
+    """One setting; `dest` (argparse's, the name in `Settings.given`): the flag, snake case."""
 
     flag: str
     env: str
@@ -77,8 +75,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--shutdown-timeout", "LOCALCACHE_SHUTDOWN_TIMEOUT", "5",
          "seconds allowed for a graceful stop", "float"),
     *_for(_CONTROLLER,
-        Flag("--workers", "LOCALCACHE_WORKERS", "2",
-             "concurrent reconciles per controller", "int"),
+        Flag("--workers", "LOCALCACHE_WORKERS", "2", "concurrent reconciles per controller", "int"),
         Flag("--leader-elect", "LOCALCACHE_LEADER_ELECT", "true",
              "hold a Lease before reconciling (run several replicas safely)", "bool"),
         Flag("--lease-name", "LOCALCACHE_LEASE_NAME", "localcache-controller",
@@ -95,11 +92,9 @@ FLAGS: tuple[Flag, ...] = (
              "seconds between Lease acquire/renew attempts", "float", "retry_period"),
         Flag("--webhook-port", "LOCALCACHE_WEBHOOK_PORT", "9443",
              "TLS port of the admission server (0: disabled)", "int"),
-        Flag("--webhook-cert-dir", "LOCALCACHE_WEBHOOK_CERT_DIR",
-             "/tmp/localcache-webhook-certs",
+        Flag("--webhook-cert-dir", "LOCALCACHE_WEBHOOK_CERT_DIR", "/tmp/localcache-webhook-certs",
              "where the serving certificate files are written"),
-        Flag("--webhook-service", "LOCALCACHE_WEBHOOK_SERVICE",
-             "localmodel-webhook-server-service",
+        Flag("--webhook-service", "LOCALCACHE_WEBHOOK_SERVICE", "localmodel-webhook-server-service",
              "Service the apiserver calls (certificate names)"),
         Flag("--webhook-secret", "LOCALCACHE_WEBHOOK_SECRET", "localmodel-webhook-server-cert",
              "Secret holding the CA and serving certificate"),
@@ -135,6 +130,10 @@ FLAGS: tuple[Flag, ...] = (
              "several models roots, `<host path>=<container path>,...`: each node group is "
              "served on the root whose host path is its PV path (replaces --models-root and "
              "--host-models-root when set)"),
+        Flag("--peer-image", "LOCALCACHE_PEER_IMAGE", "",
+             "localcache image of peer-mode download Jobs (empty: peer distribution off)"),
+        Flag("--peer-ca", "LOCALCACHE_PEER_CA", "/var/run/localcache/peer-tls/ca.crt",
+             "the peer CA certificate (PEM) peer-mode download pods verify peers against"),
     ),
 )
 # fmt: on
@@ -201,8 +200,7 @@ class Webhook:
 
 @dataclass(frozen=True, slots=True)
 class RootMount:
-    """One models root of `--models-roots`: `host_path` on the node (normalised), mounted at
-    `container_path` in the agent's container."""
+    """A `--models-roots` root: `host_path` (normalised) mounted at `container_path`."""
 
     host_path: str
     container_path: Path
@@ -214,6 +212,8 @@ class Agent:
     models_root: Path
     host_models_root: Path  # the node path mounted at `models_root`
     models_roots: tuple[RootMount, ...] = ()
+    peer_image: str = ""  # of peer-mode download Jobs (empty: peer distribution off)
+    peer_ca: Path = Path("/var/run/localcache/peer-tls/ca.crt")
 
 
 @dataclass(frozen=True)
@@ -377,6 +377,8 @@ def from_args(
             models_root=models_root,
             host_models_root=Path(s("host_models_root")) if s("host_models_root") else models_root,
             models_roots=parse_root_mounts(s("models_roots")),
+            peer_image=s("peer_image"),
+            peer_ca=Path(s("peer_ca")),
         ),
         shutdown_timeout=n("shutdown_timeout"),
         given=frozenset(given),

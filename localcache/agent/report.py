@@ -11,7 +11,7 @@
   instance and host the node; deduplicated with a count bump); failing to post is logged,
   never raised.
 - `AgentMetrics` are the agent's own series (downloads started, succeeded, failed, bytes,
-  durations), made with the runtime's metric factories.
+  durations; peer downloads sent to the origin), made with the runtime's metric factories.
 """
 
 from __future__ import annotations
@@ -58,6 +58,12 @@ class AgentMetrics:
             "localcache_agent_download_duration_seconds",
             "Time from a download Job's start to its completion",
             buckets=(1, 5, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200, 14400),
+        )
+        # the p2p series (same definition as runtime.metrics' when it declares it)
+        self.p2p_fallbacks = registry.counter(
+            "localcache_p2p_fallbacks_total",
+            "Peer-mode downloads sent to the origin",
+            labels=("reason",),
         )
 
 

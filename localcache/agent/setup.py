@@ -10,7 +10,9 @@ What the agent watches (all read through informer caches; nothing else is listed
   would pick an image retries instead; the node is reconciled again when it syncs or goes);
 - the `inferenceservice-config` ConfigMap in the config namespace (by field selector);
 - LocalModelCaches and LocalModelNamespaceCaches, for `modelSize` (progress percent).
-ServiceAccounts and Secrets are read with GET when a Job is created, never cached.
+ServiceAccounts and Secrets are read with GET when a Job is created, never cached; the
+LocalModelNodes of a node group enabling peer distribution are LISTed (a few seconds' cache)
+when one of its units launches (`agent.peering`), never watched.
 
 The informers come from an `InformerFactory` (the process's shared one when given: several
 agents and the cache controllers on one Manager then share the node-group, cache and
@@ -28,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from localcache.agent import reconciler, report
+from localcache.agent import peering, reconciler, report
 from localcache.agent.disk import folders, layout, roots
 from localcache.agent.jobs import jobs, trust
 from localcache.api import groupversion
@@ -71,6 +73,8 @@ class AgentSettings:
     watch_storage_containers: bool = True
     controller_name: str = CONTROLLER_NAME
     """Distinct per agent when several agents share one process (`localcache run`)."""
+    peer: peering.PeerSettings = peering.PeerSettings()
+    """Peer distribution (`--peer-image`, the peer CA's path, the seed wait)."""
 
     def __post_init__(self) -> None:
         if not self.node_name:
@@ -195,6 +199,7 @@ def setup(
         clock=clock,
         job_backoff_limit=settings.job_backoff_limit,
         progress_interval=settings.progress_interval,
+        peer_settings=settings.peer,
     )
     ctl = controller.Controller(
         settings.controller_name,

@@ -40,6 +40,7 @@ TOKEN_PATH: Final = f"{TOKEN_DIR}/{TOKEN_FILE}"
 TOKEN_EXPIRATION_S: Final = 600
 REPORT_PATH: Final = "/dev/termination-log"
 COMMAND: Final = ("localcache", "fetch")
+CONTAINER: Final = jobs.CONTAINER_NAME
 
 
 def is_peer(job: Mapping[str, Any]) -> bool:
