@@ -18,8 +18,9 @@ in, the fast fallback to the origin, and the peer numbers in status.
 - `completed(job, outcome, ...)`: a promoted peer-mode Job's `peerBytes`/`originBytes` from
   its pod's report (bounded by what is on disk); an origin Job in an enabled group:
   `source: origin`, `originBytes` = bytes on disk;
-- `carry(outcome, previous)`: a progress that concerns the same Job as the status before
-  keeps its `source`/`originBytes`/`peerBytes` (pure).
+- `carry(outcome, previous)`: a progress about a Job keeps the `source`/`originBytes`/
+  `peerBytes` an earlier outcome of that Job had (remembered per Job name, bounded) or the
+  status before had for that Job.
 
 The pod's termination message is a tenant's pod output: it is read at most
 `REPORT_LIMIT` characters, parsed as a `FetchReport` or ignored, and feeds only this entry's
@@ -124,6 +125,7 @@ class Peering:
         self._waiting: dict[tuple[str, str, str], float] = {}
         self._reports: dict[str, PodReport] = {}
         self._warned: set[str] = set()
+        self._known: dict[str, dict[str, Any]] = {}  # per Job name: its peer progress fields
 
     async def mode(
         self,
@@ -221,6 +223,34 @@ class Peering:
         progress = outcome.progress.model_copy(update=update)
         return dataclasses.replace(outcome, progress=progress)
 
+    def carry(
+        self, outcome: status.Outcome, previous: modelnode.ModelProgress | None
+    ) -> status.Outcome:
+        """`outcome` with the peer fields known for its Job: those an earlier outcome of this
+        process gave it (remembered here), else those of the status before (`previous`,
+        when about the same Job); an informer a write behind never loses them."""
+        progress, job = outcome.progress, outcome.progress.job_name
+        if not job:
+            return outcome
+        own = {
+            f: getattr(progress, f) for f in _PROGRESS_FIELDS if getattr(progress, f) is not None
+        }
+        known = self._known.setdefault(job, {})
+        known.update(own)
+        if previous is not None and previous.job_name == job:
+            for name in _PROGRESS_FIELDS:
+                if getattr(previous, name) is not None:
+                    known.setdefault(name, getattr(previous, name))
+        while len(self._known) > _KEPT:
+            self._known.pop(next(iter(self._known)))
+        if not known:
+            del self._known[job]
+            return outcome
+        update = {name: value for name, value in known.items() if name not in own}
+        if not update:
+            return outcome
+        return dataclasses.replace(outcome, progress=progress.model_copy(update=update))
+
     async def pod_report(self, ref: downloads.JobRef) -> PodReport:
         """What the Job's newest finished pod said (cached per Job; empty when unreadable)."""
         if ref.uid in self._reports:
@@ -286,22 +316,6 @@ class Peering:
         if event not in self._warned:
             self._warned.add(event)
             log.warning(event, detail=why)
-
-
-def carry(outcome: status.Outcome, previous: modelnode.ModelProgress | None) -> status.Outcome:
-    """`outcome` with the peer fields of `previous` when both are about the same Job and
-    `outcome` lacks them."""
-    progress = outcome.progress
-    if previous is None or not progress.job_name or progress.job_name != previous.job_name:
-        return outcome
-    update = {
-        name: getattr(previous, name)
-        for name in _PROGRESS_FIELDS
-        if getattr(progress, name) is None and getattr(previous, name) is not None
-    }
-    if not update:
-        return outcome
-    return dataclasses.replace(outcome, progress=progress.model_copy(update=update))
 
 
 def read_pod_report(pods: list[Obj]) -> PodReport:

@@ -241,7 +241,7 @@ class Reconciler:
         served: dict[str, set[str]] = {}  # host path -> storage keys served there
         for unit in units:
             outcome = await self._place_and_evaluate(unit, ctx, served)
-            outcome = peers.carry(outcome, ctx.progress.get(unit.status_keys[0]))
+            outcome = self._peers.carry(outcome, ctx.progress.get(unit.status_keys[0]))
             outcomes.update(dict.fromkeys(unit.status_keys, outcome))
         await self._cleaner.clean(
             node, anywhere={u.storage_key for u in units}, served=served, live_jobs=ctx.live_jobs

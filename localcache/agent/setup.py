@@ -26,7 +26,7 @@ Jobs, node groups, storage containers and the ConfigMap. The reconciler requeues
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
@@ -73,7 +73,7 @@ class AgentSettings:
     watch_storage_containers: bool = True
     controller_name: str = CONTROLLER_NAME
     """Distinct per agent when several agents share one process (`localcache run`)."""
-    peer: peering.PeerSettings = peering.PeerSettings()
+    peer: peering.PeerSettings = field(default_factory=peering.PeerSettings)
     """Peer distribution (`--peer-image`, the peer CA's path, the seed wait)."""
 
     def __post_init__(self) -> None:

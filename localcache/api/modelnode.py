@@ -103,7 +103,6 @@ class ModelProgress(meta.ApiModel):
         ),
     )
 
-
     source: str | None = Field(
         default=None,
         max_length=80,

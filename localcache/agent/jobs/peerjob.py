@@ -3,7 +3,8 @@ whose pod fetches the model from peer nodes (`localcache fetch`, design "Peer-mo
 
 `peer_job(origin, ...)` returns a new Job (the input is not mutated) that keeps the origin
 Job's name, labels, namespace, ownerReference, volumes' download PVC and staging `subPath`,
-securityContext, nodeSelector, tolerations, ServiceAccount, restart policy, TTL and backoff
+securityContext, nodeSelector, tolerations, ServiceAccount (`default` made explicit when the
+origin names none: a projected token needs a named one), restart policy, TTL and backoff
 limit, and changes only:
 - label `localcache.kserve.io/peer-fetch: "true"` on the Job and its pod template;
 - the download container: image `image` (the agent's `--peer-image`), command
@@ -12,6 +13,7 @@ limit, and changes only:
   `valueFrom`, no `envFrom`),
   the staging mount plus the projected ServiceAccount token (audience `localcache-peer`,
   600 s) at `/var/run/secrets/localcache/peer`;
+- `automountServiceAccountToken: false` (the audience-bound token is the only one mounted);
 - no credential env, volumes or mounts (the `credentials.Injection` the origin Job carried
   is taken out again by name), no resources of the storage initializer's beyond its own.
 
@@ -41,6 +43,7 @@ TOKEN_EXPIRATION_S: Final = 600
 REPORT_PATH: Final = "/dev/termination-log"
 COMMAND: Final = ("localcache", "fetch")
 CONTAINER: Final = jobs.CONTAINER_NAME
+DEFAULT_SERVICE_ACCOUNT: Final = "default"
 
 
 def is_peer(job: Mapping[str, Any]) -> bool:
@@ -89,6 +92,10 @@ def peer_job(
     template = job["spec"]["template"]
     template["metadata"]["labels"] = {**template["metadata"].get("labels", {}), PEER_LABEL: "true"}
     pod = template["spec"]
+    # A projected token needs a named ServiceAccount (the admission plugin's default, made
+    # explicit); the pod needs no other token than the audience-bound one.
+    pod.setdefault("serviceAccountName", DEFAULT_SERVICE_ACCOUNT)
+    pod["automountServiceAccountToken"] = False
     secret_volumes = {str(v.get("name")) for v in injection.volumes}
     pod["volumes"] = [
         *(v for v in pod.get("volumes") or [] if v.get("name") not in secret_volumes),

@@ -110,6 +110,15 @@ def test_the_peer_job_carries_the_ca_and_the_token_but_no_credentials() -> None:
          "readOnly": True},
     ]  # fmt: skip
     assert "creds" not in json.dumps(job)
+    assert pod["automountServiceAccountToken"] is False
+
+
+def test_a_projected_token_needs_a_named_service_account() -> None:
+    bare = credentials.Injection(uri=URI)
+    origin = _origin(bare)
+    assert "serviceAccountName" not in origin["spec"]["template"]["spec"]
+    pod = _peer(origin, injection=bare)["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "default"
 
 
 def test_everything_else_is_the_origin_jobs() -> None:
