@@ -7,8 +7,9 @@ in, the fast fallback to the origin, and the peer numbers in status.
 - `mode(unit, ...)` when a unit must launch: after a failed peer-mode Job -> the origin (a
   `localcache_p2p_fallbacks_total{reason}` count and a `PeerFallback` Event on the
   LocalModelNode); when peer mode is unavailable (no `--peer-image`, no readable CA
-  certificate; logged once each) -> the origin; else `peerplan.plan` over the group's
-  LocalModelNodes (one LIST through the API client, kept `LIST_TTL_S`; no watch) -> a
+  certificate, the LIST refused; logged once each) -> the origin; else `peerplan.plan`
+  over the group's LocalModelNodes (one LIST through the API client, kept `LIST_TTL_S`; no
+  watch) -> a
   peer-mode Job (`Mode.transform`, `agent.jobs.peerjob`), the origin, or a `DownloadPending`
   outcome while a seed downloads (rechecked every `SEED_RECHECK_S`, bounded by
   `seed_wait_s`, then the origin with reason `seed-wait-timeout`);
@@ -150,6 +151,11 @@ class Peering:
         ca = await self._ca()
         if ca is None:
             return origin
+        try:
+            members = await self._members(group.name)
+        except errors.ApiError as exc:  # e.g. RBAC: the origin still works
+            self._warn_once("peer_nodes_not_listed", str(exc))
+            return origin
         now = self._clock.now()
         self._waiting = {
             k: t for k, t in self._waiting.items() if now - t < 2 * self._settings.seed_wait_s + 60
@@ -161,7 +167,7 @@ class Peering:
                 node_name=self._node,
                 status_key=unit.status_keys[0],
                 spec=spec,
-                members=await self._members(group.name),
+                members=members,
                 waited_s=now - self._waiting.get(wait_key, now),
                 seed_wait_s=self._settings.seed_wait_s,
             )

@@ -12,8 +12,9 @@ One pass (`reconcile`), for the LocalModelNode named like this node only:
 3. per download unit (`downloads.units`: same URI, full credential scope and models root,
    the one whose host path is the entries' node group's PV path, `roots.Disks`; its Jobs are
    the trusted ones recorded for its entries): observe (`agent.observe`), decide
-   (`plan.decide`, pure; its docstring is the state machine) and execute (`_execute`: adopt,
-   create the Job, or a ModelDownloadError saying why not; promote; stop a Job that wrote
+   (`plan.decide`, pure: the state machine) and execute (`_execute`: adopt, create the Job
+   (peer-mode, origin or waiting for a seed where the node group enables peer distribution,
+   `agent.peering`) or a ModelDownloadError saying why not; promote; stop a Job that wrote
    more than `modelSize` or stalled; count a failure once). No status is written before
    every unit was considered;
 4. per root, delete folders no entry maps to by the keep rule (`roots.retention`: nothing
@@ -25,12 +26,11 @@ One pass (`reconcile`), for the LocalModelNode named like this node only:
    requeue (sooner while downloading or waiting for a retry).
 
 Each create is recorded in status at once (`report.record_jobs`), before the pass goes on.
-A Job created just before a crash, whose record never reached status, is never trusted: it
-runs out unused (its staging folder is removed as stale, so it is never promoted) and the
-unit starts a Job of its own.
+A Job created just before a crash, whose record never reached status, is never trusted: it runs
+out unused (its staging folder is removed as stale, never promoted); the unit starts its own.
 
-Not promised: that entries sharing a Job keep it when the entry that created it leaves the
-spec (the Job goes with it; the others start their own).
+Not promised: that entries sharing a Job keep it when the entry that created it leaves the spec
+(the Job goes with it; the others start their own).
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from localcache.agent.jobs import peerjob
 from localcache.api import modelnode, nodegroup
 from localcache.caching import credentials, keys
 from localcache.runtime import clock as clock_mod
-from localcache.runtime import kube, metrics
+from localcache.runtime import errors, kube, metrics
 
 Obj = dict[str, Any]
 URI = "s3://bucket/iris"
@@ -309,3 +309,13 @@ def test_a_report_is_read_from_the_newest_finished_pod() -> None:
     assert said.report is not None
     assert said.report.peer_bytes == 7
     assert peering.read_pod_report([running]) == peering.PodReport()
+
+
+async def test_a_refused_list_means_the_origin(tmp_path: Path) -> None:
+    class Refusing(FakeApi):
+        async def list(self, res: kube.Resource, **kw: Any) -> kube.ObjList:
+            await super().list(res, **kw)
+            raise errors.Forbidden(403, "localmodelnodes is forbidden")
+
+    rig = Rig(tmp_path, Refusing())
+    assert await rig.mode(_group(True)) == peering.Mode("origin")
