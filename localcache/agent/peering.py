@@ -126,6 +126,7 @@ class Peering:
         self._waiting: dict[tuple[str, str, str], float] = {}
         self._reports: dict[str, PodReport] = {}
         self._warned: set[str] = set()
+        self._fell: dict[str, None] = {}  # uids of failed peer Jobs already counted
         self._known: dict[str, dict[str, Any]] = {}  # per Job name: its peer progress fields
 
     async def mode(
@@ -144,9 +145,13 @@ class Peering:
         origin = Mode(peerplan.SOURCE_ORIGIN)
         wait_key = (unit.storage_key, unit.scope_id, group.name)
         if previous is not None and peerjob.is_peer(previous.obj):
-            said = await self.pod_report(previous)
-            reason = "use-origin" if said.use_origin else "peer-failed"
-            await self._fell_back(node, unit, reason, f"peer-mode Job {previous.name} failed")
+            if previous.uid not in self._fell:  # once per failed Job (a launch may be retried)
+                self._fell[previous.uid] = None
+                while len(self._fell) > _KEPT:
+                    self._fell.pop(next(iter(self._fell)))
+                said = await self.pod_report(previous)
+                reason = "use-origin" if said.use_origin else "peer-failed"
+                await self._fell_back(node, unit, reason, f"peer-mode Job {previous.name} failed")
             return origin
         ca = await self._ca()
         if ca is None:

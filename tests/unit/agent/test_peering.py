@@ -197,6 +197,8 @@ async def test_after_a_failed_peer_job_the_origin_is_used_and_counted(tmp_path: 
     rig = Rig(tmp_path, FakeApi([_serving("a", _unit().scope_id)], pods=[_pod(3, said)]))
     assert await rig.mode(_group(True), _ref(peer=True)) == peering.Mode("origin")
     assert rig.fallbacks("use-origin") == 1
+    assert await rig.mode(_group(True), _ref(peer=True)) == peering.Mode("origin")
+    assert rig.fallbacks("use-origin") == 1, "counted once per failed Job"
     assert ("create", "events") in rig.api.calls
     assert ("list", "localmodelnodes") not in rig.api.calls
 
