@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: help venv lint typecheck test-unit test-integration test bench manifests run \
+.PHONY: help venv lint typecheck test-unit test-integration test bench bench-dataplane manifests run \
         control-plane helm node images deploy undeploy clean docker-build kind-create kind-load e2e-kind
 
 help: ## list targets
@@ -49,6 +49,10 @@ test: $(PY) control-plane ## the whole suite: lint, types, unit, integration, e2
 
 bench: $(PY) control-plane ## benchmarks, each printed beside its baseline
 	$(PY) -m benchmarks
+
+BENCH_ARGS ?=
+bench-dataplane: $(PY) control-plane ## data plane on its own real-node bed: baseline vs peer (BENCH_ARGS="--size 1G --nodes 1,2,4 --pairs 3")
+	$(PY) -m benchmarks.dataplane $(BENCH_ARGS)
 
 manifests: $(PY) ## regenerate manifests/crds, then the install profiles and the Helm chart
 	$(PY) -m localcache.api.crdgen manifests/crds

@@ -331,6 +331,8 @@ async def run_components(
                     kserve_config=cfg.kserve,
                     watch_storage_containers=True,
                     peer=peering.PeerSettings(image=agent.peer_image, ca_path=agent.peer_ca),
+                    peer_port=agent.peer_port,
+                    pod_ip=agent.pod_ip,
                     controller_name=(
                         f"{agent_setup.CONTROLLER_NAME}-{node_name}"
                         if len(components.agent_nodes) > 1

@@ -1,12 +1,13 @@
-"""Command line: `localcache controller|agent|run|download|import`, each with `--help`.
+"""Command line: `localcache controller|agent|run|download|fetch|import`, each with `--help`.
 
 Flags and their environment variables are defined once in `localcache.settings`.
 
 Expected failures end in one line on stderr, `localcache COMMAND: error: ...`, and exit 1:
 a kubeconfig that is missing or unusable, an apiserver that does not answer or refuses us
 (`controller` and `agent` check this before anything starts), a bad URI or destination
-(`download`), a step of an import pod that cannot proceed (`import`). Usage errors are
-argparse's (usage line and message, exit 2). A traceback means a bug.
+(`download`, `fetch`), a step of an import pod that cannot proceed (`import`); `fetch` exits
+3 when no peer could serve and the origin should. Usage errors are argparse's (usage line and
+message, exit 2). A traceback means a bug.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pathlib import Path
 
 from localcache import settings as settings_mod
 from localcache.download import importcommand as import_command
+from localcache.download import peercommand as fetch_command
 from localcache.download import program as download_program
 from localcache.runtime import errors
 
@@ -72,6 +74,16 @@ def build_parser() -> argparse.ArgumentParser:
         description="Download a model URI into a directory; writes are atomic.",
     )
     download_program.add_arguments(download)
+    fetch = sub.add_parser(
+        "fetch",
+        help="fetch a model folder from peer nodes, verified and atomically",
+        description=(
+            "Fetch a model folder from peer nodes' agents into a directory (a peer-mode "
+            "download Job runs this): sha256-verified, resumed across peers, written "
+            "atomically. Exit 3: no peer could serve it, use the origin."
+        ),
+    )
+    fetch_command.add_arguments(fetch)
     import_cmd = sub.add_parser(
         "import",
         help="the steps of a shared-volume cache's import pod (prepare, progress, place)",
@@ -135,6 +147,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return download_program.run(args)
     if args.command == "import":
         return import_command.run(args)
+    if args.command == "fetch":
+        return fetch_command.run(args)
     if args.command == "prepare-models-root":
         return _prepare_models_root(args)
     if args.command == "csi-node":

@@ -1,14 +1,15 @@
 """Process settings: the flag table, parsed once (`from_args`) into per-concern groups.
 
-Every flag has an environment variable (`LOCALCACHE_*`, or the Kubernetes convention: `KUBECONFIG`,
-`NODE_NAME`, `POD_NAMESPACE`, `POD_NAME`); a flag wins over its variable, which wins over the
-default. README.md's table is generated from `FLAGS` (`python -m localcache.settings --markdown`).
-`Settings` is immutable, built once by the entry point for the composition root. Its groups:
-`connection`, `logging`, `serving` (metrics/health server), `config` (the ConfigMaps; the
-namespace also holds the Lease and the webhook Secret), `leadership`, `controller`, `webhook`,
-`agent`; and `given`, the `dest`s of the flags the user gave (flag or non-empty variable), so
-callers tell "left alone" from "chosen" whatever the value. Imports no domain package
-(`--models-roots` parses into `RootMount`, which the composition root converts for the agent).
+Every flag has an environment variable (`LOCALCACHE_*`, or the Kubernetes convention where one
+exists: `KUBECONFIG`, `NODE_NAME`, `POD_NAMESPACE`, `POD_NAME`, `POD_IP`); a flag wins over its
+variable, which wins over the default. README.md's table is generated from `FLAGS` (`python -m
+localcache.settings --markdown`). `Settings` is an immutable value built once by the entry
+point and handed to the composition root. Its groups: `connection`, `logging`, `serving`
+(metrics/health server), `config` (the ConfigMaps; the namespace also holds the Lease and the
+webhook Secret), `leadership`, `controller`, `webhook`, `agent`; and `given`, the `dest`s of
+the flags the user gave (flag or non-empty variable), so callers tell "left alone" from
+"chosen" whatever the value. Imports no domain package (`--models-roots` parses into
+`RootMount`, which the composition root converts for the agent).
 """
 
 from __future__ import annotations
@@ -21,9 +22,10 @@ import sys
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Literal
 
+from localcache import flagvalues
 from localcache.runtime import keys
 from localcache.runtime.serving import tlsoptions
 
@@ -34,7 +36,8 @@ _AGENT = ("agent", "run")
 
 @dataclass(frozen=True)
 class Flag:
-    """One setting; `dest` (argparse's, the name in `Settings.given`): the flag, snake case."""
+    """One setting: flag, environment variable, default and help text; `dest` (argparse's
+    destination, the name in `Settings.given`) defaults to the flag's name in snake case."""
 
     flag: str
     env: str
@@ -75,7 +78,8 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--shutdown-timeout", "LOCALCACHE_SHUTDOWN_TIMEOUT", "5",
          "seconds allowed for a graceful stop", "float"),
     *_for(_CONTROLLER,
-        Flag("--workers", "LOCALCACHE_WORKERS", "2", "concurrent reconciles per controller", "int"),
+        Flag("--workers", "LOCALCACHE_WORKERS", "2",
+             "concurrent reconciles per controller", "int"),
         Flag("--leader-elect", "LOCALCACHE_LEADER_ELECT", "true",
              "hold a Lease before reconciling (run several replicas safely)", "bool"),
         Flag("--lease-name", "LOCALCACHE_LEASE_NAME", "localcache-controller",
@@ -92,9 +96,11 @@ FLAGS: tuple[Flag, ...] = (
              "seconds between Lease acquire/renew attempts", "float", "retry_period"),
         Flag("--webhook-port", "LOCALCACHE_WEBHOOK_PORT", "9443",
              "TLS port of the admission server (0: disabled)", "int"),
-        Flag("--webhook-cert-dir", "LOCALCACHE_WEBHOOK_CERT_DIR", "/tmp/localcache-webhook-certs",
+        Flag("--webhook-cert-dir", "LOCALCACHE_WEBHOOK_CERT_DIR",
+             "/tmp/localcache-webhook-certs",
              "where the serving certificate files are written"),
-        Flag("--webhook-service", "LOCALCACHE_WEBHOOK_SERVICE", "localmodel-webhook-server-service",
+        Flag("--webhook-service", "LOCALCACHE_WEBHOOK_SERVICE",
+             "localmodel-webhook-server-service",
              "Service the apiserver calls (certificate names)"),
         Flag("--webhook-secret", "LOCALCACHE_WEBHOOK_SECRET", "localmodel-webhook-server-cert",
              "Secret holding the CA and serving certificate"),
@@ -130,6 +136,10 @@ FLAGS: tuple[Flag, ...] = (
              "several models roots, `<host path>=<container path>,...`: each node group is "
              "served on the root whose host path is its PV path (replaces --models-root and "
              "--host-models-root when set)"),
+        Flag("--peer-port", "LOCALCACHE_PEER_PORT", "0",
+             "TLS port of the peer server, published as status.peer.endpoint with --pod-ip "
+             "(0: not serving)", "int"),
+        Flag("--pod-ip", "POD_IP", "", "the agent pod's IP, in status.peer.endpoint"),
         Flag("--peer-image", "LOCALCACHE_PEER_IMAGE", "",
              "localcache image of peer-mode download Jobs (empty: peer distribution off)"),
         Flag("--peer-ca", "LOCALCACHE_PEER_CA", "/var/run/localcache/peer-tls/ca.crt",
@@ -198,12 +208,9 @@ class Webhook:
     tls: tlsoptions.TLSOptions
 
 
-@dataclass(frozen=True, slots=True)
-class RootMount:
-    """A `--models-roots` root: `host_path` (normalised) mounted at `container_path`."""
-
-    host_path: str
-    container_path: Path
+RootMount = flagvalues.RootMount
+SettingsError = flagvalues.SettingsError
+parse_root_mounts = flagvalues.parse_root_mounts
 
 
 @dataclass(frozen=True)
@@ -212,6 +219,8 @@ class Agent:
     models_root: Path
     host_models_root: Path  # the node path mounted at `models_root`
     models_roots: tuple[RootMount, ...] = ()
+    peer_port: int = 0  # of the peer server (0: not serving)
+    pod_ip: str = ""  # the agent pod's IP (POD_IP), in status.peer.endpoint
     peer_image: str = ""  # of peer-mode download Jobs (empty: peer distribution off)
     peer_ca: Path = Path("/var/run/localcache/peer-tls/ca.crt")
 
@@ -234,41 +243,10 @@ class Settings:
     """`dest`s of the flags given by flag or environment variable (`BY_DEST` names them)."""
 
 
-class SettingsError(ValueError):
-    """A flag or environment variable has an unusable value (the message names it)."""
-
-
 def _parse_bool(text: str, flag: Flag) -> bool:
     if (lowered := text.strip().lower()) in ("1", "true", "yes", "on", "0", "false", "no", "off"):
         return lowered in ("1", "true", "yes", "on")
     raise SettingsError(f"{flag.flag} / {flag.env}: expected true or false, got {text!r}")
-
-
-def _normalised(path: str | Path) -> str:
-    return str(PurePosixPath(os.path.normpath(str(path))))
-
-
-def parse_root_mounts(text: str) -> tuple[RootMount, ...]:
-    """`--models-roots`: comma-separated `<host path>=<container path>` (or a single path,
-    mounted at the same path), no host or container path twice; SettingsError names the
-    bad part."""
-    mounts: list[RootMount] = []
-    for part in (p.strip() for p in text.split(",")):
-        if not part:
-            continue
-        host, sep, container = part.partition("=")
-        host, container = host.strip(), (container.strip() if sep else host.strip())
-        if not host.startswith("/") or not container.startswith("/"):
-            raise SettingsError(
-                f"--models-roots: want <host path>=<container path>, both absolute, got {part!r}"
-            )
-        mounts.append(RootMount(_normalised(host), Path(container)))
-    hosts = [m.host_path for m in mounts]
-    containers = [_normalised(m.container_path) for m in mounts]
-    for what, values in (("host path", hosts), ("container path", containers)):
-        if dup := sorted({v for v in values if values.count(v) > 1}):
-            raise SettingsError(f"--models-roots: {what} given twice: {', '.join(dup)}")
-    return tuple(mounts)
 
 
 def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
@@ -377,6 +355,8 @@ def from_args(
             models_root=models_root,
             host_models_root=Path(s("host_models_root")) if s("host_models_root") else models_root,
             models_roots=parse_root_mounts(s("models_roots")),
+            peer_port=int(n("peer_port")),
+            pod_ip=s("pod_ip"),
             peer_image=s("peer_image"),
             peer_ca=Path(s("peer_ca")),
         ),

@@ -18,7 +18,9 @@ in, the fast fallback to the origin, and the peer numbers in status.
   in origin mode instead of waiting for the backoff;
 - `completed(job, outcome, ...)`: a promoted peer-mode Job's `peerBytes`/`originBytes` from
   its pod's report (bounded by what is on disk); an origin Job in an enabled group:
-  `source: origin`, `originBytes` = bytes on disk;
+  `source: origin`, `originBytes` = bytes on disk; origin bytes counted in
+  `localcache_p2p_origin_bytes_total` (never per-source series: a report's names are a
+  tenant's);
 - `carry(outcome, previous)`: a progress about a Job keeps the `source`/`originBytes`/
   `peerBytes` an earlier outcome of that Job had (remembered per Job name, bounded) or the
   status before had for that Job.
@@ -114,14 +116,14 @@ class Peering:
         settings: PeerSettings,
         clock: clock_mod.Clock,
         reporter: report.Reporter,
-        fallbacks: metrics.CounterFamily | None,
+        p2p: metrics.PeerMetrics | None,
     ) -> None:
         self._node = node_name
         self._api = api
         self._settings = settings
         self._clock = clock
         self._report = reporter
-        self._fallbacks = fallbacks  # localcache_p2p_fallbacks_total{reason}
+        self._p2p = p2p
         self._listed: tuple[float, list[modelnode.LocalModelNode]] | None = None
         self._waiting: dict[tuple[str, str, str], float] = {}
         self._reports: dict[str, PodReport] = {}
@@ -231,6 +233,8 @@ class Peering:
             update = {"source": peerplan.SOURCE_ORIGIN, "origin_bytes": on_disk}
         else:
             return outcome
+        if self._p2p is not None and update["origin_bytes"]:
+            self._p2p.origin_bytes.inc(update["origin_bytes"])
         progress = outcome.progress.model_copy(update=update)
         return dataclasses.replace(outcome, progress=progress)
 
@@ -284,8 +288,8 @@ class Peering:
     async def _fell_back(
         self, node: modelnode.LocalModelNode, unit: downloads.Unit, reason: str, why: str
     ) -> None:
-        if self._fallbacks is not None:
-            self._fallbacks.inc(reason=reason)
+        if self._p2p is not None:
+            self._p2p.fallbacks.inc(reason=reason)
         log.info("peer_fallback_to_origin", storage_key=unit.storage_key, reason=reason)
         message = f"model {unit.status_keys[0]}: {why}; downloading from the origin ({reason})"
         key = unit.status_keys[0]

@@ -13,17 +13,16 @@ One pass (`reconcile`), for the LocalModelNode named like this node only:
    the one whose host path is the entries' node group's PV path, `roots.Disks`; its Jobs are
    the trusted ones recorded for its entries): observe (`agent.observe`), decide
    (`plan.decide`, pure: the state machine) and execute (`_execute`: adopt, create the Job
-   (peer-mode, origin or waiting for a seed where the node group enables peer distribution,
-   `agent.peering`) or a ModelDownloadError saying why not; promote; stop a Job that wrote
-   more than `modelSize` or stalled; count a failure once). No status is written before
-   every unit was considered;
+   (peer-mode, or waiting for a seed, per `agent.peering`) or a ModelDownloadError saying why
+   not; promote; stop a Job that wrote more than `modelSize` or stalled; count a failure
+   once). No status is written before every unit was considered;
 4. per root, delete folders no entry maps to by the keep rule (`roots.retention`: nothing
    on a root no node group declares any more, and never a folder whose entry is now served
    on another root; what is kept is logged and posted once as a `ModelFoldersKept` Warning),
    and staging folders of Jobs that no longer run;
-5. patch the owned status fields when changed (with the records of the Jobs created, so
-   they survive a restart), post Events for entries that became Downloaded or failed, and
-   requeue (sooner while downloading or waiting for a retry).
+5. patch the owned status fields when changed (the records of the Jobs created, so they
+   survive a restart; `status.peer`: `publish_peer`, `agent.peerfiles`), post Events for
+   entries that became Downloaded or failed, and requeue (sooner while downloading).
 
 Each create is recorded in status at once (`report.record_jobs`), before the pass goes on.
 A Job created just before a crash, whose record never reached status, is never trusted: it runs
@@ -38,7 +37,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import functools
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -79,6 +78,7 @@ def utcnow() -> datetime.datetime:
 
 
 _Placement = tuple[nodegroup.LocalModelNodeGroup, folders.ModelDisk] | launcher.NotLaunched
+_PublishPeer = Callable[..., Awaitable[dict[str, Any]]]  # (units, placements, outcomes)
 
 
 @dataclass
@@ -131,8 +131,10 @@ class Reconciler:
         progress_interval: float = 10.0,
         job_name_suffix: Callable[[], str] | None = None,
         peer_settings: peers.PeerSettings | None = None,
+        publish_peer: _PublishPeer | None = None,
     ) -> None:
         self.node_name = node_name
+        self._publish_peer = publish_peer
         self._disks = disk if isinstance(disk, roots.Disks) else roots.Disks([disk])
         self._stores = stores
         self._metrics = agent_metrics
@@ -172,7 +174,7 @@ class Reconciler:
             settings=peer_settings or peers.PeerSettings(),
             clock=clock,
             reporter=self._report,
-            fallbacks=agent_metrics.p2p_fallbacks,
+            p2p=agent_metrics.p2p,
         )
         self._cleaner = cleanup.RootCleaner(
             disks=self._disks, node_groups=stores.node_groups, reporter=self._report
@@ -247,6 +249,8 @@ class Reconciler:
             node, anywhere={u.storage_key for u in units}, served=served, live_jobs=ctx.live_jobs
         )
         desired = status.desired_status(outcomes, jobs=self._jobs.records())
+        if self._publish_peer is not None:  # `status.peer` (peer distribution)
+            desired |= await self._publish_peer(units, placements, outcomes)
         before = await self._report.write_status(ctx.node_obj, desired)
         for change in status.transitions(before, outcomes):
             await self._report.transition(node, change)
@@ -261,12 +265,8 @@ class Reconciler:
         per bad ConfigMap version."""
         loaded = self._live_config.load()
         if loaded.new_error is not None:
-            note = (
-                "the last good configuration stays in force"
-                if loaded.config is not None
-                else "waiting"
-            )
-            message = f"{loaded.new_error}; {note}"
+            kept = "the last good configuration stays in force"
+            message = f"{loaded.new_error}; {kept if loaded.config is not None else 'waiting'}"
             await self._report.event(node, "Warning", "InvalidConfiguration", message)
         return loaded.config
 

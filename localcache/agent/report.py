@@ -59,12 +59,7 @@ class AgentMetrics:
             "Time from a download Job's start to its completion",
             buckets=(1, 5, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200, 14400),
         )
-        # the p2p series (same definition as runtime.metrics' when it declares it)
-        self.p2p_fallbacks = registry.counter(
-            "localcache_p2p_fallbacks_total",
-            "Peer-mode downloads sent to the origin",
-            labels=("reason",),
-        )
+        self.p2p = registry.peer()  # `localcache_p2p_*` (`agent.peering` counts fallbacks)
 
 
 class Reporter:

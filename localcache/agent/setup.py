@@ -30,9 +30,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
-from localcache.agent import peering, reconciler, report
+from localcache.agent import peerfiles, peering, peerserving, peersource, reconciler, report
 from localcache.agent.disk import folders, layout, roots
 from localcache.agent.jobs import jobs, trust
+from localcache.agent.peer import tls as peer_tls
 from localcache.api import groupversion
 from localcache.caching import config, liveconfig
 from localcache.runtime import clock as clock_mod
@@ -75,6 +76,12 @@ class AgentSettings:
     """Distinct per agent when several agents share one process (`localcache run`)."""
     peer: peering.PeerSettings = field(default_factory=peering.PeerSettings)
     """Peer distribution (`--peer-image`, the peer CA's path, the seed wait)."""
+    peer_port: int = 0
+    """The peer server's port (0: not serving: `status.peer.endpoint` stays unset)."""
+    pod_ip: str = ""
+    """The agent pod's IP (`POD_IP`), in `status.peer.endpoint`."""
+    peer_tls_dir: Path = peer_tls.DEFAULT_DIR
+    """Where the peer server's certificate (Secret `localcache-peer-tls`) is mounted."""
 
     def __post_init__(self) -> None:
         if not self.node_name:
@@ -100,11 +107,12 @@ def setup(
     metrics: metrics_mod.Metrics,
     clock: clock_mod.Clock | None = None,
     factory: factory_mod.InformerFactory | None = None,
-) -> None:
-    """Register the agent's controller (no leader election: one agent per node) on
-    `manager`, reading through informers from `factory` (a new one over `kube` and `clock`
-    when None). `metrics` gets the controller, queue and download series. Call before
-    `manager.run()`."""
+) -> peersource.PeerFolders:
+    """Register the agent's controller (no leader election: one agent per node) and its
+    peer file-list worker (`agent.peerfiles`) on `manager`, reading through informers from
+    `factory` (a new one over `kube` and `clock` when None). `metrics` gets the controller,
+    queue and download series. Call before `manager.run()`. Returns the folders its peer
+    server may serve (`peersource.PeerFolders`, the server's `FolderSource`)."""
     clock = clock or clock_mod.SystemClock()
     node = settings.node_name
     shared = factory or factory_mod.InformerFactory(kube, manager, clock=clock)
@@ -173,6 +181,11 @@ def setup(
         # Which image a Job uses depends on every container: re-reconcile on (un)watching.
         containers.on_change(lambda _availability: queue.add(own_key))
 
+    peer_files = peerfiles.PeerFiles(
+        endpoint=peerfiles.endpoint(settings.pod_ip, settings.peer_port),
+        on_ready=lambda: queue.add(own_key),
+    )
+    manager.add_runnable(f"peer-files {settings.controller_name}", peer_files, needs_leader=False)
     rec = reconciler.Reconciler(
         node_name=node,
         api=kube,
@@ -200,6 +213,7 @@ def setup(
         job_backoff_limit=settings.job_backoff_limit,
         progress_interval=settings.progress_interval,
         peer_settings=settings.peer,
+        publish_peer=peer_files.publish,
     )
     ctl = controller.Controller(
         settings.controller_name,
@@ -211,3 +225,10 @@ def setup(
     )
     manager.add_controller(ctl, needs_leader=False)
     queue.add(own_key)
+    if settings.peer_port > 0:
+        serving = peerserving.PeerServing(
+            kube=kube, folders=peer_files.source, groups=groups.reader(),
+            port=settings.peer_port, tls_dir=settings.peer_tls_dir, metrics=metrics, clock=clock,
+        )  # fmt: skip
+        manager.add_runnable(f"peer-server {settings.controller_name}", serving, needs_leader=False)
+    return peer_files.source

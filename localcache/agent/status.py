@@ -1,9 +1,10 @@
 """The agent's status writes: what a LocalModelNode's status should say, and the JSON merge
 patch that gets it there. Pure functions; `reconciler.py` sends the patch.
 
-The agent owns four fields of `LocalModelNode.status`: KServe's `modelStatus` and
-localcache's additive `modelProgress`, `summary` and `downloadJobs` (the records of the
-Jobs it created, `agent.jobs.trust`; `localcache.api.modelnode`). Any other
+The agent owns five fields of `LocalModelNode.status`: KServe's `modelStatus` and
+localcache's additive `modelProgress`, `summary`, `downloadJobs` (the records of the
+Jobs it created, `agent.jobs.trust`; `localcache.api.modelnode`) and `peer` (what it serves
+to peers, `agent.peerfiles`: absent unless peer distribution is enabled). Any other
 status field is left as it is. `runtime.patch.merge_patch(current, desired)` is the RFC 7386
 patch that turns `current` into `desired` (removed keys become `null`), so a
 status-subresource patch carrying the object's resourceVersion is a conflict-safe write of
@@ -18,7 +19,7 @@ from typing import Any, Final
 
 from localcache.api import modelnode
 
-OWNED_FIELDS: Final = ("modelStatus", "modelProgress", "summary", "downloadJobs")
+OWNED_FIELDS: Final = ("modelStatus", "modelProgress", "summary", "downloadJobs", "peer")
 
 ModelStatus = modelnode.ModelStatus
 

@@ -36,14 +36,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import os
 import shutil
 import stat
 import sys
 import urllib.parse
 import urllib.request
-import uuid
 from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
 
@@ -51,8 +49,9 @@ import structlog
 
 from localcache.api import quantity as quantity_mod
 from localcache.download import http
+from localcache.download import staging as staging_mod
 from localcache.runtime import clock as clock_mod
-from localcache.runtime import durable, fstree
+from localcache.runtime import durable
 
 log = structlog.get_logger(__name__)
 
@@ -63,8 +62,6 @@ CHUNK_BYTES = http.CHUNK_BYTES
 DEFAULT_MAX_BYTES = http.DEFAULT_MAX_BYTES
 DEFAULT_DEADLINE_S = http.DEFAULT_DEADLINE_S
 MAX_SIZE_ENV = "LOCALCACHE_DOWNLOAD_MAX_SIZE"
-
-PARTIAL_PREFIX = ".localcache-partial-"
 
 DownloadError = http.DownloadError
 is_internal_address = http.is_internal_address
@@ -108,8 +105,7 @@ async def download(
     created = await asyncio.to_thread(_prepare_dest, dest)
     staging: Path | None = None
     try:
-        staging = dest / f"{PARTIAL_PREFIX}{uuid.uuid4().hex[:12]}"
-        await asyncio.to_thread(staging.mkdir)
+        staging = await asyncio.to_thread(staging_mod.new_staging, dest)
         if isinstance(source, Path):
             written = await asyncio.to_thread(_copy_local, source, staging, dest, limits)
         else:
@@ -222,70 +218,11 @@ def _http_file_name(uri: str, parts: urllib.parse.SplitResult) -> str:
 
 # ---------------------------------------------------------------------- staging, commit
 
-
-def _prepare_dest(dest: Path) -> bool:
-    """Make sure `dest` is a directory; True when this call created it."""
-    if dest.is_dir():
-        return False
-    if dest.exists() or dest.is_symlink():
-        raise DownloadError(f"destination {dest} exists and is not a directory")
-    try:
-        dest.mkdir(parents=True)
-    except FileExistsError:
-        return False  # created concurrently
-    except OSError as exc:
-        raise DownloadError(f"creating {dest}: {_os_message(exc)}") from None
-    return True
-
-
-def _commit(staging: Path, dest: Path) -> None:
-    """Rename every staged entry into `dest`; on failure undo the renames already done."""
-    backup = dest / f"{PARTIAL_PREFIX}old-{uuid.uuid4().hex[:8]}"
-    done: list[tuple[str, bool]] = []
-    try:
-        for name in sorted(os.listdir(staging)):
-            target = dest / name
-            moved_old = False
-            if os.path.lexists(target):
-                backup.mkdir(exist_ok=True)
-                os.rename(target, backup / name)
-                moved_old = True
-            try:
-                os.rename(staging / name, target)
-            except OSError:
-                if moved_old:
-                    os.rename(backup / name, target)
-                raise
-            done.append((name, moved_old))
-        durable.fsync_dir(dest)
-    except BaseException:
-        for name, moved_old in reversed(done):
-            with contextlib.suppress(OSError):
-                _remove(dest / name)
-                if moved_old:
-                    os.rename(backup / name, dest / name)
-        raise
-    finally:
-        with contextlib.suppress(OSError):
-            _remove(backup)
-
-
-def _clean_up(staging: Path | None, created_dest: Path | None) -> None:
-    with contextlib.suppress(OSError):
-        if staging is not None:
-            _remove(staging)
-    with contextlib.suppress(OSError):
-        if created_dest is not None:
-            created_dest.rmdir()  # only when empty: never removes anyone else's files
-
-
-def _remove(path: Path) -> None:
-    if os.path.lexists(path):
-        fstree.remove_tree(path)
-
-
-def _os_message(exc: OSError) -> str:
-    return exc.strerror or str(exc)
+PARTIAL_PREFIX = staging_mod.PARTIAL_PREFIX
+_prepare_dest = staging_mod.prepare_dest
+_commit = staging_mod.commit
+_clean_up = staging_mod.clean_up
+_os_message = staging_mod.os_message
 
 
 # ------------------------------------------------------------------------------ command

@@ -94,6 +94,9 @@ CUSTOM_RESOURCE_DEFINITIONS = Resource(
     "CustomResourceDefinition",
     namespaced=False,
 )
+TOKEN_REVIEWS = Resource(
+    "authentication.k8s.io", "v1", "tokenreviews", "TokenReview", namespaced=False
+)
 
 
 @dataclass(frozen=True, slots=True)

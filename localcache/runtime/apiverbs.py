@@ -9,7 +9,7 @@ contract (timeouts, the `errors` tree, watch events, list items' apiVersion/kind
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from localcache.runtime import apitypes, errors, transport
@@ -184,6 +184,19 @@ class Verbs:
         path = apitypes.PODS.path(namespace=namespace, name=name) + "/log"
         query = {"container": container, "tailLines": tail_lines, "limitBytes": limit_bytes}
         return await self.raw(path, query=query, request_timeout=request_timeout)
+
+    async def token_review(
+        self, token: str, *, audiences: Sequence[str], request_timeout: float | None = None
+    ) -> Obj:
+        """The apiserver's TokenReview of `token` for `audiences` (authentication.k8s.io/v1):
+        the returned object's `status` (authenticated, user, audiences, error). The token is
+        sent in the body only; it is never logged here."""
+        review: Obj = {
+            "apiVersion": apitypes.TOKEN_REVIEWS.api_version,
+            "kind": apitypes.TOKEN_REVIEWS.kind,
+            "spec": {"token": token, "audiences": list(audiences)},
+        }
+        return await self.create(apitypes.TOKEN_REVIEWS, review, request_timeout=request_timeout)
 
     # ---------------------------------------------------------------- writes
 

@@ -14,7 +14,8 @@ global and the process-wide default registry is never touched. It holds:
   returns the recorder `transport.Transport` reports every API request to;
 - process and Python runtime collectors (`process_*`, `python_*`);
 - domain metrics made with `counter()`, `gauge()` and `histogram()`, so domain code never
-  imports prometheus_client.
+  imports prometheus_client;
+- the peer data plane's series (`localcache_p2p_*`), via `Metrics.peer()` (`PeerMetrics`).
 
 Here: `Metrics`, the registry and its process collectors, the recorders' factory, the
 collector that exposes the framework series (`runtime.series`: plain numbers, moved inline by
@@ -26,6 +27,7 @@ of `render()`, as Go has none.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import itertools
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
@@ -153,6 +155,32 @@ class HistogramFamily:
         (self._metric.labels(**labels) if self._labelled else self._metric).observe(value)
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class PeerMetrics:
+    """The peer data plane's series (issue 23), shared by the agent's peer server, the agent's
+    planner/observer and anything counting origin bytes:
+
+    - `bytes` `localcache_p2p_bytes_total{direction=sent|received,source}`: file bytes moved
+      between peers (`source` is the other node: the receiver for sent, the source for
+      received);
+    - `origin_bytes` `localcache_p2p_origin_bytes_total`: bytes downloads took from the origin;
+    - `fallbacks` `localcache_p2p_fallbacks_total{reason}`: peer attempts that fell back to the
+      origin;
+    - `verify_failures` `localcache_p2p_verify_failures_total`: files a peer served that failed
+      size or sha256 verification;
+    - `refusals` `localcache_p2p_refusals_total{reason}`: requests the peer server refused
+      (the authorizer's reasons, and `stale`, `busy`, `not-here`, `shutting-down`);
+    - `uploads_in_flight` `localcache_p2p_uploads_in_flight`: file streams being served.
+    """
+
+    bytes: CounterFamily
+    origin_bytes: CounterFamily
+    fallbacks: CounterFamily
+    verify_failures: CounterFamily
+    refusals: CounterFamily
+    uploads_in_flight: GaugeFamily
+
+
 class Metrics:
     """All metrics of one process, on a private `CollectorRegistry`."""
 
@@ -250,6 +278,38 @@ class Metrics:
             return HistogramFamily(metric, bool(labels))
 
         return self._family("histogram", name, labels, make)
+
+    def peer(self) -> PeerMetrics:
+        """The `localcache_p2p_*` families (made on first call; the same ones afterwards)."""
+        return PeerMetrics(
+            bytes=self.counter(
+                "localcache_p2p_bytes_total",
+                "File bytes moved between peer nodes, by direction and the other node.",
+                labels=("direction", "source"),
+            ),
+            origin_bytes=self.counter(
+                "localcache_p2p_origin_bytes_total",
+                "Bytes model downloads took from the origin (object store, hub).",
+            ),
+            fallbacks=self.counter(
+                "localcache_p2p_fallbacks_total",
+                "Peer download attempts that fell back to the origin, by reason.",
+                labels=("reason",),
+            ),
+            verify_failures=self.counter(
+                "localcache_p2p_verify_failures_total",
+                "Files a peer served that failed size or sha256 verification.",
+            ),
+            refusals=self.counter(
+                "localcache_p2p_refusals_total",
+                "Requests the peer server refused, by reason.",
+                labels=("reason",),
+            ),
+            uploads_in_flight=self.gauge(
+                "localcache_p2p_uploads_in_flight",
+                "File streams the peer server is serving now.",
+            ),
+        )
 
     # -- reading -------------------------------------------------------------------------
 

@@ -17,7 +17,10 @@ The server is moto's WSGI app behind a small guard, because moto alone lets thro
 credentials test must not: it answers `/moto-api/*` (which can reset the auth count or every
 backend) to anyone, and it fails unsigned listings and presigned URLs with 500. The guard
 answers 403 (S3 XML error `AccessDenied`) for `/moto-api/*` and for any request without an
-`Authorization` header; it answers `GET /_objectstore/ready` itself (no action counted).
+`Authorization` header; it answers `GET /_objectstore/ready` itself (no action counted), and
+`GET /_objectstore/stats` with `{"requests": N, "bytesSent": M}`: the signed requests passed
+to moto and the response body bytes it sent for them (counters that only grow; the data-plane
+benchmark reads the origin's egress there).
 
 Contract of `ObjectStore` (the harness side):
 - `start()` returns once the server answers, the admin exists and enforcement was checked;
@@ -44,7 +47,8 @@ import json
 import os
 import sys
 import tempfile
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -62,6 +66,7 @@ REGION = "us-east-1"
 BOOTSTRAP_ACTIONS = 3  # CreateUser + PutUserPolicy + CreateAccessKey of the admin
 ADMIN_USER = "localcache-admin"
 READY_PATH = "/_objectstore/ready"
+STATS_PATH = "/_objectstore/stats"
 CONNECT_TIMEOUT_S = 5.0
 READ_TIMEOUT_S = 30.0
 MAX_ATTEMPTS = 2
@@ -102,19 +107,54 @@ def _forbidden(start_response: StartResponse, message: str) -> list[bytes]:
     return [body]
 
 
+class _Sent:
+    """What the guard passed to moto and the body bytes moto answered (thread-safe)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.requests = 0
+        self.bytes = 0
+
+    def counted(self, body: Iterable[bytes]) -> Iterator[bytes]:
+        with self.lock:
+            self.requests += 1
+        try:
+            for chunk in body:
+                with self.lock:
+                    self.bytes += len(chunk)
+                yield chunk
+        finally:
+            close = getattr(body, "close", None)
+            if close is not None:
+                close()
+
+    def json(self) -> bytes:
+        with self.lock:
+            return json.dumps({"requests": self.requests, "bytesSent": self.bytes}).encode()
+
+
 def guard(app: WSGIApplication) -> WSGIApplication:
-    """Wrap moto's app: refuse `/moto-api/*` and unsigned requests, answer READY_PATH."""
+    """Wrap moto's app: refuse `/moto-api/*` and unsigned requests, answer READY_PATH and
+    STATS_PATH, count what moto sends."""
+    sent = _Sent()
 
     def guarded(environ: WSGIEnvironment, start_response: StartResponse) -> Any:
         path = environ.get("PATH_INFO", "")
         if path == READY_PATH:
             start_response("200 OK", [("Content-Type", "text/plain"), ("Content-Length", "3")])
             return [b"ok\n"]
+        if path == STATS_PATH:
+            body = sent.json()
+            start_response(
+                "200 OK",
+                [("Content-Type", "application/json"), ("Content-Length", str(len(body)))],
+            )
+            return [body]
         if path.startswith("/moto-api"):
             return _forbidden(start_response, "The moto control API is disabled.")
         if not environ.get("HTTP_AUTHORIZATION"):
             return _forbidden(start_response, "Requests must be signed (no anonymous access).")
-        return app(environ, start_response)
+        return sent.counted(app(environ, start_response))
 
     return guarded
 
@@ -265,6 +305,14 @@ class ObjectStore(modelserver.ServerProcess):
             for page in paginator.paginate(Bucket=bucket, Prefix=prefix)
             for obj in page.get("Contents", [])
         ]
+
+    def bytes_sent(self) -> tuple[int, int]:
+        """(requests, response body bytes) the store served so far (`STATS_PATH`)."""
+        status, body = modelserver.http_get(self.endpoint + STATS_PATH)
+        if status != 200:
+            raise ObjectStoreError(f"GET {STATS_PATH}: HTTP {status}")
+        found = json.loads(body)
+        return int(found["requests"]), int(found["bytesSent"])
 
     def s3_env(self, key: AccessKey) -> dict[str, str]:
         """Environment for KServe's storage initializer (or any boto3 client) to download

@@ -6,6 +6,12 @@ of its bytes>`, a symlink as `l <path> <target>`; anything else as `o <path>`. M
 and times are left out (promotion sets the modes), so two downloads of the same bytes have the
 same digest wherever and whenever they were made. The walk uses explicit stacks and never
 follows a symlink (`runtime.fstree`); files are read in chunks, without loading them whole.
+
+`listing(folder)` is that ONE walk: the entries (`Listing`), whose `digest()` is
+`tree_digest` and from which `agent.disk.filelists` builds the folder's peer file manifest
+(`api.peer.PeerManifest`), so both always agree. Bounded on request (`max_entries`,
+`max_depth`: `TooLarge`) and stoppable between chunks (`stop`: `Stopped`, for a hashing
+thread whose owner shuts down). `OSError` when something cannot be read.
 """
 
 from __future__ import annotations
@@ -13,6 +19,8 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
@@ -23,34 +31,82 @@ PREFIX: Final = "sha256:"
 _CHUNK: Final = 1 << 20
 
 
-def file_sha256(path: str) -> str:
+class TooLarge(Exception):
+    """The folder has more entries or levels than the walk was allowed."""
+
+
+class Stopped(Exception):
+    """The walk was asked to stop (`stop()` became true)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Listing:
+    """Every entry below a folder, by kind (relative paths, in walk order)."""
+
+    files: tuple[tuple[str, int, str], ...]
+    """(path, size, sha256 hex) of each regular file."""
+    dirs: tuple[str, ...]
+    links: tuple[tuple[str, str], ...]
+    """(path, target) of each symlink (never followed)."""
+    others: tuple[str, ...]
+
+    def digest(self) -> str:
+        return peer.manifest_digest(
+            files=self.files, dirs=self.dirs, links=self.links, others=self.others
+        )
+
+
+def _never() -> bool:
+    return False
+
+
+def file_sha256(path: str, *, stop: Callable[[], bool] = _never) -> str:
     digest = hashlib.sha256()
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     try:
         while chunk := os.read(fd, _CHUNK):
+            if stop():
+                raise Stopped(path)
             digest.update(chunk)
     finally:
         os.close(fd)
     return digest.hexdigest()
 
 
-def tree_digest(folder: Path) -> str:
-    """The folder's content digest (module doc); `OSError` when something cannot be read."""
+def listing(
+    folder: Path,
+    *,
+    max_entries: int | None = None,
+    max_depth: int | None = None,
+    stop: Callable[[], bool] = _never,
+) -> Listing:
+    """The folder's entries, files hashed (module doc)."""
     files: list[tuple[str, int, str]] = []
     dirs: list[str] = []
     links: list[tuple[str, str]] = []
     others: list[str] = []
     top = str(folder)
-    for path, is_dir in fstree.below(folder):
+    for count, (path, is_dir) in enumerate(fstree.below(folder), start=1):
         rel = os.path.relpath(path, top)
+        if max_entries is not None and count > max_entries:
+            raise TooLarge(f"{folder}: more than {max_entries} entries")
+        if max_depth is not None and rel.count(os.sep) >= max_depth:
+            raise TooLarge(f"{folder}: deeper than {max_depth} levels")
+        if stop():
+            raise Stopped(str(folder))
         if is_dir:
             dirs.append(rel)
             continue
         info = os.lstat(path)
         if stat.S_ISREG(info.st_mode):
-            files.append((rel, info.st_size, file_sha256(path)))
+            files.append((rel, info.st_size, file_sha256(path, stop=stop)))
         elif stat.S_ISLNK(info.st_mode):
             links.append((rel, os.readlink(path)))
         else:
             others.append(rel)
-    return peer.manifest_digest(files=files, dirs=dirs, links=links, others=others)
+    return Listing(tuple(files), tuple(dirs), tuple(links), tuple(others))
+
+
+def tree_digest(folder: Path) -> str:
+    """The folder's content digest (module doc); `OSError` when something cannot be read."""
+    return listing(folder).digest()

@@ -345,7 +345,8 @@ class ModelDisk:
                 # An incomplete folder (no manifest): partial, legacy, or a stale leftover.
                 self._trash.move(final)
                 _checkpoint("old-moved-aside")
-            self.manifest_path(storage_key, variant).unlink(missing_ok=True)  # orphan
+            for orphan in (layout.FILES_SUFFIX, layout.MANIFEST_SUFFIX):  # file list first
+                (self.manifests / f"{final.name}{orphan}").unlink(missing_ok=True)
             tree.normalise_checked(staging)
             durable.fsync_tree(staging)
             os.rename(staging, final)

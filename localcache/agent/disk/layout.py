@@ -11,6 +11,8 @@ Layout under `root` (the agent's mount of the node group's PV, default `/mnt/mod
     <root>/.staging/<storage key>-<job>/  where a download Job writes (its volume subPath)
     <root>/.manifests/<storage key>.json  manifest of a complete folder (kept OUTSIDE the folder)
     <root>/.manifests/<storage key>.promoting.json  intent record of an unfinished promotion
+    <root>/.manifests/<folder>.files.json  a complete folder's peer file list and the scopes
+                                          that may fetch it (`agent.disk.filelists`)
     <root>/.trash/                        folders on their way out
     <root>/.jobs/<job>.json               which namespace, cache and storage key a download
                                           Job was created for (written before the Job):
@@ -47,6 +49,7 @@ TRASH_DIR = ".trash"
 JOBS_DIR = ".jobs"
 MANIFEST_SUFFIX = ".json"
 RECORD_SUFFIX = ".promoting.json"
+FILES_SUFFIX = ".files.json"
 QUARANTINE_SUFFIX = ".quarantined"
 MAX_TREE_DEPTH = 64
 """Directory levels a model folder may have; deeper content is never checked, so never

@@ -4,8 +4,9 @@
 
 Contract:
 - `delete_unreferenced` only ever removes storage-key-shaped names (16 lowercase hex) that the
-  caller did not list, removes the manifest before the folder, and never touches anything else
-  under `models/`. It returns only the keys whose bytes are really gone.
+  caller did not list, removes the peer file list and the manifest before the folder, and
+  never touches anything else under `models/`. It returns only the keys whose bytes are
+  really gone.
 - Everything is first renamed into `.trash` (one rename, then an fsync of the directory it
   left), then removed there. A folder that cannot be moved or removed (e.g. written by a
   download pod under another uid) stays where it is or in `.trash`, is logged
@@ -84,6 +85,7 @@ class Trash:
             key = layout.key_of_folder(folder)
             if key is None or key in referenced:
                 continue
+            (self.manifests / f"{folder}{layout.FILES_SUFFIX}").unlink(missing_ok=True)
             (self.manifests / f"{folder}{layout.MANIFEST_SUFFIX}").unlink(missing_ok=True)
             name = self.try_move(self.models / folder, storage_key=key)
             if name is not None:
@@ -96,6 +98,7 @@ class Trash:
                 continue
             key = layout.key_of_folder(folder)
             if key is not None and key not in referenced and not (self.models / folder).exists():
+                path.with_name(f"{folder}{layout.FILES_SUFFIX}").unlink(missing_ok=True)
                 path.unlink(missing_ok=True)
         pending = {
             str(data.get("staging"))

@@ -97,3 +97,17 @@ def test_moto_control_api_cannot_turn_auth_off(store: objectstore.ObjectStore) -
 def test_log_records_the_requests(store: objectstore.ObjectStore) -> None:
     assert store.log_path is not None
     assert "PUT /models" in Path(store.log_path).read_text()
+
+
+def test_the_store_counts_the_body_bytes_it_serves(store: objectstore.ObjectStore) -> None:
+    data = bytes(range(256)) * 1024
+    store.put_object(BUCKET, "counted/model.bin", data)
+    requests_before, sent_before = store.bytes_sent()
+
+    assert store.get_object(BUCKET, "counted/model.bin") == data
+
+    requests_after, sent_after = store.bytes_sent()
+    assert requests_after == requests_before + 1
+    assert sent_after - sent_before == len(data)
+    status, _ = modelserver.http_get(store.endpoint + objectstore.STATS_PATH)
+    assert status == 200  # the counters need no signature: they hold no data

@@ -123,7 +123,7 @@ class Rig:
             settings=peering.PeerSettings(image=image, ca_path=ca, seed_wait_s=60),
             clock=self.clock,
             reporter=reporter,
-            fallbacks=report.AgentMetrics(self.registry).p2p_fallbacks,
+            p2p=report.AgentMetrics(self.registry).p2p,
         )
         self.me = modelnode.LocalModelNode.model_validate(_node("me"))
 
@@ -265,6 +265,7 @@ async def test_a_completed_origin_job_in_an_enabled_group_counts_origin_bytes(
     outcome = plan.Downloaded(_manifest(), "job-1").outcome()
     done = await rig.peers.completed(_ref(peer=False), outcome, group=_group(True))
     assert (done.progress.source, done.progress.origin_bytes) == ("origin", 10)
+    assert rig.registry.value("localcache_p2p_origin_bytes_total") == 10
     assert rig.api.calls == []
 
 
@@ -283,7 +284,7 @@ async def test_peer_fields_are_carried_for_the_same_job(tmp_path: Path) -> None:
     fresh = peering.Peering(
         node_name="me", api=FakeApi(), settings=peering.PeerSettings(),
         clock=rig.clock, reporter=report.Reporter(node_name="me", api=FakeApi(),
-        wall_clock=lambda: NOW), fallbacks=None,
+        wall_clock=lambda: NOW), p2p=None,
     )  # fmt: skip
     assert fresh.carry(running, pending).progress.source == "peer/a"  # after a restart
     unknown = status.Outcome(

@@ -67,12 +67,14 @@ def _prometheus_client(i: Import) -> bool:
     return i.parts[0] == "prometheus_client" and i.module != "localcache/runtime/metrics.py"
 
 
-#: Where aiohttp may be imported: the framework's serving side and its transport, and the
-#: download program (`localcache download`, inside Jobs).
+#: Where aiohttp may be imported: the framework's serving side and its transport, the
+#: download program (`localcache download`, inside Jobs), and the agent's peer server (the
+#: data plane's serving side, design.md; its handlers are the HTTP surface itself).
 AIOHTTP_HOMES = (
     "localcache/runtime/serving/",
     "localcache/runtime/transport.py",
     "localcache/download/",
+    "localcache/agent/peer/server.py",
 )
 
 
@@ -129,7 +131,8 @@ def _settings(i: Import) -> bool:
 
 
 #: What the download program (`localcache download`, inside download Jobs) may import from
-#: localcache: itself, the durable writes it shares with the agent, and three leaf modules.
+#: localcache: itself, the durable writes it shares with the agent, leaf modules, and the peer
+#: wire models `localcache fetch` speaks (`api.peer`, on `api.meta` and `api.quantity`).
 DOWNLOAD_NEEDS = (
     "localcache.download",
     "localcache.runtime.durable",
@@ -137,6 +140,8 @@ DOWNLOAD_NEEDS = (
     "localcache.runtime.clock",
     "localcache.runtime.errors",
     "localcache.api.quantity",
+    "localcache.api.peer",
+    "localcache.api.meta",
 )
 
 

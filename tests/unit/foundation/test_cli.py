@@ -12,7 +12,7 @@ def test_help_lists_every_subcommand(capsys: pytest.CaptureFixture[str]) -> None
         cli.main(["--help"])
     assert exit_info.value.code == 0
     out = capsys.readouterr().out
-    for command in ("controller", "agent", "run", "download", "import"):
+    for command in ("controller", "agent", "run", "download", "fetch", "import"):
         assert command in out
 
 

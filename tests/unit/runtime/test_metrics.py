@@ -246,3 +246,27 @@ def test_rest_client_metrics_have_client_gos_names_labels_and_buckets() -> None:
     # Another recorder (another client of the process) adds to the same series.
     m.rest_client().inc_requests("200", "GET", "127.0.0.1:6443")
     assert m.value("rest_client_requests_total", code="200", **labels) == 3
+
+
+def test_peer_metrics_are_declared_once_with_their_design_names() -> None:
+    registry = metrics.Metrics()
+    peer = registry.peer()
+    assert registry.peer() == peer  # asking again gives the same families
+    peer.bytes.inc(10, direction="sent", source="node-b")
+    peer.bytes.inc(7, direction="received", source="node-a")
+    peer.origin_bytes.inc(5)
+    peer.fallbacks.inc(reason="no-source")
+    peer.verify_failures.inc()
+    peer.refusals.inc(reason="other-scope")
+    peer.uploads_in_flight.set(2)
+    samples = {
+        ("localcache_p2p_bytes_total", (("direction", "sent"), ("source", "node-b"))): 10,
+        ("localcache_p2p_bytes_total", (("direction", "received"), ("source", "node-a"))): 7,
+        ("localcache_p2p_origin_bytes_total", ()): 5,
+        ("localcache_p2p_fallbacks_total", (("reason", "no-source"),)): 1,
+        ("localcache_p2p_verify_failures_total", ()): 1,
+        ("localcache_p2p_refusals_total", (("reason", "other-scope"),)): 1,
+        ("localcache_p2p_uploads_in_flight", ()): 2,
+    }
+    for (name, labels), value in samples.items():
+        assert registry.value(name, **dict(labels)) == value, name

@@ -1,0 +1,183 @@
+"""A complete model folder's peer file list: its verified manifest and who may fetch it.
+
+`<root>/.manifests/<folder>.files.json` (`path`) holds a `FileList`: the folder's
+`api.peer.PeerManifest` (every entry, each regular file with its size and sha256), the
+`Stamp` of the promotion it was computed for (the folder manifest's `job` and
+`completedAt`), and `scopes`, the credential scope digests (SHA-256 hex, as
+`agent.downloads.scope_id`) whose downloads proved access to this content on this node (at
+most `peer.MAX_SCOPES`).
+
+Contract:
+- `compute` walks the folder ONCE with `agent.disk.digest.listing`, so the manifest's
+  `digest` is `digest.tree_digest(folder)`; it is bounded (`peer.MAX_FILES` entries,
+  `peer.MAX_DEPTH` levels) and raises `Unservable` for a folder the wire cannot describe
+  (too many entries or levels, a path longer than `peer.MAX_PATH` or not UTF-8), `OSError`
+  when it cannot read it, `digest.Stopped` when `stop()` turned true. It blocks: call it in
+  a thread.
+- `write` stores atomically (`runtime.durable`); `read` returns the stored list only when it
+  is whole and consistent (schema, folder name, storage key, digest recomputed from the
+  entries, scopes), else None; `current` also requires the stamp of the folder's manifest
+  in force: a list computed for an earlier promotion of the folder is never returned.
+- The list goes with its folder: `trash.Trash.delete_unreferenced` removes it before the
+  folder's manifest, `folders.ModelDisk` before a folder is moved into place, and `prune`
+  removes the lists whose folder is not complete.
+- Not promised: thread safety; one task writes a root's lists (the agent's reconciler).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+import pydantic
+
+from localcache.agent.disk import digest, layout, tree
+from localcache.api import peer
+from localcache.runtime import durable
+
+FORMAT_VERSION: Final = 1
+
+
+class Unservable(Exception):
+    """The folder cannot be described by a peer manifest (the message says why)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Stamp:
+    """Which promotion of a folder a list describes."""
+
+    job: str
+    completed_at: str
+
+    @classmethod
+    def of(cls, manifest: layout.Manifest) -> Stamp:
+        return cls(manifest.job, manifest.completed_at)
+
+
+@dataclass(frozen=True, slots=True)
+class FileList:
+    folder: str
+    stamp: Stamp
+    manifest: peer.PeerManifest
+    scopes: tuple[str, ...]
+
+
+def path(root: Path, folder: str) -> Path:
+    """Where the list of `models/<folder>` lives on `root`."""
+    if layout.key_of_folder(folder) is None:
+        raise layout.DiskError(f"not a model folder: {folder!r}")
+    return root / layout.MANIFESTS_DIR / f"{folder}{layout.FILES_SUFFIX}"
+
+
+def _never() -> bool:
+    return False
+
+
+def compute(
+    folder: Path, storage_key: str, *, stop: Callable[[], bool] = _never
+) -> peer.PeerManifest:
+    """The folder's peer manifest (module contract)."""
+    try:
+        found = digest.listing(
+            folder, max_entries=peer.MAX_FILES, max_depth=peer.MAX_DEPTH, stop=stop
+        )
+    except digest.TooLarge as exc:
+        raise Unservable(str(exc)) from exc
+    texts = [*found.dirs, *found.others]
+    texts += [p for p, _, _ in found.files] + [t for link in found.links for t in link]
+    for text in texts:
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise Unservable(f"{folder}: a name is not UTF-8") from None
+    try:
+        return peer.PeerManifest(
+            storage_key=storage_key,
+            digest=found.digest(),
+            files=[
+                peer.ManifestFile(path=p, size=size, sha256=sha)
+                for p, size, sha in sorted(found.files)
+            ],
+            dirs=sorted(found.dirs),
+            links=[peer.ManifestLink(path=p, target=t) for p, t in sorted(found.links)],
+            others=sorted(found.others),
+        )
+    except pydantic.ValidationError as exc:
+        raise Unservable(f"{folder}: {exc.errors()[0]['msg']}") from exc
+
+
+def merge_scopes(stored: Sequence[str], wanted: Iterable[str]) -> tuple[str, ...]:
+    """`stored` scopes still wanted, in their order, then the new ones sorted; at most
+    `peer.MAX_SCOPES` (the first kept: a scope never displaces an earlier one)."""
+    want = set(wanted)
+    kept = [s for s in stored if s in want]
+    kept += sorted(want - set(kept))
+    return tuple(kept[: peer.MAX_SCOPES])
+
+
+def write(root: Path, files: FileList) -> None:
+    data: dict[str, Any] = {
+        "version": FORMAT_VERSION,
+        "folder": files.folder,
+        "stamp": {"job": files.stamp.job, "completedAt": files.stamp.completed_at},
+        "scopes": list(files.scopes),
+        "manifest": files.manifest.to_dict(),
+    }
+    durable.write_json_atomic(path(root, files.folder), data)
+
+
+def read(root: Path, folder: str) -> FileList | None:
+    """The stored list of `folder` when whole and consistent (module contract), else None."""
+    data = durable.read_json(path(root, folder))
+    if data is None or data.get("version") != FORMAT_VERSION or data.get("folder") != folder:
+        return None
+    try:
+        manifest = peer.PeerManifest.model_validate(data.get("manifest"))
+        stamp_data = data["stamp"]
+        stamp = Stamp(str(stamp_data["job"]), str(stamp_data["completedAt"]))
+        scopes = tuple(str(s) for s in data["scopes"])
+    except (pydantic.ValidationError, KeyError, TypeError):
+        return None
+    if (
+        not _scopes_ok(scopes)
+        or layout.key_of_folder(folder) != manifest.storage_key
+        or manifest.computed_digest() != manifest.digest
+    ):
+        return None
+    return FileList(folder, stamp, manifest, scopes)
+
+
+def _scopes_ok(scopes: Sequence[str]) -> bool:
+    hexdigits = set("0123456789abcdef")
+    return len(scopes) <= peer.MAX_SCOPES and all(
+        len(s) == 64 and set(s) <= hexdigits for s in scopes
+    )
+
+
+def current(root: Path, folder: str, manifest: layout.Manifest) -> FileList | None:
+    """`read`, only when computed for the promotion `manifest` records."""
+    files = read(root, folder)
+    return files if files is not None and files.stamp == Stamp.of(manifest) else None
+
+
+def remove(root: Path, folder: str) -> None:
+    path(root, folder).unlink(missing_ok=True)
+
+
+def prune(root: Path) -> list[str]:
+    """Remove the lists whose folder is not complete (no folder or no manifest); returns
+    the folders whose list was removed."""
+    removed = []
+    for entry in tree.listing(root / layout.MANIFESTS_DIR):
+        if not entry.name.endswith(layout.FILES_SUFFIX):
+            continue
+        folder = entry.name.removesuffix(layout.FILES_SUFFIX)
+        manifest = root / layout.MANIFESTS_DIR / f"{folder}{layout.MANIFEST_SUFFIX}"
+        if layout.key_of_folder(folder) is None:
+            continue
+        if not (root / layout.MODELS_DIR / folder).is_dir() or not manifest.is_file():
+            entry.unlink(missing_ok=True)
+            removed.append(folder)
+    return removed

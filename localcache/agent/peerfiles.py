@@ -1,0 +1,286 @@
+"""Peer file lists of the agent's model folders, hashed in the background, and the
+`status.peer` they publish (peer distribution, `api.peer`).
+
+`PeerFiles` has two halves:
+- `publish(units, placements, outcomes)`, called once per reconcile pass after the units were
+  evaluated and the roots cleaned, before the status write: for every unit reported
+  Downloaded whose node group has `spec.peerDistribution.enabled`, its folder (the storage
+  key's, or the variant its progress names) is wanted, with the unit's scope digest
+  (`downloads.scope_id`): the downloading Job's scope, a scope whose download of the same
+  content was kept-existing, and every scope that reuses the folder having proven access
+  (`plan.Downloaded`) all report it Downloaded. It writes the file lists hashed since the last
+  pass, brings the stored scopes in line (`filelists.merge_scopes`), drops lists computed for
+  an earlier promotion, queues the folders lacking a current list (after a promotion and, at
+  start-up, complete folders without one), replaces the peer server's index
+  (`peersource.PeerFolders`) and returns the status fields to merge: `{"peer": {endpoint,
+  models}}` (`models` sorted, at most `peer.MAX_PEER_MODELS`), or `{}` when no node group of
+  the pass enables peer distribution: then it does nothing at all (no file read or written,
+  no hashing), and a `status.peer` written before is removed by the status write.
+- `run()`, the worker (a manager runnable): hashes one queued folder at a time in a thread
+  (`filelists.compute`), keeps the result in memory and calls `on_ready` (which enqueues the
+  node), so the list is stored and published by the next pass: every file-list write happens
+  in the reconciler's own sequence, never racing a promotion or a deletion. Hashing never
+  delays a status: the pass that promotes reports Downloaded at once. Cancelled, it tells the
+  hashing thread to stop (between chunks) and awaits it.
+
+A folder that cannot be hashed (unservable, unreadable) is logged and not tried again for
+that promotion in this process. Not promised: order of hashing beyond first come, first
+served; publishing a folder whose group disabled peer distribution since.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from localcache.agent import downloads, peersource, status
+from localcache.agent.disk import filelists, folders, layout
+from localcache.agent.jobs import launcher
+from localcache.api import modelnode, nodegroup, peer
+
+log = structlog.get_logger(__name__)
+
+Placement = tuple[nodegroup.LocalModelNodeGroup, folders.ModelDisk] | launcher.NotLaunched
+_Key = tuple[Path, str]  # (models root, folder name)
+
+
+def endpoint(pod_ip: str, port: int) -> str | None:
+    """`https://<pod IP>:<port>` of the peer server; None when not serving (port 0, no or a
+    malformed IP)."""
+    if port <= 0 or not pod_ip:
+        return None
+    try:
+        address = ipaddress.ip_address(pod_ip)
+    except ValueError:
+        return None
+    host = f"[{address}]" if address.version == 6 else str(address)
+    return f"https://{host}:{port}"
+
+
+@dataclass(frozen=True, slots=True)
+class Want:
+    """A folder to publish and the scopes that proved access to it in this pass."""
+
+    disk: folders.ModelDisk
+    folder: str
+    storage_key: str
+    variant: str | None
+    scopes: frozenset[str]
+
+
+def wanted(
+    units: Sequence[downloads.Unit],
+    placements: Mapping[str, Placement],
+    outcomes: Mapping[str, status.Outcome],
+) -> list[Want] | None:
+    """The folders to publish (module doc); None when no group of the pass enables peer
+    distribution. Pure."""
+    enabled = False
+    found: dict[_Key, Want] = {}
+    for unit in units:
+        where = placements.get(unit.leader.node_group or "")
+        if where is None or isinstance(where, launcher.NotLaunched):
+            continue
+        group, disk = where
+        if not (group.spec.peer_distribution and group.spec.peer_distribution.enabled):
+            continue
+        enabled = True
+        outcome = outcomes.get(unit.status_keys[0])
+        if outcome is None or outcome.status is not modelnode.ModelStatus.DOWNLOADED:
+            continue
+        folder = outcome.progress.folder or unit.storage_key
+        variant = folder.partition(".")[2] or None
+        key = (disk.root, folder)
+        before = found.get(key)
+        scopes = (before.scopes if before else frozenset()) | {unit.scope_id}
+        found[key] = Want(disk, folder, unit.storage_key, variant, scopes)
+    return [found[k] for k in sorted(found)] if enabled else None
+
+
+@dataclass(frozen=True, slots=True)
+class Stats:
+    queued: int
+    ready: int
+    served: int
+    hashed: int
+    failed: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Hash:
+    root: Path
+    folder: str
+    storage_key: str
+    stamp: filelists.Stamp
+
+
+@dataclass(slots=True)
+class _Survey:
+    served: dict[_Key, peersource.Served]
+    manifests: dict[_Key, peer.PeerManifest]
+    to_hash: list[_Hash]
+
+
+class PeerFiles:
+    """File lists and `status.peer` of one agent (module doc)."""
+
+    def __init__(self, *, endpoint: str | None, on_ready: Callable[[], None]) -> None:
+        self.endpoint = endpoint
+        self.source = peersource.PeerFolders()
+        self._on_ready = on_ready
+        self._queue: asyncio.Queue[_Hash] = asyncio.Queue()
+        self._queued: set[_Key] = set()
+        self._ready: dict[_Key, tuple[filelists.Stamp, peer.PeerManifest]] = {}
+        self._failed: dict[_Key, filelists.Stamp] = {}
+        self._served: dict[_Key, peersource.Served] = {}
+        self._pruned: set[Path] = set()
+        self._stop = threading.Event()
+        self._hashed = 0
+
+    def stats(self) -> Stats:
+        return Stats(
+            len(self._queued), len(self._ready), len(self._served), self._hashed, len(self._failed)
+        )
+
+    # ---- publishing (the reconciler's pass) -----------------------------------------
+    async def publish(
+        self,
+        units: Sequence[downloads.Unit],
+        placements: Mapping[str, Placement],
+        outcomes: Mapping[str, status.Outcome],
+    ) -> dict[str, Any]:
+        wants = wanted(units, placements, outcomes)
+        if wants is None:
+            self._forget()
+            return {}
+        ready, served = dict(self._ready), dict(self._served)
+        survey = await asyncio.to_thread(self._survey, wants, ready, served)
+        for key, result in ready.items():
+            if self._ready.get(key) is result:  # consumed (or outdated); not a newer one
+                del self._ready[key]
+        self._served = survey.served
+        self.source.replace(survey.served.values(), survey.manifests)
+        for job in survey.to_hash:
+            key = (job.root, job.folder)
+            if key not in self._queued and self._failed.get(key) != job.stamp:
+                self._queued.add(key)
+                self._queue.put_nowait(job)
+        models = sorted((s.model() for s in survey.served.values()), key=_order)
+        body = peer.PeerStatus(endpoint=self.endpoint, models=models[: peer.MAX_PEER_MODELS])
+        return {"peer": body.to_dict()}
+
+    def _forget(self) -> None:
+        """Peer distribution is off: serve nothing, drop what is queued or ready (a hash in
+        progress finishes; a pass that publishes again stores it only if still current)."""
+        while not self._queue.empty():
+            self._queue.get_nowait()
+        self._queued.clear()
+        self._ready.clear()
+        if self._served:
+            self._served = {}
+            self.source.replace(())
+
+    def _survey(
+        self,
+        wants: list[Want],
+        ready: Mapping[_Key, tuple[filelists.Stamp, peer.PeerManifest]],
+        served: Mapping[_Key, peersource.Served],
+    ) -> _Survey:
+        """In a thread: store what is ready, check what is published, find what to hash."""
+        out = _Survey({}, {}, [])
+        for root in {w.disk.root for w in wants} - self._pruned:
+            for folder in filelists.prune(root):
+                log.info("peer_file_list_pruned", root=str(root), folder=folder)
+            self._pruned.add(root)
+        for want in wants:
+            root, key = want.disk.root, (want.disk.root, want.folder)
+            manifest = want.disk.manifest(want.storage_key, want.variant)
+            if (
+                manifest is None
+                or not want.disk.model_path(want.storage_key, want.variant).is_dir()
+            ):
+                continue  # not complete (any more): nothing to publish
+            stamp, before = filelists.Stamp.of(manifest), served.get(key)
+            files: filelists.FileList | None
+            if key in ready and ready[key][0] == stamp:
+                files, dirty = filelists.FileList(want.folder, stamp, ready[key][1], ()), True
+            elif (
+                before is not None
+                and before.stamp == stamp
+                and before.scopes == _scopes(before.scopes, want)
+            ):
+                out.served[key] = before  # unchanged since the last pass: no I/O
+                continue
+            else:
+                files, dirty = filelists.current(root, want.folder, manifest), False
+            if files is None:  # none yet, or computed for an earlier promotion
+                filelists.remove(root, want.folder)
+                out.to_hash.append(_Hash(root, want.folder, want.storage_key, stamp))
+                continue
+            scopes = _scopes(files.scopes, want)
+            if dirty or scopes != files.scopes:
+                files = filelists.FileList(want.folder, stamp, files.manifest, scopes)
+                filelists.write(root, files)
+            out.manifests[key] = files.manifest
+            out.served[key] = peersource.Served(
+                root=root,
+                folder=want.folder,
+                storage_key=want.storage_key,
+                digest=files.manifest.digest,
+                bytes=files.manifest.bytes,
+                scopes=scopes,
+                stamp=stamp,
+            )
+        return out
+
+    # ---- the worker -------------------------------------------------------------------
+    async def run(self) -> None:
+        """Hash queued folders one at a time until cancelled (module doc)."""
+        while True:
+            job = await self._queue.get()
+            key = (job.root, job.folder)
+            try:
+                manifest = await self._hash(job)
+            except (OSError, filelists.Unservable, layout.DiskError) as exc:
+                log.warning("peer_file_list_failed", folder=job.folder, error=str(exc)[:300])
+                self._failed[key] = job.stamp
+                continue
+            except Exception:  # a bug must not end the agent: the folder is not published
+                log.exception("peer_file_list_failed", folder=job.folder)
+                self._failed[key] = job.stamp
+                continue
+            finally:
+                self._queued.discard(key)
+            self._hashed += 1
+            self._ready[key] = (job.stamp, manifest)
+            log.info("peer_file_list_hashed", folder=job.folder, digest=manifest.digest)
+            self._on_ready()
+
+    async def _hash(self, job: _Hash) -> peer.PeerManifest:
+        folder = job.root / layout.MODELS_DIR / job.folder
+        work = asyncio.ensure_future(
+            asyncio.to_thread(filelists.compute, folder, job.storage_key, stop=self._stop.is_set)
+        )
+        try:
+            return await asyncio.shield(work)
+        except asyncio.CancelledError:
+            self._stop.set()  # the thread stops at its next chunk or entry
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await work
+            raise
+
+
+def _scopes(stored: Sequence[str], want: Want) -> tuple[str, ...]:
+    return filelists.merge_scopes(stored, want.scopes)
+
+
+def _order(model: peer.PeerModel) -> tuple[str, str]:
+    return model.storage_key, model.digest

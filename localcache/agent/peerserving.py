@@ -1,0 +1,138 @@
+"""The agent's peer server as a manager runnable: this node's hashed folders
+(`peersource.PeerFolders`) for trusted download pods of other nodes (`agent.peer.server`).
+
+`PeerServing.run()` waits for the peer certificate (`tls.crt`/`tls.key` of the mounted Secret
+`localcache-peer-tls`, which the controller issues and the kubelet may mount after the agent
+started; looked for with a doubling delay up to `TLS_WAIT_MAX_S`, logged once), then serves on
+`port` over TLS until cancelled, reloading a rotated certificate for new connections. On
+cancellation new requests get 503, streams in flight get `STOP_GRACE_S`, then everything is
+cancelled and awaited.
+
+Caps: the node groups with `spec.peerDistribution.enabled` give the upload slots
+(`maxUploads`) and the bandwidth (`uploadBandwidth`); a node in several such groups uses the
+smallest of each (the most conservative), read at each request so a change applies at once.
+Only the base folder `models/<key>` is served: a scope entitled only to a folder variant is
+refused (403 `other-scope`) and its Job fetches from the origin.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from pathlib import Path
+from typing import Final
+
+import structlog
+
+from localcache.agent import peersource
+from localcache.agent.peer import auth, server, throttle
+from localcache.agent.peer import tls as peer_tls
+from localcache.api import nodegroup, peer
+from localcache.runtime import clock as clock_mod
+from localcache.runtime import kube as kube_mod
+from localcache.runtime import metrics as metrics_mod
+from localcache.runtime import store
+from localcache.runtime.serving import tls as tls_mod
+
+log = structlog.get_logger(__name__)
+
+TLS_WAIT_MAX_S: Final = 30.0
+STOP_GRACE_S: Final = 5.0
+
+
+class _Folders:
+    """`server.FolderSource` over the agent's folder index (base folders only)."""
+
+    def __init__(self, folders: peersource.PeerFolders) -> None:
+        self._folders = folders
+
+    def lookup(self, storage_key: str) -> server.ServedFolder | None:
+        found = self._folders.lookup(storage_key)
+        if found is None:
+            return None
+        return server.ServedFolder(path=found.path, manifest=found.manifest, scopes=found.scopes)
+
+
+def enabled_specs(groups: store.Reader) -> list[peer.PeerDistributionSpec]:
+    """The peerDistribution of every node group that enables it (malformed groups skipped)."""
+    specs: list[peer.PeerDistributionSpec] = []
+    for obj in groups.list():
+        try:
+            spec = nodegroup.LocalModelNodeGroup.model_validate(obj).spec.peer_distribution
+        except ValueError:
+            continue
+        if spec is not None and spec.enabled:
+            specs.append(spec)
+    return specs
+
+
+def max_uploads(groups: store.Reader) -> int:
+    specs = enabled_specs(groups)
+    return min((s.max_uploads for s in specs), default=peer.DEFAULT_MAX_UPLOADS)
+
+
+def bandwidth(groups: store.Reader) -> int | None:
+    caps = [
+        int(s.upload_bandwidth.value)
+        for s in enabled_specs(groups)
+        if s.upload_bandwidth is not None and s.upload_bandwidth.value > 0
+    ]
+    return min(caps, default=None)
+
+
+class PeerServing:
+    """Runnable: the peer server of one agent (module doc)."""
+
+    def __init__(
+        self,
+        *,
+        kube: kube_mod.Kube,
+        folders: peersource.PeerFolders,
+        groups: store.Reader,
+        port: int,
+        tls_dir: Path,
+        metrics: metrics_mod.Metrics,
+        clock: clock_mod.Clock,
+        host: str = "0.0.0.0",  # pods of other nodes connect to the pod IP
+    ) -> None:
+        self._kube, self._folders, self._groups = kube, folders, groups
+        self._port, self._tls_dir, self._host = port, tls_dir, host
+        self._metrics, self._clock = metrics, clock
+
+    async def run(self) -> None:
+        reloadable = await self._wait_for_tls()
+        srv = server.PeerServer(
+            folders=_Folders(self._folders),
+            authorizer=auth.Authorizer(auth.KubeAuthApi(self._kube)),
+            slots=throttle.UploadSlots(lambda: max_uploads(self._groups)),
+            bucket=throttle.TokenBucket(lambda: bandwidth(self._groups), clock=self._clock),
+            metrics=self._metrics.peer(),
+            on_refusal=lambda reason, key: log.info(
+                "peer_request_refused", reason=reason, storage_key=key
+            ),
+        )
+        await srv.start(self._host, self._port, reloadable.context)
+        log.info("peer_server_started", port=srv.port)
+        watch = asyncio.create_task(reloadable.watch(clock=self._clock))
+        try:
+            await asyncio.Event().wait()
+        finally:
+            watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watch
+            await srv.stop(grace_s=STOP_GRACE_S)
+
+    async def _wait_for_tls(self) -> tls_mod.ReloadableTLS:
+        delay, logged = 1.0, False
+        while True:
+            try:
+                return peer_tls.tls_from_dir(self._tls_dir)
+            except (OSError, ValueError) as exc:
+                if not logged:
+                    log.warning(
+                        "peer_server_waiting_for_certificate", dir=str(self._tls_dir),
+                        error=type(exc).__name__,
+                    )  # fmt: skip
+                    logged = True
+            await self._clock.sleep(delay)
+            delay = min(TLS_WAIT_MAX_S, delay * 2)

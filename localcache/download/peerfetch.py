@@ -1,0 +1,370 @@
+"""The transfer engine of `localcache fetch`: a model folder from peers, verified, atomically.
+
+Contract (`fetch`):
+- The manifest comes from the first live source (`peersources.Board`, rank order) that
+  answers 200 with at most `MAX_MANIFEST_BYTES`; it is refused (that source banned, the next
+  one asked) unless it parses (`api.peer.PeerManifest`: bounded, safe paths), names the
+  storage key asked for and both its stated and its computed digest equal `digest`. A manifest
+  whose files sum past `max_bytes`, or whose tree `peerlayout.check` refuses, ends the run
+  with "use origin".
+- Files are fetched by at most `concurrency` workers, each from the best live source, into a
+  staging directory under `dest` (`download.staging`), hashed (sha256) while streamed; never
+  more bytes than the manifest's size are read (a Content-Length or Content-Range that
+  disagrees bans the source). A broken or stalled stream (no byte for `stall_timeout`) is
+  resumed by `Range: bytes=<written>-` from the next source, the running hash carried on
+  (a 206 must start exactly there). 429/503 move on to the next source; after a full pass over
+  the live sources without progress the worker backs off (Retry-After honoured, at most
+  `peersources.MAX_RETRY_AFTER_S`). A file whose size or sha256 is wrong is discarded and
+  every source that contributed to it banned for the run. 401, 403, 404, 416, TLS failures
+  and protocol violations ban the source; transport failures and 500/502/504 strike it
+  (`peersources.MAX_STRIKES` ban it). A file no live source can serve (`ROUNDS` passes
+  without progress, or no source left) ends the run with "use origin".
+- Only after every file verified and fsynced are the links made (and checked against the
+  staging directory's real path) and the tree committed into `dest` (`staging.commit`).
+  On any failure nothing of this run remains in `dest`, and a `dest` it created is removed.
+- Every connect has `connect_timeout`, every read `stall_timeout`, the whole run `deadline`
+  (past it: "use origin").
+- Errors: `peersources.FetchError` (`use_origin` or a local failure such as a full disk).
+  The token is never logged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import hashlib
+import os
+import ssl
+from pathlib import Path
+from typing import IO, Final
+
+import aiohttp
+import pydantic
+import structlog
+import yarl
+
+from localcache.api import peer
+from localcache.download import http, peerlayout, peersources, staging
+from localcache.runtime import clock as clock_mod
+
+log = structlog.get_logger(__name__)
+
+DEFAULT_CONCURRENCY: Final = 4
+DEFAULT_STALL_S: Final = 30.0
+DEFAULT_CONNECT_S: Final = 10.0
+MAX_MANIFEST_BYTES: Final = 32 << 20
+ROUNDS: Final = 3
+BACKOFF_S: Final = 0.5
+_Failure = peersources.SourceFailure
+_NEW_FILE: Final = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+CHUNK_BYTES: Final = http.CHUNK_BYTES
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Request:
+    """What to fetch, from whom, and the limits of the run."""
+
+    storage_key: str
+    digest: str
+    credentials: peersources.Credentials
+    server_name: str = peer.SERVER_NAME
+    max_bytes: int
+    deadline: float
+    stall_timeout: float = DEFAULT_STALL_S
+    connect_timeout: float = DEFAULT_CONNECT_S
+    concurrency: int = DEFAULT_CONCURRENCY
+    clock: clock_mod.Clock = dataclasses.field(default_factory=clock_mod.SystemClock)
+
+
+class _File:
+    """One file being written: bytes so far, the running hash, who contributed."""
+
+    def __init__(self, entry: peer.ManifestFile, out: IO[bytes]) -> None:
+        self.entry = entry
+        self.out = out
+        self.written = 0
+        self.hasher = hashlib.sha256()
+        self.contributors: set[peersources.Source] = set()
+
+    def absorb(self, chunk: bytes, source: peersources.Source) -> None:
+        self.out.write(chunk)
+        self.hasher.update(chunk)
+        self.written += len(chunk)
+        self.contributors.add(source)
+
+    def reset(self) -> None:
+        self.out.seek(0)
+        self.out.truncate(0)
+        self.written = 0
+        self.hasher = hashlib.sha256()
+        self.contributors.clear()
+
+
+async def fetch(request: Request, dest: Path, board: peersources.Board) -> int:
+    """Fetch the model into `dest` (module doc); return its size in bytes."""
+    if not board.live():
+        raise peersources.use_origin("no peer source given")
+    created = await asyncio.to_thread(staging.prepare_dest, dest)
+    stage: Path | None = None
+    try:
+        try:
+            async with asyncio.timeout(request.deadline), _session(request) as session:
+                run = _Run(request, session, board)
+                manifest = await run.manifest()
+                stage = await asyncio.to_thread(staging.new_staging, dest)
+                await asyncio.to_thread(peerlayout.make_dirs, manifest, stage)
+                await run.files(manifest, stage)
+        except TimeoutError:
+            raise peersources.use_origin(
+                f"the peers did not finish within {request.deadline:g} s (--deadline)"
+            ) from None
+        await asyncio.to_thread(peerlayout.make_links, manifest, stage)
+        await asyncio.to_thread(peerlayout.fsync_tree, stage)
+        await asyncio.to_thread(staging.commit, stage, dest)
+    except OSError as exc:
+        await asyncio.to_thread(staging.clean_up, stage, dest if created else None)
+        raise peersources.local_failure(f"{dest}: {staging.os_message(exc)}") from None
+    except BaseException:
+        staging.clean_up(stage, dest if created else None)  # also on cancellation
+        raise
+    await asyncio.to_thread(staging.clean_up, stage, None)
+    log.info("fetch.done", dest=str(dest), bytes=manifest.bytes, sources=dict(board.bytes))
+    return manifest.bytes
+
+
+def _session(request: Request) -> aiohttp.ClientSession:
+    connector = aiohttp.TCPConnector(
+        ssl=request.credentials.ssl, limit=request.concurrency + 1, enable_cleanup_closed=True
+    )
+    timeout = aiohttp.ClientTimeout(
+        total=None,
+        connect=request.connect_timeout,
+        sock_connect=request.connect_timeout,
+        sock_read=request.stall_timeout,
+    )
+    return aiohttp.ClientSession(
+        connector=connector, timeout=timeout, auto_decompress=False, trust_env=False
+    )
+
+
+class _Run:
+    def __init__(
+        self, request: Request, session: aiohttp.ClientSession, board: peersources.Board
+    ) -> None:
+        self.request = request
+        self.session = session
+        self.board = board
+
+    # ------------------------------------------------------------------------- manifest
+
+    async def manifest(self) -> peer.PeerManifest:
+        reasons: list[str] = []
+        for attempt in range(ROUNDS):
+            waits: list[float] = []
+            for source in self.board.live():
+                try:
+                    manifest = await self._manifest_from(source)
+                except _Failure as failure:
+                    self._failed(source, failure, what="manifest")
+                    reasons.append(f"{source.node}: {failure.reason}")
+                    if failure.kind != "ban":
+                        waits.append(failure.wait)
+                    continue
+                _check_manifest(manifest, self.request)
+                log.info(
+                    "fetch.manifest", source=source.node, files=len(manifest.files),
+                    bytes=manifest.bytes,
+                )  # fmt: skip
+                return manifest
+            if not waits:
+                break
+            await self._back_off(attempt, max(waits))
+        raise peersources.use_origin("no peer served the manifest: " + "; ".join(reasons[-3:]))
+
+    async def _manifest_from(self, source: peersources.Source) -> peer.PeerManifest:
+        url = source.manifest_url(self.request.storage_key)
+        try:
+            async with self._get(url, headers={}) as resp:
+                peersources.check_status(resp, expected=200)
+                if (resp.content_length or 0) > MAX_MANIFEST_BYTES:
+                    raise _Failure("ban", f"manifest of {resp.content_length} bytes is too large")
+                body = bytearray()
+                async for chunk in resp.content.iter_chunked(CHUNK_BYTES):
+                    body += chunk
+                    if len(body) > MAX_MANIFEST_BYTES:
+                        raise _Failure("ban", f"manifest larger than {MAX_MANIFEST_BYTES} bytes")
+        except (ssl.SSLError, aiohttp.ClientSSLError) as exc:
+            raise _Failure("ban", f"TLS: {peersources.short(exc)}") from None
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise _Failure("strike", peersources.short(exc) or "timed out") from None
+        try:
+            manifest = peer.PeerManifest.model_validate_json(body)
+        except pydantic.ValidationError as exc:
+            first = exc.errors()[0] if exc.errors() else {"msg": "invalid"}
+            raise _Failure("ban", f"invalid manifest: {str(first.get('msg'))[:120]}") from None
+        if manifest.storage_key != self.request.storage_key:
+            raise _Failure("ban", "the manifest is of another storage key")
+        if manifest.digest != self.request.digest or (
+            manifest.computed_digest() != self.request.digest
+        ):
+            raise _Failure("ban", "the manifest's digest is not the expected one")
+        return manifest
+
+    # ---------------------------------------------------------------------------- files
+
+    async def files(self, manifest: peer.PeerManifest, stage: Path) -> None:
+        pending = iter(manifest.files)
+
+        async def worker() -> None:
+            for entry in pending:  # one iterator shared by the workers (one event loop)
+                await self._file(entry, stage)
+
+        workers = max(1, min(self.request.concurrency, len(manifest.files)))
+        try:
+            async with asyncio.TaskGroup() as group:
+                for i in range(workers):
+                    group.create_task(worker(), name=f"localcache-fetch-worker-{i}")
+        except BaseExceptionGroup as errors:
+            raise _first(errors) from None
+
+    async def _file(self, entry: peer.ManifestFile, stage: Path) -> None:
+        path = stage / entry.path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(
+            path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644
+        )
+        with os.fdopen(fd, "wb") as out:
+            job = _File(entry, out)
+            if entry.size > 0:
+                await self._transfer(job)
+            elif job.hasher.hexdigest() != entry.sha256:
+                raise peersources.use_origin(f"{entry.path[:80]!r}: sha256 of an empty file")
+            out.flush()
+            os.fsync(out.fileno())
+        log.info("fetch.file", path=entry.path[:200], bytes=entry.size)
+
+    async def _transfer(self, job: _File) -> None:
+        """Complete `job` from the live sources, best first, in passes (module doc)."""
+        rank = {s.node: i for i, s in enumerate(self.board.sources)}
+        previous: peersources.Source | None = None
+        idle = passes = 0  # attempts, and whole passes, without progress
+        progressed = False
+        waits: list[float] = []
+        last = "no source tried"
+        while True:
+            live = self.board.live()
+            if not live or idle >= ROUNDS * len(live):
+                banned = self.board.why_banned()
+                raise peersources.use_origin(
+                    f"no peer could serve {job.entry.path[:80]!r} ({last}"
+                    + (f"; banned: {banned}" if banned else "")
+                    + ")"
+                )
+            after = -1 if previous is None else rank[previous.node]
+            source = next((s for s in live if rank[s.node] > after), live[0])
+            if previous is not None and rank[source.node] <= after:  # a new pass
+                if not progressed:
+                    await self._back_off(passes, max(waits, default=0.0))
+                    passes += 1
+                progressed = False
+                waits.clear()
+            previous, before = source, job.written
+            try:
+                await self._stream(source, job)
+            except _Failure as failure:
+                last = f"{source.node}: {failure.reason}"
+                self._failed(source, failure, what=job.entry.path)
+                waits.append(failure.wait)
+                if job.written > before:
+                    idle = passes = 0
+                    progressed = True
+                else:
+                    idle += 1
+                continue
+            if job.hasher.hexdigest() == job.entry.sha256:
+                return
+            for bad in job.contributors:
+                self.board.ban(bad, f"served bytes that fail the sha256 of {job.entry.path[:80]!r}")
+                log.warning("fetch.bad_bytes", source=bad.node, path=job.entry.path[:200])
+            last = "sha256 mismatch"
+            job.reset()
+            previous, idle, passes = None, 0, 0
+
+    async def _stream(self, source: peersources.Source, job: _File) -> None:
+        """Fetch the rest of `job` from `source`; `_Failure` unless the file is complete."""
+        size = job.entry.size
+        headers = {"Range": f"bytes={job.written}-"} if job.written else {}
+        url = source.file_url(self.request.storage_key, job.entry.path)
+        try:
+            async with self._get(url, headers=headers) as resp:
+                peersources.check_status(resp, expected=206 if job.written else 200)
+                peersources.check_extent(resp, offset=job.written, size=size)
+                async for chunk in resp.content.iter_chunked(CHUNK_BYTES):
+                    if len(chunk) > size - job.written:
+                        raise _Failure("ban", "sent more bytes than the manifest's size")
+                    job.absorb(chunk, source)
+                    self.board.received(source, len(chunk))
+        except (ssl.SSLError, aiohttp.ClientSSLError) as exc:
+            raise _Failure("ban", f"TLS: {peersources.short(exc)}") from None
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise _Failure("strike", peersources.short(exc) or "stalled") from None
+        if job.written < size:
+            raise _Failure("strike", f"stream ended at {job.written} of {size} bytes")
+
+    # -------------------------------------------------------------------------- helpers
+
+    def _get(
+        self, url: str, *, headers: dict[str, str]
+    ) -> contextlib.AbstractAsyncContextManager[aiohttp.ClientResponse]:
+        return self.session.get(
+            yarl.URL(url, encoded=True),
+            headers={
+                **self.request.credentials.headers(),
+                "Accept-Encoding": "identity",
+                **headers,
+            },
+            ssl=self.request.credentials.ssl,
+            server_hostname=self.request.server_name,
+            allow_redirects=False,
+        )
+
+    def _failed(self, source: peersources.Source, failure: _Failure, *, what: str) -> None:
+        if failure.kind == "ban":
+            self.board.ban(source, failure.reason)
+        elif failure.kind == "strike":
+            self.board.strike(source, failure.reason)
+        log.info(
+            "fetch.source_failed", source=source.node, what=what[:200], kind=failure.kind,
+            reason=failure.reason,
+        )  # fmt: skip
+
+    async def _back_off(self, attempt: int, wait: float) -> None:
+        delay = max(wait, BACKOFF_S * 2 ** min(attempt, 6))
+        await self.request.clock.sleep(min(delay, peersources.MAX_RETRY_AFTER_S))
+
+
+def _check_manifest(manifest: peer.PeerManifest, request: Request) -> None:
+    if manifest.bytes > request.max_bytes:
+        raise peersources.use_origin(
+            f"the model ({manifest.bytes} bytes) is larger than the {request.max_bytes}-byte "
+            "limit (--max-size)"
+        )
+    peerlayout.check(manifest)
+
+
+def _first(errors: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The error a run ends with: a local failure first (the origin would hit it too)."""
+    leaves = list(_leaves(errors))
+    for leaf in leaves:
+        if isinstance(leaf, OSError) and not isinstance(leaf, TimeoutError):
+            return leaf
+        if isinstance(leaf, peersources.FetchError) and not leaf.use_origin:
+            return leaf
+    return leaves[0]
+
+
+def _leaves(error: BaseException) -> list[BaseException]:
+    if isinstance(error, BaseExceptionGroup):
+        return [leaf for inner in error.exceptions for leaf in _leaves(inner)]
+    return [error]

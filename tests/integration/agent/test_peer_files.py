@@ -1,0 +1,73 @@
+"""Peer file lists on the real control plane: with `spec.peerDistribution.enabled` on the
+node group, a downloaded model appears in `status.peer.models` (digest of its folder, scope
+of the Job that downloaded it) after the Downloaded status; with it off, `status.peer` stays
+unset and no file list is written."""
+
+from __future__ import annotations
+
+import pytest
+
+from localcache.agent.disk import digest, filelists, layout
+from localcache.caching import keys
+from tests.integration.agent.harness import LMNG, URI, Agent, Obj, entry, eventually
+
+pytestmark = pytest.mark.kcm
+
+KEY = keys.storage_key(URI)
+FILES = {"model.bin": b"weights" * 10, "config.json": b"{}"}
+
+
+async def _downloaded(agent: Agent) -> Obj:
+    await agent.set_models([entry("iris", group=agent.group)])
+    [job] = await agent.wait_jobs(1)
+    await agent.finish(job, succeed=True, files=FILES)
+    return await agent.wait_status({"iris": "ModelDownloaded"})
+
+
+async def test_downloaded_model_is_published_to_peers_when_enabled(agent: Agent) -> None:
+    await agent.patch(
+        LMNG.path(name=agent.group), {"spec": {"peerDistribution": {"enabled": True}}}
+    )
+    await agent.start(peer_port=8476, pod_ip="10.1.2.3")
+    await _downloaded(agent)
+    manifest = agent.disk.manifest(KEY)
+    assert manifest is not None
+
+    async def published() -> Obj | None:
+        peer = (await agent.node_status()).get("peer") or {}
+        return peer if peer.get("models") else None
+
+    peer = await eventually(published, what=f"{agent.node} lists {KEY} in status.peer.models")
+    assert peer["endpoint"] == "https://10.1.2.3:8476"
+    [model] = peer["models"]
+    [record] = (await agent.node_status())["downloadJobs"]
+    assert model == {
+        "storageKey": KEY,
+        "digest": digest.tree_digest(agent.disk.model_path(KEY)),
+        "scopes": [record["scope"]],
+        "bytes": manifest.bytes,
+    }
+    assert len(record["scope"]) == 64
+    stored = filelists.current(agent.root, KEY, manifest)
+    assert stored is not None
+    assert stored.manifest.digest == model["digest"]
+
+    await agent.set_models([])
+    await agent.wait_status({})
+
+    async def unpublished() -> bool | None:
+        listed = ((await agent.node_status()).get("peer") or {}).get("models")
+        return True if not filelists.path(agent.root, KEY).exists() and not listed else None
+
+    await eventually(unpublished, what="the file list and status.peer.models gone with the folder")
+
+
+async def test_nothing_is_published_or_hashed_when_disabled(agent: Agent) -> None:
+    await agent.start(peer_port=8476, pod_ip="10.1.2.3")
+    await _downloaded(agent)
+    await agent.poke()
+    await agent.reconciled(agent.reconciles() + 1)
+    status = await agent.node_status()
+    assert "peer" not in status
+    names = sorted(p.name for p in (agent.root / layout.MANIFESTS_DIR).iterdir())
+    assert not [n for n in names if n.endswith(layout.FILES_SUFFIX)], names
