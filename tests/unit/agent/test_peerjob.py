@@ -3,6 +3,7 @@ token and the CA, without credentials; everything else unchanged."""
 
 from __future__ import annotations
 
+import argparse
 import copy
 import json
 from typing import Any
@@ -12,6 +13,7 @@ import pytest
 from localcache.agent.jobs import jobs, peerjob
 from localcache.api import modelnode, nodegroup
 from localcache.caching import config, credentials, downloadcontainer, keys
+from localcache.download import peercommand
 
 URI = "s3://mybucket/mymodel"
 KEY = keys.storage_key(URI)
@@ -161,3 +163,13 @@ def test_at_most_max_sources_are_passed() -> None:
     many = tuple((f"n{i}", f"https://10.0.0.{i}:8476") for i in range(5))
     args = _main(_peer(_origin(), sources=many))["args"]
     assert args.count("--source") == 3
+
+
+def test_the_fetcher_accepts_the_arguments() -> None:
+    parser = argparse.ArgumentParser()
+    peercommand.add_arguments(parser)
+    parsed = parser.parse_args(_main(_peer(_origin()))["args"])
+    assert parsed.dest == "/mnt/models"
+    assert parsed.source == [f"{n}={e}" for n, e in SOURCES]
+    assert (parsed.ca_env, parsed.digest, parsed.max_size) == ("LOCALCACHE_PEER_CA", DIGEST, "1234")
+    assert parsed.token_file == "/var/run/secrets/localcache/peer/token"
