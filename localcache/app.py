@@ -31,6 +31,7 @@ from pathlib import Path
 import structlog
 
 from localcache import settings as settings_mod
+from localcache.agent import peering
 from localcache.agent import setup as agent_setup
 from localcache.agent.disk import roots
 from localcache.api import crdgen, groupversion
@@ -332,6 +333,7 @@ async def run_components(
                     config_map=cfg.name,
                     kserve_config=cfg.kserve,
                     watch_storage_containers=True,
+                    peer=peering.PeerSettings(image=agent.peer_image, ca_path=agent.peer_ca),
                     peer_port=agent.peer_port,
                     pod_ip=agent.pod_ip,
                     controller_name=(

@@ -140,7 +140,10 @@ FLAGS: tuple[Flag, ...] = (
              "TLS port of the peer server, published as status.peer.endpoint with --pod-ip "
              "(0: not serving)", "int"),
         Flag("--pod-ip", "POD_IP", "", "the agent pod's IP, in status.peer.endpoint"),
-        Flag("--peer-image", "LOCALCACHE_PEER_IMAGE", "", "image of peer-mode download Jobs"),
+        Flag("--peer-image", "LOCALCACHE_PEER_IMAGE", "",
+             "localcache image of peer-mode download Jobs (empty: peer distribution off)"),
+        Flag("--peer-ca", "LOCALCACHE_PEER_CA", "/var/run/localcache/peer-tls/ca.crt",
+             "the peer CA certificate (PEM) peer-mode download pods verify peers against"),
     ),
 )
 # fmt: on
@@ -218,7 +221,8 @@ class Agent:
     models_roots: tuple[RootMount, ...] = ()
     peer_port: int = 0  # of the peer server (0: not serving)
     pod_ip: str = ""  # the agent pod's IP (POD_IP), in status.peer.endpoint
-    peer_image: str = ""  # the localcache image of peer-mode download Jobs
+    peer_image: str = ""  # of peer-mode download Jobs (empty: peer distribution off)
+    peer_ca: Path = Path("/var/run/localcache/peer-tls/ca.crt")
 
 
 @dataclass(frozen=True)
@@ -354,6 +358,7 @@ def from_args(
             peer_port=int(n("peer_port")),
             pod_ip=s("pod_ip"),
             peer_image=s("peer_image"),
+            peer_ca=Path(s("peer_ca")),
         ),
         shutdown_timeout=n("shutdown_timeout"),
         given=frozenset(given),

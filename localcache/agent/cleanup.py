@@ -8,6 +8,9 @@ per new deletion failure, and reports the folders it keeps: a log line
 (`model_folders_kept`) and one `ModelFoldersKept` Warning Event per root each time the set
 of kept folders changes (in this process: a restarted agent reports them once more).
 Operators delete kept folders by hand (README, "Node group paths").
+
+`RootCleaner.check_layout` runs first in every pass, per root: `ModelDisk.ensure_layout`,
+a repair reported as a Warning Event each time, a refusal as one Event per distinct problem.
 """
 
 from __future__ import annotations
@@ -20,9 +23,10 @@ import pydantic
 import structlog
 
 from localcache.agent import plan, report
-from localcache.agent.disk import roots
+from localcache.agent.disk import folders as folders_mod
+from localcache.agent.disk import layout, roots
 from localcache.api import modelnode, nodegroup
-from localcache.runtime import onchange, store
+from localcache.runtime import errors, onchange, store
 
 log = structlog.get_logger(__name__)
 
@@ -37,6 +41,26 @@ class RootCleaner:
         self._groups = node_groups
         self._report = reporter
         self._kept = onchange.OnChange()  # per root: the folders last reported as kept
+        self._layout_warned = onchange.OnChange()  # per models root
+
+    async def check_layout(
+        self, node: modelnode.LocalModelNode | None, disk: folders_mod.ModelDisk
+    ) -> None:
+        """`disk.ensure_layout`, reported: a repair as a Warning Event each time, a refusal
+        as one Warning Event per distinct problem, then raised (retried with backoff)."""
+        where = str(disk.root)
+        try:
+            repaired = await asyncio.to_thread(disk.ensure_layout)
+        except layout.DiskError as exc:
+            log.error("models_root_unsafe", root=where, error=str(exc))
+            if node is not None and self._layout_warned.changed(where, str(exc)):
+                await self._report.event(node, "Warning", "ModelsRootUnsafe", str(exc))
+            raise errors.LocalcacheError(f"models root {where}: {exc}") from exc
+        self._layout_warned.forget(where)
+        for message in repaired:
+            log.warning("models_root_repaired", root=where, repair=message)
+            if node is not None:
+                await self._report.event(node, "Warning", "ModelsRootRepaired", message)
 
     async def clean(
         self,

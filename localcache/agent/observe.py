@@ -105,7 +105,7 @@ class Observer:
             return plan.JobFacts(
                 staging,
                 staging_bytes=usage.bytes,
-                model_size=self._model_size(unit),
+                model_size=self.model_size(unit),
                 pod_message=pod,
                 idle_s=idle,
             )
@@ -120,12 +120,12 @@ class Observer:
                 staging_bytes=size,
                 staging_is_dir=True,
                 staging_empty=False,
-                model_size=self._model_size(unit),
+                model_size=self.model_size(unit),
             )
         pod = await self._jobs.pod_message(latest, state.failed_pods)
         return plan.JobFacts(staging, pod_message=pod)
 
-    def _model_size(self, unit: downloads.Unit) -> int | None:
+    def model_size(self, unit: downloads.Unit) -> int | None:
         """The cache's `modelSize` in bytes (first entry of the unit that has one)."""
         for entry in unit.entries:
             reader = self._namespace_caches if entry.namespace else self._caches

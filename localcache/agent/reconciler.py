@@ -12,10 +12,10 @@ One pass (`reconcile`), for the LocalModelNode named like this node only:
 3. per download unit (`downloads.units`: same URI, full credential scope and models root,
    the one whose host path is the entries' node group's PV path, `roots.Disks`; its Jobs are
    the trusted ones recorded for its entries): observe (`agent.observe`), decide
-   (`plan.decide`, pure; its docstring is the state machine) and execute (`_execute`: adopt,
-   create the Job, or a ModelDownloadError saying why not; promote; stop a Job that wrote
-   more than `modelSize` or stalled; count a failure once). No status is written before
-   every unit was considered;
+   (`plan.decide`, pure: the state machine) and execute (`_execute`: adopt, create the Job
+   (peer-mode, or waiting for a seed, per `agent.peering`) or a ModelDownloadError saying why
+   not; promote; stop a Job that wrote more than `modelSize` or stalled; count a failure
+   once). No status is written before every unit was considered;
 4. per root, delete folders no entry maps to by the keep rule (`roots.retention`: nothing
    on a root no node group declares any more, and never a folder whose entry is now served
    on another root; what is kept is logged and posted once as a `ModelFoldersKept` Warning),
@@ -25,12 +25,11 @@ One pass (`reconcile`), for the LocalModelNode named like this node only:
    entries that became Downloaded or failed, and requeue (sooner while downloading).
 
 Each create is recorded in status at once (`report.record_jobs`), before the pass goes on.
-A Job created just before a crash, whose record never reached status, is never trusted: it
-runs out unused (its staging folder is removed as stale, so it is never promoted) and the
-unit starts a Job of its own.
+A Job created just before a crash, whose record never reached status, is never trusted: it runs
+out unused (its staging folder is removed as stale, never promoted); the unit starts its own.
 
-Not promised: that entries sharing a Job keep it when the entry that created it leaves the
-spec (the Job goes with it; the others start their own).
+Not promised: that entries sharing a Job keep it when the entry that created it leaves the spec
+(the Job goes with it; the others start their own).
 """
 
 from __future__ import annotations
@@ -46,12 +45,13 @@ import pydantic
 import structlog
 
 from localcache.agent import adoption, cleanup, downloads, observe, plan, report, stall, status
+from localcache.agent import peering as peers
 from localcache.agent.disk import folders, layout, roots
 from localcache.agent.jobs import jobs, launcher, trust
 from localcache.api import modelnode, nodegroup
 from localcache.caching import config, liveconfig
 from localcache.runtime import clock as clock_mod
-from localcache.runtime import errors, keys, onchange, reconcile, store
+from localcache.runtime import errors, keys, reconcile, store
 
 log = structlog.get_logger(__name__)
 
@@ -130,6 +130,7 @@ class Reconciler:
         job_backoff_limit: int | None = None,
         progress_interval: float = 10.0,
         job_name_suffix: Callable[[], str] | None = None,
+        peer_settings: peers.PeerSettings | None = None,
         publish_peer: _PublishPeer | None = None,
     ) -> None:
         self.node_name = node_name
@@ -167,30 +168,18 @@ class Reconciler:
             progress_interval=progress_interval,
             growth=stall.GrowthWatch(clock),
         )
+        self._peers = peers.Peering(
+            node_name=node_name,
+            api=api,
+            settings=peer_settings or peers.PeerSettings(),
+            clock=clock,
+            reporter=self._report,
+            p2p=agent_metrics.p2p,
+        )
         self._cleaner = cleanup.RootCleaner(
             disks=self._disks, node_groups=stores.node_groups, reporter=self._report
         )
         self._counted_failures: set[tuple[str, str]] = set()
-        self._layout_warned = onchange.OnChange()  # per models root
-
-    async def _check_layout(
-        self, node: modelnode.LocalModelNode | None, disk: folders.ModelDisk
-    ) -> None:
-        """`disk.ensure_layout`, reported: a repair as a Warning Event each time, a refusal
-        as one Warning Event per distinct problem, then raised (retried with backoff)."""
-        where = str(disk.root)
-        try:
-            repaired = await asyncio.to_thread(disk.ensure_layout)
-        except layout.DiskError as exc:
-            log.error("models_root_unsafe", root=where, error=str(exc))
-            if node is not None and self._layout_warned.changed(where, str(exc)):
-                await self._report.event(node, "Warning", "ModelsRootUnsafe", str(exc))
-            raise errors.LocalcacheError(f"models root {where}: {exc}") from exc
-        self._layout_warned.forget(where)
-        for message in repaired:
-            log.warning("models_root_repaired", root=where, repair=message)
-            if node is not None:
-                await self._report.event(node, "Warning", "ModelsRootRepaired", message)
 
     async def reconcile(self, key: keys.ObjectKey) -> reconcile.Result:
         if key.name != self.node_name or key.namespace:
@@ -207,7 +196,7 @@ class Reconciler:
         # Every pass: a layout directory replaced by a symlink is repaired or refused before
         # any move, and reported.
         for disk in self._disks.all:
-            await self._check_layout(node, disk)
+            await self._cleaner.check_layout(node, disk)
             await asyncio.to_thread(disk.recover)
         if node_obj is None or node is None:
             return reconcile.Result()
@@ -254,6 +243,7 @@ class Reconciler:
         served: dict[str, set[str]] = {}  # host path -> storage keys served there
         for unit in units:
             outcome = await self._place_and_evaluate(unit, ctx, served)
+            outcome = self._peers.carry(outcome, ctx.progress.get(unit.status_keys[0]))
             outcomes.update(dict.fromkeys(unit.status_keys, outcome))
         await self._cleaner.clean(
             node, anywhere={u.storage_key for u in units}, served=served, live_jobs=ctx.live_jobs
@@ -318,6 +308,7 @@ class Reconciler:
             action = plan.decide(unit, observed)
         else:
             self._adoptions.settle(unit)
+        action = await self._peers.fast_fallback(action)
         return await self._execute(unit, action, ctx, at)
 
     async def _execute(
@@ -328,7 +319,8 @@ class Reconciler:
         if isinstance(action, plan.Report):
             return action.outcome
         if isinstance(action, plan.Promote):
-            return await self._promote(unit, action, at)
+            promoted = await self._promote(unit, action, at)
+            return await self._peers.completed(action.job, promoted, group=at.group)
         if isinstance(action, plan.Stop):
             await self._jobs.stop(action.job)
             await asyncio.to_thread(at.disk.remove_staging, unit.storage_key, action.job.name)
@@ -347,7 +339,7 @@ class Reconciler:
             log.info("model_folder_lost", storage_key=unit.storage_key, job=action.lost.name)
         if action.retry_of is not None:
             log.info("download_retried", job=action.retry_of.name, attempt=action.attempt)
-        return await self._launch(unit, ctx, at, attempt=action.attempt, message=action.message)
+        return await self._launch(unit, ctx, at, action)
 
     async def _promote(
         self, unit: downloads.Unit, action: plan.Promote, at: _Where
@@ -375,22 +367,30 @@ class Reconciler:
         return plan.Downloaded(in_force, job_name=job.name).outcome()
 
     async def _launch(
-        self, unit: downloads.Unit, ctx: _Pass, at: _Where, *, attempt: int, message: str | None
+        self, unit: downloads.Unit, ctx: _Pass, at: _Where, action: plan.Launch
     ) -> status.Outcome:
         if at.group is None:  # the node group is missing: no Job can run
             assert isinstance(at.resolved, launcher.NotLaunched)
             return _not_launched(at.resolved, ctx)
-        result = await self._jobs.launch(
-            unit, node=ctx.node, cfg=ctx.cfg, attempt=attempt, group=at.group, disk=at.disk
+        max_size = self._observer.model_size(unit) or int(at.group.spec.storage_limit)
+        mode = await self._peers.mode(
+            unit, node=ctx.node, group=at.group, previous=action.retry_of, max_size=max_size
         )
+        if isinstance(mode, status.Outcome):  # waiting for a seed (peer distribution)
+            return mode
+        result = await self._jobs.launch(
+            unit, node=ctx.node, cfg=ctx.cfg, attempt=action.attempt, group=at.group, disk=at.disk,
+            peer=mode.transform,
+        )  # fmt: skip
         if isinstance(result, launcher.NotLaunched):
             return _not_launched(result, ctx)
         ctx.live_jobs.add(result.name)
         ctx.node_obj = await self._report.record_jobs(ctx.node_obj, self._jobs.records())
         self._metrics.started.inc()
         progress = modelnode.ModelProgress(
-            bytes_on_disk=0, attempts=attempt + 1, job_name=result.name, message=message
-        )
+            bytes_on_disk=0, attempts=action.attempt + 1, job_name=result.name,
+            message=action.message, source=mode.source,
+        )  # fmt: skip
         return status.Outcome(ModelStatus.DOWNLOAD_PENDING, progress, self._progress_interval)
 
 

@@ -11,7 +11,7 @@
   instance and host the node; deduplicated with a count bump); failing to post is logged,
   never raised.
 - `AgentMetrics` are the agent's own series (downloads started, succeeded, failed, bytes,
-  durations), made with the runtime's metric factories.
+  durations; peer downloads sent to the origin), made with the runtime's metric factories.
 """
 
 from __future__ import annotations
@@ -59,6 +59,7 @@ class AgentMetrics:
             "Time from a download Job's start to its completion",
             buckets=(1, 5, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200, 14400),
         )
+        self.p2p = registry.peer()  # `localcache_p2p_*` (`agent.peering` counts fallbacks)
 
 
 class Reporter:

@@ -10,7 +10,9 @@ What the agent watches (all read through informer caches; nothing else is listed
   would pick an image retries instead; the node is reconciled again when it syncs or goes);
 - the `inferenceservice-config` ConfigMap in the config namespace (by field selector);
 - LocalModelCaches and LocalModelNamespaceCaches, for `modelSize` (progress percent).
-ServiceAccounts and Secrets are read with GET when a Job is created, never cached.
+ServiceAccounts and Secrets are read with GET when a Job is created, never cached; the
+LocalModelNodes of a node group enabling peer distribution are LISTed (a few seconds' cache)
+when one of its units launches (`agent.peering`), never watched.
 
 The informers come from an `InformerFactory` (the process's shared one when given: several
 agents and the cache controllers on one Manager then share the node-group, cache and
@@ -24,11 +26,11 @@ Jobs, node groups, storage containers and the ConfigMap. The reconciler requeues
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
-from localcache.agent import peerfiles, peerserving, peersource, reconciler, report
+from localcache.agent import peerfiles, peering, peerserving, peersource, reconciler, report
 from localcache.agent.disk import folders, layout, roots
 from localcache.agent.jobs import jobs, trust
 from localcache.agent.peer import tls as peer_tls
@@ -72,6 +74,8 @@ class AgentSettings:
     watch_storage_containers: bool = True
     controller_name: str = CONTROLLER_NAME
     """Distinct per agent when several agents share one process (`localcache run`)."""
+    peer: peering.PeerSettings = field(default_factory=peering.PeerSettings)
+    """Peer distribution (`--peer-image`, the peer CA's path, the seed wait)."""
     peer_port: int = 0
     """The peer server's port (0: not serving: `status.peer.endpoint` stays unset)."""
     pod_ip: str = ""
@@ -208,6 +212,7 @@ def setup(
         clock=clock,
         job_backoff_limit=settings.job_backoff_limit,
         progress_interval=settings.progress_interval,
+        peer_settings=settings.peer,
         publish_peer=peer_files.publish,
     )
     ctl = controller.Controller(

@@ -11,13 +11,12 @@ records of the Jobs it created (`agent.jobs.trust`: the only Jobs the agent trus
 - `resolve(entry)` finds the entry's node group and the models root serving its PV path
   (`roots.Disks.for_path`), or says why not;
 - `launch(...)` reads the credentials (in the entry's namespace only), picks the
-  container, prepares the staging folder on that root and creates the Job under a fresh
-  random name (AlreadyExists means someone else holds that name: never ours; another name
-  is tried); the uid of the created Job is
+  container, prepares the staging folder on that root and creates the Job (turned into the
+  peer-mode Job by `peer` when given) under a fresh random name (AlreadyExists means someone
+  else holds that name: never ours; another name is tried); the uid of the created Job is
   recorded at once; a problem that a retry cannot fix comes back as `NotLaunched(message)`
   and no Job is created;
-- `pod_message(job)` reads why the Job's newest failed pod failed (cached per failure
-  count), as one bounded line.
+- `pod_message(job)`: why the Job's newest failed pod failed (cached per failure count).
 """
 
 from __future__ import annotations
@@ -203,7 +202,7 @@ class JobLauncher:
                 log.warning("pods_not_read", job=f"{ref.namespace}/{ref.name}", error=str(exc))
                 return ""
             self._pod_messages[ident] = pod_failure_message(pods.items, job_uid=ref.uid)
-            if len(self._pod_messages) > _POD_MESSAGES_KEPT:
+            while len(self._pod_messages) > _POD_MESSAGES_KEPT:
                 self._pod_messages.pop(next(iter(self._pod_messages)))
         return self._pod_messages[ident]
 
@@ -216,10 +215,10 @@ class JobLauncher:
         attempt: int,
         group: nodegroup.LocalModelNodeGroup,
         disk: folders.ModelDisk,
+        peer: Callable[[Obj, credentials.Injection], Obj] | None = None,
     ) -> Launched | NotLaunched:
-        """Create attempt `attempt` of the unit's download Job, or say why it cannot run;
-        `group` is the unit's node group and `disk` the models root serving its PV path
-        (`resolve`)."""
+        """Create attempt `attempt` of the unit's download Job, or say why not; `group` and
+        `disk` as `resolve` found them, `peer` makes the peer-mode Job of the origin Job."""
         try:
             injection = await self._credentials(unit.request, cfg.credentials)
             containers = [
@@ -251,6 +250,7 @@ class JobLauncher:
                     self._cache_download(unit.leader),
                 ),
             )
+            job = peer(job, injection) if peer is not None else job
             name, namespace = job["metadata"]["name"], job["metadata"]["namespace"]
             await asyncio.to_thread(
                 disk.prepare_staging,

@@ -20,7 +20,6 @@ from localcache.agent import setup as agent_setup
 from localcache.agent.disk import folders
 from localcache.agent.jobs import jobs
 from localcache.api import groupversion
-from localcache.caching import keys
 from localcache.devenv.controlplane import ControlPlane
 from localcache.devenv.waiting import wait_until
 from localcache.runtime import kube, manager, metrics
@@ -234,8 +233,8 @@ class Agent:
         return await eventually(check, what=f"{count} Job(s) of {self.node}")
 
     def staging(self, job: Obj) -> Path:
-        uri = job["spec"]["template"]["spec"]["containers"][0]["args"][0]
-        return self.disk.staging_path(keys.storage_key(uri), job["metadata"]["name"])
+        key = job["metadata"]["labels"][jobs.LABEL_STORAGE_KEY]  # origin and peer-mode Jobs
+        return self.disk.staging_path(key, job["metadata"]["name"])
 
     async def finish(
         self,
@@ -244,9 +243,12 @@ class Agent:
         succeed: bool,
         files: Mapping[str, bytes] | None = None,
         message: str = "download failed",
+        exit_code: int | None = None,
+        report: str | None = None,
     ) -> None:
         """Play the download pod: write `files` into the staging folder, then end the Job's
-        running pod with phase Succeeded or Failed."""
+        running pod with phase Succeeded or Failed (`exit_code` 0 or 1 unless given; `report`:
+        the termination message, whatever the outcome)."""
         for name, data in (files or {}).items():
             (self.staging(job) / name).write_bytes(data)
         ns, name = job["metadata"]["namespace"], job["metadata"]["name"]
@@ -260,11 +262,13 @@ class Agent:
         pod = await eventually(running_pod, within=40, what=f"a running pod of Job {ns}/{name}")
         container = pod["spec"]["containers"][0]["name"]
         terminated: Obj = {
-            "exitCode": 0 if succeed else 1,
+            "exitCode": exit_code if exit_code is not None else 0 if succeed else 1,
             "reason": "Completed" if succeed else "Error",
         }
         if not succeed:
             terminated["message"] = message
+        if report is not None:
+            terminated["message"] = report
         body = {
             "status": {
                 "phase": "Succeeded" if succeed else "Failed",

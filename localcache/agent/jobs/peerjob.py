@@ -1,0 +1,140 @@
+"""The peer-mode download Job: a pure transform of the origin Job (`jobs.build_job`) into one
+whose pod fetches the model from peer nodes (`localcache fetch`, design "Peer-mode Job").
+
+`peer_job(origin, ...)` returns a new Job (the input is not mutated) that keeps the origin
+Job's name, labels, namespace, ownerReference, volumes' download PVC and staging `subPath`,
+securityContext, nodeSelector, tolerations, ServiceAccount (`default` made explicit when the
+origin names none: a projected token needs a named one), restart policy, TTL and backoff
+limit, and changes only:
+- label `localcache.kserve.io/peer-fetch: "true"` on the Job and its pod template;
+- the download container: image `image` (the agent's `--peer-image`), command
+  `["localcache", "fetch"]` and the fetcher's arguments (`fetch_args`), env
+  `LOCALCACHE_PEER_CA` (the CA certificate, public) plus the container's literal env (no
+  `valueFrom`, no `envFrom`),
+  the staging mount plus the projected ServiceAccount token (audience `localcache-peer`,
+  600 s) at `/var/run/secrets/localcache/peer`;
+- `automountServiceAccountToken: false` (the audience-bound token is the only one mounted);
+- no credential env, volumes or mounts (the `credentials.Injection` the origin Job carried
+  is taken out again by name), no resources of the storage initializer's beyond its own.
+
+`is_peer(job)` says whether a Job carries the peer-fetch label (the agent's own Jobs only are
+read this way: they are matched by uid first, `agent.jobs.trust`).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
+
+from localcache.agent.jobs import jobs
+from localcache.api import peer
+from localcache.caching import credentials
+
+Obj = dict[str, Any]
+
+PEER_LABEL: Final = "localcache.kserve.io/peer-fetch"
+CA_ENV: Final = "LOCALCACHE_PEER_CA"
+TOKEN_VOLUME: Final = "localcache-peer-token"
+TOKEN_DIR: Final = "/var/run/secrets/localcache/peer"
+TOKEN_FILE: Final = "token"
+TOKEN_PATH: Final = f"{TOKEN_DIR}/{TOKEN_FILE}"
+TOKEN_EXPIRATION_S: Final = 600
+REPORT_PATH: Final = "/dev/termination-log"
+COMMAND: Final = ("localcache", "fetch")
+CONTAINER: Final = jobs.CONTAINER_NAME
+DEFAULT_SERVICE_ACCOUNT: Final = "default"
+
+
+def is_peer(job: Mapping[str, Any]) -> bool:
+    """Whether `job` is a peer-mode Job (its label)."""
+    labels = (job.get("metadata") or {}).get("labels") or {}
+    return isinstance(labels, Mapping) and labels.get(PEER_LABEL) == "true"
+
+
+def fetch_args(
+    *, storage_key: str, digest: str, sources: Sequence[tuple[str, str]], max_size: int
+) -> list[str]:
+    """The `localcache fetch` arguments: key, digest, ranked sources, token, CA, bound,
+    report and destination."""
+    if not sources:
+        raise ValueError("a peer-mode Job needs at least one source")
+    args = ["--storage-key", storage_key, "--digest", digest]
+    for node, endpoint in sources[: peer.MAX_SOURCES]:
+        args += ["--source", f"{node}={endpoint}"]
+    return [
+        *args,
+        "--token-file", TOKEN_PATH,
+        "--ca-env", CA_ENV,
+        "--max-size", str(max_size),
+        "--report", REPORT_PATH,
+        jobs.MOUNT_PATH,
+    ]  # fmt: skip
+
+
+def peer_job(
+    origin: Obj,
+    *,
+    image: str,
+    storage_key: str,
+    digest: str,
+    sources: Sequence[tuple[str, str]],
+    ca_pem: str,
+    max_size: int,
+    injection: credentials.Injection,
+) -> Obj:
+    """The peer-mode Job of `origin` (see the module docstring); `injection` is what
+    `build_job` injected into it (taken out here)."""
+    if not image:
+        raise ValueError("a peer-mode Job needs the agent's --peer-image")
+    job = copy.deepcopy(origin)
+    job["metadata"]["labels"] = {**(job["metadata"].get("labels") or {}), PEER_LABEL: "true"}
+    template = job["spec"]["template"]
+    template["metadata"]["labels"] = {**template["metadata"].get("labels", {}), PEER_LABEL: "true"}
+    pod = template["spec"]
+    # A projected token needs a named ServiceAccount (the admission plugin's default, made
+    # explicit); the pod needs no other token than the audience-bound one.
+    pod.setdefault("serviceAccountName", DEFAULT_SERVICE_ACCOUNT)
+    pod["automountServiceAccountToken"] = False
+    secret_volumes = {str(v.get("name")) for v in injection.volumes}
+    pod["volumes"] = [
+        *(v for v in pod.get("volumes") or [] if v.get("name") not in secret_volumes),
+        _token_volume(),
+    ]
+    main = next(c for c in pod["containers"] if c.get("name") == jobs.CONTAINER_NAME)
+    secret_env = {str(e.get("name")) for e in injection.env}
+    env = [
+        e
+        for e in main.get("env") or []
+        if e.get("name") not in secret_env | {CA_ENV} and "valueFrom" not in e
+    ]
+    main["env"] = [*env, {"name": CA_ENV, "value": ca_pem}]
+    main.pop("envFrom", None)
+    secret_mounts = {str(m.get("name")) for m in injection.volume_mounts} | secret_volumes
+    main["volumeMounts"] = [
+        *(m for m in main.get("volumeMounts") or [] if m.get("name") not in secret_mounts),
+        {"name": TOKEN_VOLUME, "mountPath": TOKEN_DIR, "readOnly": True},
+    ]
+    main["image"] = image
+    main["command"] = list(COMMAND)
+    main["args"] = fetch_args(
+        storage_key=storage_key, digest=digest, sources=sources, max_size=max_size
+    )
+    return job
+
+
+def _token_volume() -> Obj:
+    return {
+        "name": TOKEN_VOLUME,
+        "projected": {
+            "sources": [
+                {
+                    "serviceAccountToken": {
+                        "audience": peer.TOKEN_AUDIENCE,
+                        "expirationSeconds": TOKEN_EXPIRATION_S,
+                        "path": TOKEN_FILE,
+                    }
+                }
+            ]
+        },
+    }

@@ -1,0 +1,387 @@
+"""The agent's side of peer distribution at launch time: which mode a unit's next Job runs
+in, the fast fallback to the origin, and the peer numbers in status.
+
+`Peering` is consulted by the reconciler only; with the unit's node group's
+`spec.peerDistribution.enabled` off, none of its methods makes a request or changes anything
+(the Jobs and status are exactly those of an agent without peer distribution):
+- `mode(unit, ...)` when a unit must launch: after a failed peer-mode Job -> the origin (a
+  `localcache_p2p_fallbacks_total{reason}` count and a `PeerFallback` Event on the
+  LocalModelNode); when peer mode is unavailable (no `--peer-image`, no readable CA
+  certificate, the LIST refused; logged once each) -> the origin; else `peerplan.plan`
+  over the group's LocalModelNodes (one LIST through the API client, kept `LIST_TTL_S`; no
+  watch) -> a
+  peer-mode Job (`Mode.transform`, `agent.jobs.peerjob`), the origin, or a `DownloadPending`
+  outcome while a seed downloads (rechecked every `SEED_RECHECK_S`, bounded by
+  `seed_wait_s`, then the origin with reason `seed-wait-timeout`);
+- `fast_fallback(action)`: a failed peer-mode Job whose pod exited "use origin"
+  (`peer.EXIT_USE_ORIGIN`, or a `FetchReport` with outcome `use-origin`) is retried at once
+  in origin mode instead of waiting for the backoff;
+- `completed(job, outcome, ...)`: a promoted peer-mode Job's `peerBytes`/`originBytes` from
+  its pod's report (bounded by what is on disk); an origin Job in an enabled group:
+  `source: origin`, `originBytes` = bytes on disk; origin bytes counted in
+  `localcache_p2p_origin_bytes_total` (never per-source series: a report's names are a
+  tenant's);
+- `carry(outcome, previous)`: a progress about a Job keeps the `source`/`originBytes`/
+  `peerBytes` an earlier outcome of that Job had (remembered per Job name, bounded) or the
+  status before had for that Job.
+
+The pod's termination message is a tenant's pod output: it is read at most
+`REPORT_LIMIT` characters, parsed as a `FetchReport` or ignored, and feeds only this entry's
+own status numbers (clipped to the bytes on disk) and the fast-fallback decision (which can
+only send the tenant's own next attempt to the origin).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+import pydantic
+import structlog
+
+from localcache.agent import downloads, peerplan, plan, report, status
+from localcache.agent.jobs import launcher, peerjob
+from localcache.api import modelnode, nodegroup, peer
+from localcache.caching import credentials
+from localcache.runtime import clock as clock_mod
+from localcache.runtime import errors, kube, metrics
+
+log = structlog.get_logger(__name__)
+
+Obj = dict[str, Any]
+Transform = Callable[[Obj, credentials.Injection], Obj]
+DEFAULT_CA_PATH: Final = Path("/var/run/localcache/peer-tls/ca.crt")
+DEFAULT_SEED_WAIT_S: Final = 300.0
+LIST_TTL_S: Final = 5.0
+SEED_RECHECK_S: Final = 5.0
+MAX_CA_BYTES: Final = 64 * 1024
+REPORT_LIMIT: Final = 4096
+MAX_MEMBERS: Final = 5000
+_KEPT: Final = 256
+_PROGRESS_FIELDS: Final = ("source", "origin_bytes", "peer_bytes")
+
+
+@dataclass(frozen=True, slots=True)
+class PeerSettings:
+    """`image`: the agent's `--peer-image` ("" = peer distribution unavailable); `ca_path`:
+    the peer CA certificate (PEM) the fetchers verify servers against; `seed_wait_s`: how
+    long a unit waits for a seed before it downloads from the origin itself."""
+
+    image: str = ""
+    ca_path: Path = DEFAULT_CA_PATH
+    seed_wait_s: float = DEFAULT_SEED_WAIT_S
+
+
+@dataclass(frozen=True, slots=True)
+class Mode:
+    """How to launch: `source` for `ModelProgress.source` (None: peer distribution off),
+    `transform` turns the origin Job into the peer-mode Job (None: the origin Job)."""
+
+    source: str | None = None
+    transform: Transform | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PodReport:
+    """What a finished download pod said: its exit code and its parsed `FetchReport`."""
+
+    exit_code: int | None = None
+    report: peer.FetchReport | None = None
+
+    @property
+    def use_origin(self) -> bool:
+        outcome = self.report.outcome if self.report is not None else None
+        return self.exit_code == peer.EXIT_USE_ORIGIN or outcome == "use-origin"
+
+
+def enabled(group: nodegroup.LocalModelNodeGroup | None) -> bool:
+    """Whether the node group enables peer distribution."""
+    spec = group.spec.peer_distribution if group is not None else None
+    return spec is not None and spec.enabled
+
+
+class Peering:
+    """Peer distribution for the agent of `node_name` (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        node_name: str,
+        api: launcher.Api,
+        settings: PeerSettings,
+        clock: clock_mod.Clock,
+        reporter: report.Reporter,
+        p2p: metrics.PeerMetrics | None,
+    ) -> None:
+        self._node = node_name
+        self._api = api
+        self._settings = settings
+        self._clock = clock
+        self._report = reporter
+        self._p2p = p2p
+        self._listed: tuple[float, list[modelnode.LocalModelNode]] | None = None
+        self._waiting: dict[tuple[str, str, str], float] = {}
+        self._reports: dict[str, PodReport] = {}
+        self._warned: set[str] = set()
+        self._fell: dict[str, None] = {}  # uids of failed peer Jobs already counted
+        self._known: dict[str, dict[str, Any]] = {}  # per Job name: its peer progress fields
+
+    async def mode(
+        self,
+        unit: downloads.Unit,
+        *,
+        node: modelnode.LocalModelNode,
+        group: nodegroup.LocalModelNodeGroup,
+        previous: downloads.JobRef | None,
+        max_size: int,
+    ) -> Mode | status.Outcome:
+        """The mode of the unit's next Job, or the outcome while it waits for a seed."""
+        spec = group.spec.peer_distribution
+        if spec is None or not spec.enabled:
+            return Mode()
+        origin = Mode(peerplan.SOURCE_ORIGIN)
+        wait_key = (unit.storage_key, unit.scope_id, group.name)
+        if previous is not None and peerjob.is_peer(previous.obj):
+            if previous.uid not in self._fell:  # once per failed Job (a launch may be retried)
+                self._fell[previous.uid] = None
+                while len(self._fell) > _KEPT:
+                    self._fell.pop(next(iter(self._fell)))
+                said = await self.pod_report(previous)
+                reason = "use-origin" if said.use_origin else "peer-failed"
+                await self._fell_back(node, unit, reason, f"peer-mode Job {previous.name} failed")
+            return origin
+        ca = await self._ca()
+        if ca is None:
+            return origin
+        try:
+            members = await self._members(group.name)
+        except errors.ApiError as exc:  # e.g. RBAC: the origin still works
+            self._warn_once("peer_nodes_not_listed", str(exc))
+            return origin
+        now = self._clock.now()
+        self._waiting = {
+            k: t for k, t in self._waiting.items() if now - t < 2 * self._settings.seed_wait_s + 60
+        }
+        decision = peerplan.plan(
+            peerplan.Request(
+                storage_key=unit.storage_key,
+                scope=unit.scope_id,
+                node_name=self._node,
+                status_key=unit.status_keys[0],
+                spec=spec,
+                members=members,
+                waited_s=now - self._waiting.get(wait_key, now),
+                seed_wait_s=self._settings.seed_wait_s,
+            )
+        )
+        if isinstance(decision, peerplan.WaitForSeed):
+            started = self._waiting.setdefault(wait_key, now)
+            left = self._settings.seed_wait_s - (now - started)
+            progress = modelnode.ModelProgress(message=decision.message)
+            again = max(0.5, min(SEED_RECHECK_S, left))
+            return status.Outcome(modelnode.ModelStatus.DOWNLOAD_PENDING, progress, again)
+        self._waiting.pop(wait_key, None)
+        if isinstance(decision, peerplan.Origin):
+            if decision.reason == "seed-wait-timeout":
+                await self._fell_back(node, unit, decision.reason, "no seed finished in time")
+            return origin
+        transform = functools.partial(
+            _transform,
+            image=self._settings.image,
+            storage_key=unit.storage_key,
+            decision=decision,
+            ca_pem=ca,
+            max_size=max_size,
+        )
+        log.info("peer_download_planned", storage_key=unit.storage_key, sources=decision.sources)
+        return Mode(decision.source, transform)
+
+    async def fast_fallback(self, action: plan.Action) -> plan.Action:
+        """A failed peer-mode Job that said "use origin": its retry now, not after the
+        backoff; any other action as it is."""
+        if not isinstance(action, plan.Wait) or action.failed is None:
+            return action
+        failed = action.failed
+        if not peerjob.is_peer(failed.obj) or not (await self.pod_report(failed)).use_origin:
+            return action
+        message = action.outcome.progress.message
+        return plan.Launch(attempt=failed.attempt + 1, message=message, retry_of=failed)
+
+    async def completed(
+        self,
+        job: downloads.JobRef,
+        outcome: status.Outcome,
+        *,
+        group: nodegroup.LocalModelNodeGroup | None,
+    ) -> status.Outcome:
+        """The promoted Job's outcome with the peer numbers (unchanged when off)."""
+        on_disk = outcome.progress.bytes_on_disk or 0
+        if peerjob.is_peer(job.obj):
+            said = (await self.pod_report(job)).report
+            if said is None:  # the pod is gone (TTL) or wrote no report
+                return outcome
+            update: dict[str, Any] = {
+                "peer_bytes": min(said.peer_bytes, on_disk),
+                "origin_bytes": min(said.origin_bytes, on_disk),
+            }
+        elif enabled(group):
+            update = {"source": peerplan.SOURCE_ORIGIN, "origin_bytes": on_disk}
+        else:
+            return outcome
+        if self._p2p is not None and update["origin_bytes"]:
+            self._p2p.origin_bytes.inc(update["origin_bytes"])
+        progress = outcome.progress.model_copy(update=update)
+        return dataclasses.replace(outcome, progress=progress)
+
+    def carry(
+        self, outcome: status.Outcome, previous: modelnode.ModelProgress | None
+    ) -> status.Outcome:
+        """`outcome` with the peer fields known for its Job: those an earlier outcome of this
+        process gave it (remembered here), else those of the status before (`previous`,
+        when about the same Job); an informer a write behind never loses them."""
+        progress, job = outcome.progress, outcome.progress.job_name
+        if not job:
+            return outcome
+        own = {
+            f: getattr(progress, f) for f in _PROGRESS_FIELDS if getattr(progress, f) is not None
+        }
+        known = self._known.setdefault(job, {})
+        known.update(own)
+        if previous is not None and previous.job_name == job:
+            for name in _PROGRESS_FIELDS:
+                if getattr(previous, name) is not None:
+                    known.setdefault(name, getattr(previous, name))
+        while len(self._known) > _KEPT:
+            self._known.pop(next(iter(self._known)))
+        if not known:
+            del self._known[job]
+            return outcome
+        update = {name: value for name, value in known.items() if name not in own}
+        if not update:
+            return outcome
+        return dataclasses.replace(outcome, progress=progress.model_copy(update=update))
+
+    async def pod_report(self, ref: downloads.JobRef) -> PodReport:
+        """What the Job's newest finished pod said (cached per Job; empty when unreadable)."""
+        if ref.uid in self._reports:
+            return self._reports[ref.uid]
+        try:
+            pods = await self._api.list(
+                kube.PODS,
+                namespace=ref.namespace,
+                label_selector=f"batch.kubernetes.io/controller-uid={ref.uid}",
+            )
+        except errors.ApiError as exc:
+            log.warning("pods_not_read", job=f"{ref.namespace}/{ref.name}", error=str(exc))
+            return PodReport()
+        said = read_pod_report(pods.items)
+        self._reports[ref.uid] = said
+        while len(self._reports) > _KEPT:
+            self._reports.pop(next(iter(self._reports)))
+        return said
+
+    async def _fell_back(
+        self, node: modelnode.LocalModelNode, unit: downloads.Unit, reason: str, why: str
+    ) -> None:
+        if self._p2p is not None:
+            self._p2p.fallbacks.inc(reason=reason)
+        log.info("peer_fallback_to_origin", storage_key=unit.storage_key, reason=reason)
+        message = f"model {unit.status_keys[0]}: {why}; downloading from the origin ({reason})"
+        key = unit.status_keys[0]
+        await self._report.event(node, "Warning", "PeerFallback", message, spam_key=key)
+
+    async def _members(self, group: str) -> list[modelnode.LocalModelNode]:
+        """The LocalModelNodes with an entry of `group` (one LIST per `LIST_TTL_S`)."""
+        now = self._clock.now()
+        if self._listed is None or now - self._listed[0] > LIST_TTL_S:
+            listed = await self._api.list(report.LMN_RESOURCE)
+            nodes = []
+            for obj in listed.items[:MAX_MEMBERS]:
+                try:
+                    nodes.append(modelnode.LocalModelNode.model_validate(obj))
+                except pydantic.ValidationError:
+                    continue
+            self._listed = (now, nodes)
+        return [
+            n for n in self._listed[1] if any(e.node_group == group for e in n.spec.local_models)
+        ]
+
+    async def _ca(self) -> str | None:
+        """The peer CA certificate, or None (peer mode unavailable; logged once each)."""
+        if not self._settings.image:
+            self._warn_once("peer_image_unset", "no --peer-image: downloads use the origin")
+            return None
+        try:
+            pem = await asyncio.to_thread(_read_bounded, self._settings.ca_path, MAX_CA_BYTES)
+        except OSError as exc:
+            self._warn_once("peer_ca_unreadable", f"{self._settings.ca_path}: {exc.strerror}")
+            return None
+        if "BEGIN CERTIFICATE" not in pem:
+            self._warn_once("peer_ca_unreadable", f"{self._settings.ca_path}: no certificate")
+            return None
+        self._warned.discard("peer_ca_unreadable")
+        return pem
+
+    def _warn_once(self, event: str, why: str) -> None:
+        if event not in self._warned:
+            self._warned.add(event)
+            log.warning(event, detail=why)
+
+
+def read_pod_report(pods: list[Obj]) -> PodReport:
+    """The exit code and `FetchReport` of the newest finished pod's download container."""
+    done = [p for p in pods if (p.get("status") or {}).get("phase") in ("Failed", "Succeeded")]
+    done.sort(key=lambda p: str((p.get("metadata") or {}).get("creationTimestamp") or ""))
+    for pod in reversed(done):
+        for container in (pod.get("status") or {}).get("containerStatuses") or []:
+            if not isinstance(container, dict) or container.get("name") != peerjob.CONTAINER:
+                continue
+            term = (container.get("state") or {}).get("terminated") or {}
+            code = term.get("exitCode")
+            return PodReport(
+                exit_code=code if isinstance(code, int) else None,
+                report=parse_report(term.get("message")),
+            )
+    return PodReport()
+
+
+def parse_report(text: object) -> peer.FetchReport | None:
+    """A `FetchReport` from a termination message (None for anything else)."""
+    if not isinstance(text, str) or not text.strip() or len(text) > REPORT_LIMIT:
+        return None
+    try:
+        return peer.FetchReport.model_validate_json(text.strip())
+    except (pydantic.ValidationError, ValueError):
+        return None
+
+
+def _read_bounded(path: Path, limit: int) -> str:
+    with path.open("rb") as handle:
+        return handle.read(limit).decode("ascii", errors="replace")
+
+
+def _transform(
+    origin: Obj,
+    injection: credentials.Injection,
+    *,
+    image: str,
+    storage_key: str,
+    decision: peerplan.Peer,
+    ca_pem: str,
+    max_size: int,
+) -> Obj:
+    return peerjob.peer_job(
+        origin,
+        image=image,
+        storage_key=storage_key,
+        digest=decision.digest,
+        sources=decision.sources,
+        ca_pem=ca_pem,
+        max_size=max_size,
+        injection=injection,
+    )

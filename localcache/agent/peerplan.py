@@ -1,0 +1,215 @@
+"""Where a download unit's next Job fetches from, when its node group enables peer
+distribution: the peer planner. Pure: plain data in (`Request`), a decision out (`plan`).
+
+For a unit (storage key K, credential scope digest S) about to launch on node `me`, from the
+LocalModelNodes of its node group (`members`):
+- after a failed peer attempt -> `Origin` (a peer-mode pod that exits "use origin" is retried
+  at once in origin mode, never twice by peers);
+- *sources*: other nodes with a `status.peer.endpoint` (https) and a `status.peer.models`
+  entry for K whose `scopes` contain S; ranked by fewest children (a child is an entry of a
+  group node, Pending or Downloading, whose `modelProgress.source` is `peer/<that node>`),
+  then name; nodes with `maxUploads` children or more are skipped; at most
+  `peer.MAX_SOURCES` are kept, all with the best one's digest -> `Peer(sources, digest)`;
+- else a *seed* to wait for: another node downloading K in scope S from the origin (a record
+  in its `status.downloadJobs` for K and S whose entry is Pending or Downloading with source
+  `origin`), else the elected seed: the lowest node name among the members whose spec lists
+  the same status key, not in ModelDownloadError (nor Downloaded without ever being able to
+  serve this scope); when that is not `me` -> `WaitForSeed(node, message)`, until the unit
+  has waited `seed_wait_s` -> `Origin`;
+- else -> `Origin`.
+
+Other nodes' statuses are written by their agents; tenants cannot write them. The planner
+still bounds what it reads (endpoints must be https URLs of bounded length).
+Not promised: that a source can serve (the fetcher falls back to the next source, then to
+the origin), nor that a seed ever finishes (the wait is bounded).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Final
+
+from localcache.api import modelnode, peer
+
+ModelStatus = modelnode.ModelStatus
+
+SOURCE_ORIGIN: Final = "origin"
+SOURCE_PEER_PREFIX: Final = "peer/"
+MAX_ENDPOINT: Final = 128
+_IN_FLIGHT: Final = frozenset({ModelStatus.DOWNLOAD_PENDING, ModelStatus.DOWNLOADING})
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """What the planner reads about one unit about to launch."""
+
+    storage_key: str
+    scope: str
+    """The unit's scope digest (`downloads.Unit.scope_id`)."""
+    node_name: str
+    status_key: str
+    """The unit's leader entry's status key (seed election)."""
+    spec: peer.PeerDistributionSpec
+    members: Sequence[modelnode.LocalModelNode]
+    """The group's LocalModelNodes (this node's own may be among them)."""
+    previous_peer_failed: bool = False
+    waited_s: float = 0.0
+    """How long this unit has already waited for a seed."""
+    seed_wait_s: float = 300.0
+
+
+@dataclass(frozen=True, slots=True)
+class Origin:
+    """Download from the origin; `reason` says why not from peers (for logs and metrics)."""
+
+    reason: str = "no-source"
+
+
+@dataclass(frozen=True, slots=True)
+class Peer:
+    """Fetch from `sources` ((node, endpoint), best first), all serving `digest`."""
+
+    sources: tuple[tuple[str, str], ...]
+    digest: str
+
+    @property
+    def source(self) -> str:
+        """`ModelProgress.source` for this attempt."""
+        return SOURCE_PEER_PREFIX + self.sources[0][0]
+
+
+@dataclass(frozen=True, slots=True)
+class WaitForSeed:
+    """Another node fetches the model from the origin first: wait for it (bounded)."""
+
+    node: str
+    message: str
+
+
+Decision = Origin | Peer | WaitForSeed
+
+
+def plan(request: Request) -> Decision:
+    """The decision for `request` (see the module docstring)."""
+    if request.previous_peer_failed:
+        return Origin("peer-failed")
+    others = sorted(
+        (n for n in request.members if n.name != request.node_name), key=lambda n: n.name
+    )
+    found = sources(request, others)
+    if found is not None:
+        return found
+    seed = _downloading(request, others) or _elected(request)
+    if seed is None or seed == request.node_name:
+        return Origin("no-source")
+    if request.waited_s >= request.seed_wait_s:
+        return Origin("seed-wait-timeout")
+    message = (
+        f"waiting for node {seed} to download the model from the origin, then fetching it "
+        f"from peers (at most {int(request.seed_wait_s)}s)"
+    )
+    return WaitForSeed(seed, message)
+
+
+def children(members: Sequence[modelnode.LocalModelNode]) -> dict[str, int]:
+    """Per node name, how many entries of `members` fetch from it now."""
+    counts: dict[str, int] = {}
+    for node in members:
+        st = node.status
+        if st is None:
+            continue
+        states = st.model_status or {}
+        for key, progress in (st.model_progress or {}).items():
+            source = progress.source or ""
+            if states.get(key) in _IN_FLIGHT and source.startswith(SOURCE_PEER_PREFIX):
+                parent = source[len(SOURCE_PEER_PREFIX) :]
+                counts[parent] = counts.get(parent, 0) + 1
+    return counts
+
+
+def sources(request: Request, others: Sequence[modelnode.LocalModelNode]) -> Peer | None:
+    """The ranked sources for the unit, all with the best one's digest (None: no source)."""
+    load = children(request.members)
+    ranked: list[tuple[int, str, str, str]] = []  # children, name, endpoint, digest
+    for node in others:
+        endpoint, model = _serves(node, request.storage_key)
+        if endpoint is None or model is None or request.scope not in model.scopes:
+            continue
+        count = load.get(node.name, 0)
+        if count >= request.spec.max_uploads:
+            continue
+        ranked.append((count, node.name, endpoint, model.digest))
+    if not ranked:
+        return None
+    ranked.sort(key=lambda r: (r[0], r[1]))
+    digest = ranked[0][3]
+    chosen = tuple((name, endpoint) for _c, name, endpoint, d in ranked if d == digest)
+    return Peer(chosen[: peer.MAX_SOURCES], digest)
+
+
+def valid_endpoint(endpoint: str | None) -> bool:
+    """An endpoint the planner hands to a fetcher: https, bounded, no whitespace."""
+    return (
+        bool(endpoint)
+        and endpoint is not None
+        and len(endpoint) <= MAX_ENDPOINT
+        and endpoint.startswith("https://")
+        and not any(c.isspace() or c in "=," for c in endpoint)
+    )
+
+
+def _serves(
+    node: modelnode.LocalModelNode, storage_key: str
+) -> tuple[str | None, peer.PeerModel | None]:
+    """The node's endpoint (None when unusable) and its model entry for `storage_key`."""
+    status = node.status.peer if node.status is not None else None
+    if status is None or not valid_endpoint(status.endpoint):
+        return None, None
+    for model in status.models or []:
+        if model.storage_key == storage_key:
+            return status.endpoint, model
+    return status.endpoint, None
+
+
+def _downloading(request: Request, others: Sequence[modelnode.LocalModelNode]) -> str | None:
+    """The first other node downloading K in scope S from the origin now."""
+    for node in others:
+        st = node.status
+        if st is None:
+            continue
+        states, progress = st.model_status or {}, st.model_progress or {}
+        for record in st.download_jobs or []:
+            if (record.storage_key, record.scope) != (request.storage_key, request.scope):
+                continue
+            entry = progress.get(record.status_key)
+            if (
+                states.get(record.status_key) in _IN_FLIGHT
+                and entry is not None
+                and entry.source == SOURCE_ORIGIN
+                and entry.job_name == record.name
+            ):
+                return node.name
+    return None
+
+
+def _elected(request: Request) -> str | None:
+    """The lowest-named member listing the status key that may still seed it."""
+    candidates = []
+    for node in request.members:
+        if not any(_status_key(e) == request.status_key for e in node.spec.local_models):
+            continue
+        st = node.status
+        state = (st.model_status or {}).get(request.status_key) if st is not None else None
+        if state == ModelStatus.DOWNLOAD_ERROR:
+            continue
+        if state == ModelStatus.DOWNLOADED and node.name != request.node_name:
+            endpoint, model = _serves(node, request.storage_key)
+            if endpoint is None or (model is not None and request.scope not in model.scopes):
+                continue  # it holds the model but will never serve it to this scope
+        candidates.append(node.name)
+    return min(candidates) if candidates else None
+
+
+def _status_key(entry: modelnode.LocalModelInfo) -> str:
+    return f"{entry.namespace}/{entry.model_name}" if entry.namespace else entry.model_name

@@ -1,0 +1,225 @@
+"""The peer planner (`agent.peerplan`): sources, ranking, fan-out, scopes, digests, seeds."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from localcache.agent import peerplan
+from localcache.api import modelnode, peer
+
+KEY = "0123456789abcdef"
+SCOPE = "a" * 64
+OTHER_SCOPE = "b" * 64
+D1 = "sha256:" + "1" * 64
+D2 = "sha256:" + "2" * 64
+ME = "node-m"
+
+
+def _node(
+    name: str,
+    *,
+    models: list[dict[str, Any]] | None = None,
+    endpoint: str | None = "https://10.0.0.1:8476",
+    lists: bool = True,
+    state: str | None = None,
+    progress: dict[str, dict[str, Any]] | None = None,
+    states: dict[str, str] | None = None,
+    jobs: list[dict[str, Any]] | None = None,
+) -> modelnode.LocalModelNode:
+    status: dict[str, Any] = {}
+    if models is not None or endpoint is not None:
+        status["peer"] = {"endpoint": endpoint, "models": models}
+    all_states = dict(states or {})
+    if state is not None:
+        all_states["iris"] = state
+    if all_states:
+        status["modelStatus"] = all_states
+    if progress:
+        status["modelProgress"] = progress
+    if jobs:
+        status["downloadJobs"] = jobs
+    local = [{"sourceModelUri": "s3://b/iris", "modelName": "iris", "nodeGroup": "g"}]
+    return modelnode.LocalModelNode.model_validate(
+        {
+            "metadata": {"name": name},
+            "spec": {"localModels": local if lists else []},
+            "status": status,
+        }
+    )
+
+
+def _model(digest: str = D1, scopes: tuple[str, ...] = (SCOPE,)) -> dict[str, Any]:
+    return {"storageKey": KEY, "digest": digest, "scopes": list(scopes), "bytes": 10}
+
+
+def _fetching_from(parent: str, n: int, name: str) -> modelnode.LocalModelNode:
+    keys = [f"m{i}" for i in range(n)]
+    return _node(
+        name,
+        endpoint=None,
+        lists=False,
+        states=dict.fromkeys(keys, "ModelDownloading"),
+        progress={k: {"source": f"peer/{parent}"} for k in keys},
+    )
+
+
+def _req(*members: modelnode.LocalModelNode, **kw: Any) -> peerplan.Request:
+    fields: dict[str, Any] = {
+        "storage_key": KEY,
+        "scope": SCOPE,
+        "node_name": ME,
+        "status_key": "iris",
+        "spec": peer.PeerDistributionSpec(enabled=True),
+        "members": [_node(ME, endpoint=None), *members],
+        **kw,
+    }
+    return peerplan.Request(**fields)
+
+
+def test_a_node_serving_the_model_in_the_scope_is_a_source() -> None:
+    decision = peerplan.plan(_req(_node("node-a", models=[_model()])))
+    assert decision == peerplan.Peer((("node-a", "https://10.0.0.1:8476"),), D1)
+    assert isinstance(decision, peerplan.Peer)
+    assert decision.source == "peer/node-a"
+
+
+def test_a_node_of_another_scope_is_never_a_source() -> None:
+    other = _node("node-a", models=[_model(scopes=(OTHER_SCOPE,))], state="ModelDownloaded")
+    assert peerplan.plan(_req(other)) == peerplan.Origin("no-source")
+
+
+def test_this_node_is_never_its_own_source() -> None:
+    me = _node(ME, models=[_model()])
+    request = _req(members=[me])
+    assert peerplan.plan(request) == peerplan.Origin("no-source")
+
+
+def test_sources_rank_by_fewest_children_then_name_and_keep_at_most_three() -> None:
+    servers = [_node(f"node-{c}", models=[_model()], endpoint=f"https://{c}:1") for c in "abcde"]
+    load = [_fetching_from("node-a", 1, "kid-1"), _fetching_from("node-c", 1, "kid-2")]
+    decision = peerplan.plan(_req(*servers, *load))
+    assert isinstance(decision, peerplan.Peer)
+    assert [n for n, _ in decision.sources] == ["node-b", "node-d", "node-e"]
+    assert len(decision.sources) == peer.MAX_SOURCES
+
+
+def test_a_node_at_max_uploads_is_skipped() -> None:
+    busy = _node("node-a", models=[_model()])
+    free = _node("node-z", models=[_model()], endpoint="https://z:1")
+    decision = peerplan.plan(_req(busy, free, _fetching_from("node-a", 2, "kid")))
+    assert isinstance(decision, peerplan.Peer)
+    assert decision.sources == (("node-z", "https://z:1"),)
+
+
+def test_children_not_in_flight_do_not_count() -> None:
+    done = _node(
+        "kid", endpoint=None, lists=False, states={"m": "ModelDownloaded"},
+        progress={"m": {"source": "peer/node-a"}},
+    )  # fmt: skip
+    assert peerplan.children([done]) == {}
+    decision = peerplan.plan(_req(_node("node-a", models=[_model()]), done, done))
+    assert isinstance(decision, peerplan.Peer)
+
+
+def test_every_source_at_the_cap_means_waiting_for_the_seed() -> None:
+    busy = _node("node-a", models=[_model()], state="ModelDownloaded")
+    decision = peerplan.plan(_req(busy, _fetching_from("node-a", 2, "kid")))
+    assert isinstance(decision, peerplan.WaitForSeed)
+    assert decision.node == "node-a"
+
+
+def test_only_sources_with_the_best_ones_digest_are_kept() -> None:
+    a = _node("node-a", models=[_model(D1)], endpoint="https://a:1")
+    b = _node("node-b", models=[_model(D2)], endpoint="https://b:1")
+    c = _node("node-c", models=[_model(D1)], endpoint="https://c:1")
+    decision = peerplan.plan(_req(a, b, c))
+    assert decision == peerplan.Peer((("node-a", "https://a:1"), ("node-c", "https://c:1")), D1)
+
+
+def test_unusable_endpoints_are_no_source() -> None:
+    for endpoint in ("http://a:1", "https://a:1 --evil", "https://" + "a" * 200, "https://a=b"):
+        node = _node("node-a", models=[_model()], endpoint=endpoint, lists=False)
+        assert peerplan.plan(_req(node)) == peerplan.Origin("no-source"), endpoint
+
+
+def test_after_a_failed_peer_attempt_the_origin_is_used() -> None:
+    decision = peerplan.plan(_req(_node("node-a", models=[_model()]), previous_peer_failed=True))
+    assert decision == peerplan.Origin("peer-failed")
+
+
+def test_a_node_downloading_from_the_origin_in_the_scope_is_waited_for() -> None:
+    downloading = _node(
+        "node-z",
+        endpoint="https://z:1",
+        lists=False,
+        states={"other": "ModelDownloading"},
+        progress={"other": {"source": "origin", "jobName": "j1"}},
+        jobs=[{"namespace": "ns", "name": "j1", "uid": "u", "statusKey": "other",
+               "storageKey": KEY, "scope": SCOPE, "attempt": 0}],
+    )  # fmt: skip
+    decision = peerplan.plan(_req(downloading))
+    assert isinstance(decision, peerplan.WaitForSeed)
+    assert decision.node == "node-z"
+    assert "node-z" in decision.message
+
+
+def test_a_node_downloading_in_another_scope_is_not_waited_for() -> None:
+    downloading = _node(
+        "node-z", lists=False, states={"other": "ModelDownloading"},
+        progress={"other": {"source": "origin", "jobName": "j1"}},
+        jobs=[{"namespace": "ns", "name": "j1", "uid": "u", "statusKey": "other",
+               "storageKey": KEY, "scope": OTHER_SCOPE, "attempt": 0}],
+    )  # fmt: skip
+    assert peerplan.plan(_req(downloading)) == peerplan.Origin("no-source")
+
+
+def test_the_lowest_named_node_listing_the_entry_is_the_seed() -> None:
+    assert peerplan.plan(_req(_node("node-z", endpoint=None))) == peerplan.Origin("no-source")
+    decision = peerplan.plan(_req(_node("node-a", endpoint=None), _node("node-b")))
+    assert isinstance(decision, peerplan.WaitForSeed)
+    assert decision.node == "node-a"
+
+
+def test_a_failed_seed_is_passed_over() -> None:
+    failed = _node("node-a", state="ModelDownloadError")
+    decision = peerplan.plan(_req(failed, _node("node-b", state="ModelDownloadError")))
+    assert decision == peerplan.Origin("no-source")  # this node is the seed now
+    decision = peerplan.plan(_req(failed, _node("node-b")))
+    assert isinstance(decision, peerplan.WaitForSeed)
+    assert decision.node == "node-b"
+
+
+def test_a_downloaded_seed_that_cannot_serve_this_scope_is_passed_over() -> None:
+    other_scope = _node("node-a", models=[_model(scopes=(OTHER_SCOPE,))], state="ModelDownloaded")
+    not_serving = _node("node-b", endpoint=None, state="ModelDownloaded")
+    assert peerplan.plan(_req(other_scope, not_serving)) == peerplan.Origin("no-source")
+
+
+def test_a_downloaded_seed_still_hashing_is_waited_for() -> None:
+    hashing = _node("node-a", models=[], state="ModelDownloaded")
+    assert isinstance(peerplan.plan(_req(hashing)), peerplan.WaitForSeed)
+
+
+def test_the_wait_for_a_seed_is_bounded() -> None:
+    seed = _node("node-a")
+    assert isinstance(
+        peerplan.plan(_req(seed, waited_s=299, seed_wait_s=300)), peerplan.WaitForSeed
+    )
+    decision = peerplan.plan(_req(seed, waited_s=300, seed_wait_s=300))
+    assert decision == peerplan.Origin("seed-wait-timeout")
+
+
+def test_nodes_not_listing_the_entry_are_no_seed() -> None:
+    assert peerplan.plan(_req(_node("node-a", lists=False))) == peerplan.Origin("no-source")
+
+
+def test_namespace_entries_elect_by_their_status_key() -> None:
+    node = modelnode.LocalModelNode.model_validate(
+        {
+            "metadata": {"name": "node-a"},
+            "spec": {"localModels": [{"sourceModelUri": "s3://b/iris", "modelName": "iris",
+                                      "nodeGroup": "g", "namespace": "team"}]},
+        }
+    )  # fmt: skip
+    assert isinstance(peerplan.plan(_req(node, status_key="team/iris")), peerplan.WaitForSeed)
+    assert peerplan.plan(_req(node)) == peerplan.Origin("no-source")
