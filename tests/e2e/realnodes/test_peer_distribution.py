@@ -215,7 +215,7 @@ def test_one_node_downloads_from_the_origin_and_the_other_from_that_node(
     assert entries[other].get("peerBytes") == scoped.size, entries[other]
     assert not entries[other].get("originBytes"), entries[other]
     assert not entries[origin].get("peerBytes"), entries[origin]
-    assert entries[origin].get("originBytes") in (None, scoped.size), entries[origin]
+    assert entries[origin].get("originBytes") == scoped.size, entries[origin]
 
     # The origin's own count: each object read once (the origin node's download).
     gets = peers.s3_gets(scoped.log, scoped.bucket)
@@ -322,7 +322,8 @@ def _refused(rows: list[Obj], *, peer_token: int, digests: set[str], who: str) -
     """Every request of `rows` refused with the status its token deserves, none with bytes
     of the model."""
     want = {"none": 401, "garbage": 401, "default-audience": 401, "peer-audience": peer_token}
-    assert {r["token"] for r in rows} == set(want), f"{who}: tokens tried {rows}"
+    tried = {r["token"] for r in rows}
+    assert {"none", "garbage", "peer-audience"} <= tried <= set(want), f"{who}: tried {tried}"
     leaked = [r for r in rows if r.get("status") in (200, 206) or r.get("sha256") in digests]
     assert not leaked, f"{who} got bytes: {json.dumps(leaked)}"
     wrong = [r for r in rows if r.get("status") != want[r["token"]]]
@@ -389,6 +390,20 @@ def test_callers_that_are_not_a_download_job_of_the_scope_are_refused(
 
 
 # ------------------------------------------------------------------- hostile and failures
+
+
+FALLBACK_EVENT = "PeerFallback"
+VERIFY_FAILURES = "localcache_p2p_verify_failures_total"
+
+
+def _is_fallback(event: Obj) -> bool:
+    return event.get("reason") == FALLBACK_EVENT
+
+
+def _names_bad_source(text: str, node: str) -> bool:
+    """`text` names `node` as having served bytes that failed verification."""
+    lowered = text.lower()
+    return node in text and any(w in lowered for w in ("sha256", "verif", "corrupt", "mismatch"))
 
 
 def _first_downloaded(cluster: Cluster, name: str) -> str | None:
@@ -464,9 +479,11 @@ def test_a_flipped_byte_in_a_peers_copy_is_never_promoted_and_the_source_is_repo
         # The other node loses its copy and fetches the model again.
         _label(cluster, other, None)
         cluster.wait(
-            lambda: cluster.model_files(other, key) == {},
+            lambda: (
+                cluster.model_files(other, key) == {} and name not in cluster.node_status(other)
+            ),
             timeout=120,
-            what=f"{other} deletes its copy of {key}",
+            what=f"{other} deletes its copy of {key} and its status entry",
         )
         watch = _Watch(cluster.models_root(other) / layout.model_subpath(key), want)
         seen_peer_jobs: dict[str, list[Obj]] = {}
@@ -485,18 +502,24 @@ def test_a_flipped_byte_in_a_peers_copy_is_never_promoted_and_the_source_is_repo
         assert entry.get("source") == "origin", f"{other}'s copy came from {entry}"
         assert seen_peer_jobs, f"{other} never tried the peer {origin}"
 
-        def reported() -> list[str]:
-            text = peers.agent_metrics(cluster, other)
-            failures = peers.metric_total(text, "localcache_p2p_verify_failures_total")
-            events = [
-                e
-                for e in peers.lmn_events(cluster)
-                if origin in str(e.get("message"))
-                and any(w in str(e.get("message")).lower() for w in ("sha256", "verif", "corrupt"))
-            ]
-            assert failures > 0, f"no verification failure counted by {other}'s agent"
-            assert events, f"no Event names {origin} as a bad source: {seen_peer_jobs}"
-            return peers.describe_events(events)
+        def reported() -> str:
+            fell_back = [e for e in peers.lmn_events(cluster, other) if _is_fallback(e)]
+            assert fell_back, f"no {FALLBACK_EVENT} Event on {other}"
+            verify_failures = sum(
+                peers.metric_total(peers.agent_metrics(cluster, n), VERIFY_FAILURES)
+                for n in cluster.node_names
+            )
+            texts = {
+                "events": " ".join(peers.describe_events(peers.lmn_events(cluster))),
+                "fetch reports": json.dumps(seen_peer_jobs),
+                "status": str(peers.progress(cluster, other, name).get("message")),
+            }
+            named = [where for where, text in texts.items() if _names_bad_source(text, origin)]
+            assert named or verify_failures > 0, (
+                f"{origin} served a corrupted file, and neither an Event, the fetch report, "
+                f"{other}'s status nor {VERIFY_FAILURES} says so: {texts}"
+            )
+            return f"named in {named}, {VERIFY_FAILURES}={verify_failures}"
 
         cluster.wait(reported, timeout=60, what=f"{origin} reported as a source of bad bytes")
     finally:
@@ -580,11 +603,8 @@ def test_the_serving_agent_killed_mid_transfer_leaves_every_node_a_verified_copy
         else:
             # the only other source was the killed one: the origin, and the fallback said so
             assert entry.get("source") == "origin", detail
-            fallbacks = [
-                e for e in peers.lmn_events(cluster, other) if "origin" in str(e.get("message"))
-            ]
+            fallbacks = [e for e in peers.lmn_events(cluster, other) if _is_fallback(e)]
             assert fallbacks, f"no fallback Event on {other}: {detail}"
-        assert to_all <= 2 * to_one + 60, detail
     finally:
         cluster.kubectl("delete", LMC.plural, name, "--wait=true", "--timeout=90s", check=False)
         cluster.kubectl("delete", "localmodelnodegroup", group, "--wait=false", check=False)
