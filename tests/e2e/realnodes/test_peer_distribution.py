@@ -178,6 +178,7 @@ def scoped(cluster: Cluster, sources: Sources) -> Iterator[Scoped]:
             bucket, uri, keys.storage_key(uri), files, group, namespace, endpoint, store.log_path
         )
     finally:
+        cluster.kubectl("delete", objects.ISVC.plural, "--all", "-n", namespace, check=False)
         cluster.kubectl(
             "delete",
             LMNC.plural,
