@@ -214,6 +214,7 @@ for name, path in (("default-audience", "/var/run/secrets/kubernetes.io/servicea
                    ("peer-audience", os.environ["PEER_TOKEN_DIR"] + "/token")):
     if os.path.exists(path):
         tokens[name] = open(path).read().strip()
+tokens.update(json.loads(os.environ.get("PEER_TOKENS") or "{}"))
 context = ssl.create_default_context(cadata=ca)
 results = []
 for target in targets:
@@ -243,9 +244,12 @@ print(json.dumps(results))
 """
 
 
-def probe_pod_spec(*, node: str, ca: str, targets: list[Obj]) -> Obj:
+def probe_pod_spec(
+    *, node: str, ca: str, targets: list[Obj], tokens: dict[str, str] | None = None
+) -> Obj:
     """A pod spec on `node` that runs `PROBE` against `targets` ({node, endpoint, key,
-    files}), holding a projected token for the peer audience, as a download pod would."""
+    files}), holding a projected token for the peer audience, as a download pod would, and
+    trying `tokens` (name -> token) too."""
     return {
         "restartPolicy": "Never",
         "nodeSelector": {jobs_mod.HOSTNAME_LABEL: node},
@@ -260,6 +264,7 @@ def probe_pod_spec(*, node: str, ca: str, targets: list[Obj]) -> Obj:
                     {"name": "PEER_CA", "value": ca},
                     {"name": "PEER_TARGETS", "value": json.dumps(targets)},
                     {"name": "PEER_TOKEN_DIR", "value": TOKEN_DIR},
+                    {"name": "PEER_TOKENS", "value": json.dumps(tokens or {})},
                 ],
                 "volumeMounts": [{"name": TOKEN_VOLUME, "mountPath": TOKEN_DIR, "readOnly": True}],
             }
@@ -283,13 +288,32 @@ def probe_pod_spec(*, node: str, ca: str, targets: list[Obj]) -> Obj:
     }
 
 
-def probe_pod(name: str, namespace: str, *, node: str, ca: str, targets: list[Obj]) -> Obj:
+def probe_pod(
+    name: str,
+    namespace: str,
+    *,
+    node: str,
+    ca: str,
+    targets: list[Obj],
+    tokens: dict[str, str] | None = None,
+) -> Obj:
     return {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": name, "namespace": namespace},
-        "spec": probe_pod_spec(node=node, ca=ca, targets=targets),
+        "spec": probe_pod_spec(node=node, ca=ca, targets=targets, tokens=tokens),
     }
+
+
+def targets(cluster: Cluster, storage_key: str, files: list[str]) -> list[Obj]:
+    """`PROBE` targets: every node's published peer endpoint, asked for `storage_key`."""
+    found = []
+    for node in cluster.node_names:
+        address = endpoint(cluster, node)
+        assert address, f"{node} publishes no peer endpoint"
+        assert address.endswith(f":{peer_api.DEFAULT_PORT}"), (node, address)
+        found.append({"node": node, "endpoint": address, "key": storage_key, "files": files})
+    return found
 
 
 def forged_download_job(

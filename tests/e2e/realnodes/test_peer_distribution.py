@@ -263,6 +263,7 @@ def test_a_tenant_the_store_refuses_gets_nothing_from_peers_and_sees_the_refusal
     )
     peer_jobs: dict[str, list[Obj]] = {}
     try:
+        _borrowed_download_identity_is_refused(cluster, scoped, tenant)
 
         def refused_everywhere() -> bool:
             for node in cluster.node_names:
@@ -319,15 +320,59 @@ def test_a_tenant_the_store_refuses_gets_nothing_from_peers_and_sees_the_refusal
         cluster.kubectl("delete", "namespace", tenant, "--wait=false", check=False)
 
 
-def _refused(rows: list[Obj], *, peer_token: int, digests: set[str], who: str) -> None:
-    """Every request of `rows` refused with the status its token deserves, none with bytes
-    of the model."""
-    want = {"none": 401, "garbage": 401, "default-audience": 401, "peer-audience": peer_token}
+def _borrowed_download_identity_is_refused(cluster: Cluster, scoped: Scoped, tenant: str) -> None:
+    """The refused tenant mints a `localcache-peer` token bound to the pod of its own download
+    Job of the model (a Job the agent made and records, of another scope) and asks the peers
+    with it: refused (403 other scope; 401 once that pod is gone), no byte."""
+    user = cluster.tenant(tenant)
+
+    def download_pod() -> Obj | None:
+        for job in peers.download_jobs(cluster, tenant, scoped.key):
+            pods = cluster.items(
+                "pods", namespace=tenant, selector=f"job-name={job['metadata']['name']}"
+            )
+            if pods:
+                found: Obj = pods[0]
+                return found
+        return None
+
+    pod = cluster.wait(
+        download_pod, timeout=120, what=f"a download pod of {scoped.key} in {tenant}"
+    )
+    meta = pod["metadata"]
+    minted = cluster.kubectl(
+        "create", "token", pod["spec"].get("serviceAccountName") or "default", "-n", tenant,
+        f"--audience={peer_api.TOKEN_AUDIENCE}", "--bound-object-kind=Pod",
+        f"--bound-object-name={meta['name']}", f"--bound-object-uid={meta['uid']}",
+        "--duration=10m", f"--as={user}", check=False,
+    )  # fmt: skip
+    # the pod may be gone already (its Job failed and was replaced): then only the others
+    assert minted.returncode == 0 or "not found" in minted.stderr, minted.stderr
+    tokens = {"download-pod": minted.stdout.strip()} if minted.returncode == 0 else {}
+    probe = peers.probe_pod(
+        "peer-probe", tenant, node=cluster.node_names[0], ca=peers.peer_ca(cluster),
+        targets=peers.targets(cluster, scoped.key, list(scoped.files)), tokens=tokens,
+    )  # fmt: skip
+    cluster.kubectl("create", "-f", "-", f"--as={user}", input_text=json.dumps(probe))
+    rows = peers.probe_results(cluster, tenant, "peer-probe")
+    extra = {"download-pod": {401, 403}} if tokens else {}
+    _refused(rows, digests=set(scoped.digests.values()), who="the refused tenant", extra=extra)
+
+
+def _refused(
+    rows: list[Obj], *, digests: set[str], who: str, extra: dict[str, set[int]] | None = None
+) -> None:
+    """Every request of `rows` refused with the status its token deserves (no token, a
+    garbage one or one of another audience: 401; the pod's own `localcache-peer` token: 403;
+    `extra`: by name), none with bytes of the model."""
+    want = {"none": {401}, "garbage": {401}, "default-audience": {401}, "peer-audience": {403}}
+    want.update(extra or {})
     tried = {r["token"] for r in rows}
-    assert {"none", "garbage", "peer-audience"} <= tried <= set(want), f"{who}: tried {tried}"
+    must = {"none", "garbage", "peer-audience", *(extra or {})}
+    assert must <= tried <= set(want), f"{who}: tried {tried}"
     leaked = [r for r in rows if r.get("status") in (200, 206) or r.get("sha256") in digests]
     assert not leaked, f"{who} got bytes: {json.dumps(leaked)}"
-    wrong = [r for r in rows if r.get("status") != want[r["token"]]]
+    wrong = [r for r in rows if r.get("status") not in want[r["token"]]]
     assert not wrong, f"{who}: unexpected answers {json.dumps(wrong)}"
 
 
@@ -336,14 +381,7 @@ def test_callers_that_are_not_a_download_job_of_the_scope_are_refused(
 ) -> None:
     _ready_and_served(cluster, scoped)
     ca = peers.peer_ca(cluster)
-    targets = []
-    for node in cluster.node_names:
-        address = peers.endpoint(cluster, node)
-        assert address, f"{node} publishes no peer endpoint"
-        assert address.endswith(f":{peer_api.DEFAULT_PORT}"), (node, address)
-        targets.append(
-            {"node": node, "endpoint": address, "key": scoped.key, "files": list(scoped.files)}
-        )
+    targets = peers.targets(cluster, scoped.key, list(scoped.files))
     digests = set(scoped.digests.values())
     user = cluster.tenant(scoped.namespace)
     before = sum(
@@ -357,7 +395,7 @@ def test_callers_that_are_not_a_download_job_of_the_scope_are_refused(
     )
     cluster.kubectl("create", "-f", "-", f"--as={user}", input_text=json.dumps(pod))
     rows = peers.probe_results(cluster, scoped.namespace, "peer-probe")
-    _refused(rows, peer_token=403, digests=digests, who="the tenant's pod")
+    _refused(rows, digests=digests, who="the tenant's pod")
 
     # A Job shaped like a download Job (name pattern, labels) on the other node.
     job = peers.forged_download_job(
@@ -381,7 +419,7 @@ def test_callers_that_are_not_a_download_job_of_the_scope_are_refused(
         what=f"the forged Job {name} has a pod",
     )
     rows = peers.probe_results(cluster, scoped.namespace, pod_name)
-    _refused(rows, peer_token=403, digests=digests, who="the forged Job's pod")
+    _refused(rows, digests=digests, who="the forged Job's pod")
 
     after = sum(
         peers.metric_total(peers.agent_metrics(cluster, n), "localcache_p2p_refusals_total")
