@@ -60,6 +60,7 @@ class Sources:
     add_file: Callable[[str, bytes], None]  # (path below both servers' root, content)
     s3_endpoint_for_pods: str | None = None  # host:port; None where no S3 store runs
     s3: Any = None  # tests.support.objectstore.ObjectStore (host-side endpoint)
+    http_stats: Callable[[], Any] | None = None  # the HTTP servers' ModelServer.stats()
 
     def require_s3(self) -> tuple[Any, str]:
         """The store (host-side handle) and its endpoint as pods see it; skips without one."""

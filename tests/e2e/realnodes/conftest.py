@@ -50,6 +50,7 @@ def _deployed(shared: e2ebed.SharedBed) -> Iterator[Cluster]:
         s3_endpoint_for_pods=shared.s3_endpoint_for_pods,
         s3=shared.store,
         slow_base=shared.slow_base,
+        http_stats=shared.http.stats,
     )
     found = Cluster.on_bed(shared, package="realnodes", sources=sources)
     realnodes.deploy(found.kubectl)
