@@ -17,8 +17,9 @@ node-group work. A reconcile of cache C, level-based:
    a fresh read of C; anything else is `ImportJobConflict`, never touched. Ours is replaced
    when it targets another claim uid or storage key, or the credential spec hash changed
    while it is not complete.
-6. No Job: after a completed import onto this claim, C stays Ready (the Job was removed, e.g.
-   by a TTL policy: importing again would replace a copy readers use). Else the record is
+6. No Job: C is read afresh (the store may not hold the status written last); after a
+   completed import onto this claim, C stays Ready (the Job was removed, e.g. by a TTL
+   policy: importing again would replace a copy readers use). Else the record is
    written first (a CRD that drops `status.sharedVolume` stops here: `SharedVolumeUnavailable`);
    credentials are read in C's namespace as the agent reads them (`CredentialError` →
    `ImportCredentialError`, no Job); the Job is built, created and its uid recorded at once.
@@ -61,6 +62,9 @@ Obj = dict[str, Any]
 CONFLICT_RECHECK: Final = 60.0
 DELETION_RECHECK: Final = 5.0
 SV = modelcache.SharedVolumeStatus
+_PENDING: Final = importstate.Outcome(
+    False, sharedvolume.REASON_IMPORT_PENDING, "Model import job is pending"
+)
 _IMPORTED: Final = importstate.Outcome(
     True, sharedvolume.REASON_IMPORT_SUCCEEDED, "Model import completed", available=1
 )
@@ -174,17 +178,17 @@ class SharedVolumeReconciler:
         stored = jobs.get(runtime_keys.ObjectKey(cache.namespace, name)) if jobs else None
         job = stored or await importjobs.get_job(self._api, cache.namespace, name)
         recorded = sv.job.uid if sv.job else None
-        if job is None:
-            done = self._reason(old) == sharedvolume.REASON_IMPORT_SUCCEEDED
-            if done and sv.claim_uid == claim_uid:  # its Job removed: keep the copy in use
+        if job is None:  # before importing, the status as written last (the store may lag)
+            raw, old, sv = await self._fresh(cache)
+            if self._reason(old) == sharedvolume.REASON_IMPORT_SUCCEEDED and (
+                sv.claim_uid == claim_uid
+            ):  # its Job removed: keep the copy in use
                 await self._write(raw, cache, old, _IMPORTED, sv)
                 return reconciling.Result()
             return await self._create(raw, cache, old, sv, cfg, claim_uid=claim_uid)
         verdict = importstate.judge(job, recorded_uid=recorded, cache_uid=cache.metadata.uid or "")
         if verdict == "unproven":  # the record may be newer than the store: read it afresh
-            raw = await self._api.get(self.scope.resource, cache.name, namespace=cache.namespace)
-            old = _status(raw.get("status") or {})
-            sv = old.shared_volume or SV()
+            raw, old, sv = await self._fresh(cache)
             recorded = sv.job.uid if sv.job else None
             verdict = importstate.judge(
                 job, recorded_uid=recorded, cache_uid=cache.metadata.uid or ""
@@ -233,6 +237,13 @@ class SharedVolumeReconciler:
             return reconciling.Result(requeue_after=DELETION_RECHECK)
         return await self._follow(raw, cache, old, sv, job, phase, cfg)
 
+    async def _fresh(
+        self, cache: modelcache.LocalModelNamespaceCache
+    ) -> tuple[Obj, modelcache.LocalModelCacheStatus, SV]:
+        raw = await self._api.get(self.scope.resource, cache.name, namespace=cache.namespace)
+        old = _status(raw.get("status") or {})
+        return raw, old, old.shared_volume or SV()
+
     async def _follow(
         self,
         raw: Obj,
@@ -272,10 +283,7 @@ class SharedVolumeReconciler:
             outcome = importstate.Outcome(False, sharedvolume.REASON_IMPORT_RUNNING, text)
             await self._write(raw, cache, old, outcome, sv)
             return reconciling.Result(requeue_after=importjobs.PROGRESS_INTERVAL)
-        outcome = importstate.Outcome(
-            False, sharedvolume.REASON_IMPORT_PENDING, "Model import job is pending"
-        )
-        await self._write(raw, cache, old, outcome, sv)
+        await self._write(raw, cache, old, _PENDING, sv)
         return reconciling.Result()
 
     async def _failed(
@@ -327,11 +335,7 @@ class SharedVolumeReconciler:
             return reconciling.Result(requeue_after=CONFLICT_RECHECK)
         try:
             job = await importjobs.prepare_job(
-                self._api,
-                cache,
-                cfg,
-                claim_uid=claim_uid,
-                image=self._image,
+                self._api, cache, cfg, claim_uid=claim_uid, image=self._image
             )
         except (credentials.CredentialError, downloadcontainer.ContainerError) as exc:
             outcome = importstate.Outcome(
@@ -355,10 +359,7 @@ class SharedVolumeReconciler:
             attempt=attempt,
             failed_attempts=sv.failed_attempts,
         )
-        outcome = importstate.Outcome(
-            False, sharedvolume.REASON_IMPORT_PENDING, "Model import job is pending"
-        )
-        await self._write(raw, cache, old, outcome, sv)
+        await self._write(raw, cache, old, _PENDING, sv)
         return reconciling.Result()
 
     def _reason(self, old: modelcache.LocalModelCacheStatus) -> str | None:
