@@ -11,8 +11,7 @@ cancelled and awaited.
 Caps: the node groups with `spec.peerDistribution.enabled` give the upload slots
 (`maxUploads`) and the bandwidth (`uploadBandwidth`); a node in several such groups uses the
 smallest of each (the most conservative), read at each request so a change applies at once.
-Only the base folder `models/<key>` is served: a scope entitled only to a folder variant is
-refused (403 `other-scope`) and its Job fetches from the origin.
+A requester is served the folder its scope proved: the storage key's own or a variant.
 """
 
 from __future__ import annotations
@@ -38,16 +37,21 @@ log = structlog.get_logger(__name__)
 
 TLS_WAIT_MAX_S: Final = 30.0
 STOP_GRACE_S: Final = 5.0
+CAPS_REFRESH_S: Final = 1.0
 
 
 class _Folders:
-    """`server.FolderSource` over the agent's folder index (base folders only)."""
+    """`server.FolderSource` over the agent's folder index: a requester is served the folder
+    (the storage key's own or a variant) that its own scope proved."""
 
     def __init__(self, folders: peersource.PeerFolders) -> None:
         self._folders = folders
 
-    def lookup(self, storage_key: str) -> server.ServedFolder | None:
-        found = self._folders.lookup(storage_key)
+    def scopes(self, storage_key: str) -> frozenset[str]:
+        return self._folders.scopes(storage_key)
+
+    def lookup(self, storage_key: str, scope: str) -> server.ServedFolder | None:
+        found = self._folders.lookup(storage_key, scope)
         if found is None:
             return None
         return server.ServedFolder(path=found.path, manifest=found.manifest, scopes=found.scopes)
@@ -80,6 +84,31 @@ def bandwidth(groups: store.Reader) -> int | None:
     return min(caps, default=None)
 
 
+class Caps:
+    """`max_uploads` and `bandwidth` of the groups, recomputed at most once per
+    `CAPS_REFRESH_S` (they are read per request and per streamed chunk)."""
+
+    def __init__(self, groups: store.Reader, clock: clock_mod.Clock) -> None:
+        self._groups, self._clock = groups, clock
+        self._at: float | None = None
+        self._uploads: int = peer.DEFAULT_MAX_UPLOADS
+        self._rate: int | None = None
+
+    def _fresh(self) -> None:
+        now = self._clock.now()
+        if self._at is None or now - self._at >= CAPS_REFRESH_S:
+            self._uploads, self._rate = max_uploads(self._groups), bandwidth(self._groups)
+            self._at = now
+
+    def uploads(self) -> int:
+        self._fresh()
+        return self._uploads
+
+    def rate(self) -> int | None:
+        self._fresh()
+        return self._rate
+
+
 class PeerServing:
     """Runnable: the peer server of one agent (module doc)."""
 
@@ -101,11 +130,12 @@ class PeerServing:
 
     async def run(self) -> None:
         reloadable = await self._wait_for_tls()
+        caps = Caps(self._groups, self._clock)
         srv = server.PeerServer(
             folders=_Folders(self._folders),
             authorizer=auth.Authorizer(auth.KubeAuthApi(self._kube)),
-            slots=throttle.UploadSlots(lambda: max_uploads(self._groups)),
-            bucket=throttle.TokenBucket(lambda: bandwidth(self._groups), clock=self._clock),
+            slots=throttle.UploadSlots(caps.uploads),
+            bucket=throttle.TokenBucket(caps.rate, clock=self._clock),
             metrics=self._metrics.peer(),
             on_refusal=lambda reason, key: log.info(
                 "peer_request_refused", reason=reason, storage_key=key

@@ -102,6 +102,10 @@ class PeerFolders:
     def served(self) -> list[Served]:
         return [s for v in self._by_key.values() for s in v]
 
+    def scopes(self, storage_key: str) -> frozenset[str]:
+        """Every scope proved for some folder of `storage_key` (no disk read)."""
+        return frozenset(sc for s in self._by_key.get(storage_key, ()) for sc in s.scopes)
+
     def lookup(self, storage_key: str, scope: str | None = None) -> Found | None:
         """The folder to serve for `storage_key` (to a requester of `scope`), or None."""
         candidates = self._by_key.get(storage_key, ())

@@ -25,6 +25,7 @@ Bounds: a manifest holds at most `MAX_FILES` entries, paths at most `MAX_PATH` c
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Iterable
 from typing import Final, Literal
 
@@ -52,6 +53,9 @@ DEFAULT_MAX_UPLOADS: Final = 2
 _SHA256_HEX: Final = r"^[0-9a-f]{64}$"
 _DIGEST: Final = r"^sha256:[0-9a-f]{64}$"
 _KEY: Final = r"^[0-9a-f]{16}$"
+_CONTROL: Final = re.compile(r"[\x00-\x1f\x7f]")
+"""Control characters (NUL, newline...): never in a manifest's paths, so that no entry can
+pose as several lines of the digest's listing."""
 
 
 class PeerDistributionSpec(meta.ApiModel):
@@ -124,6 +128,13 @@ class ManifestLink(meta.ApiModel):
     def _relative(cls, value: str) -> str:
         return check_path(value)
 
+    @field_validator("target")
+    @classmethod
+    def _printable(cls, value: str) -> str:
+        if _CONTROL.search(value):
+            raise ValueError("a link target with a control character")
+        return value
+
 
 class PeerManifest(meta.ApiModel):
     """A model folder's file manifest, as a peer serves it."""
@@ -138,6 +149,11 @@ class PeerManifest(meta.ApiModel):
         max_length=MAX_FILES,
         description="Entries that are neither (sockets, FIFOs...): never served.",
     )
+
+    @field_validator("dirs", "others")
+    @classmethod
+    def _relative_entries(cls, values: list[str]) -> list[str]:
+        return [check_path(v) for v in values]
 
     @property
     def bytes(self) -> int:
@@ -171,7 +187,7 @@ def check_path(value: str) -> str:
         not value
         or len(value) > MAX_PATH
         or len(parts) > MAX_DEPTH
-        or "\0" in value
+        or _CONTROL.search(value) is not None
         or value.startswith("/")
         or any(p in ("", ".", "..") for p in parts)
     ):

@@ -241,7 +241,8 @@ class _Run:
             elif job.hasher.hexdigest() != entry.sha256:
                 raise peersources.use_origin(f"{entry.path[:80]!r}: sha256 of an empty file")
             out.flush()
-            os.fsync(out.fileno())
+            # off the loop: a multi-GB fsync must not stall the other streams in flight
+            await asyncio.to_thread(os.fsync, out.fileno())
         log.info("fetch.file", path=entry.path[:200], bytes=entry.size)
 
     async def _transfer(self, job: _File) -> None:

@@ -79,6 +79,8 @@ POSITIVE_TTL_S: Final = 60.0
 NEGATIVE_TTL_S: Final = 10.0
 MAX_ENTRIES: Final = 4096
 MAX_CONCURRENT_LOOKUPS: Final = 8
+WAITING_PER_LOOKUP: Final = 8
+"""Lookups that may wait for a free one, per concurrent lookup; beyond them: 503."""
 API_TIMEOUT_S: Final = 5.0
 _JWT: Final = re.compile(r"[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]*")
 
@@ -280,6 +282,8 @@ class Authorizer:
         self._cache: collections.OrderedDict[tuple[str, str], _Entry] = collections.OrderedDict()
         self._pending: dict[tuple[str, str], asyncio.Future[Requester | Refusal]] = {}
         self._lookups = asyncio.Semaphore(max_concurrent_lookups)
+        self._max_waiting = max_concurrent_lookups * WAITING_PER_LOOKUP
+        self._waiting = 0
 
     @property
     def cached(self) -> int:
@@ -336,8 +340,19 @@ class Authorizer:
             self._cache.popitem(last=False)
 
     async def _decide(self, token: str, storage_key: str) -> Requester | Refusal:
-        async with self._lookups:
+        # a flood of fresh tokens must not queue real fetchers behind it without end: beyond
+        # the bound the caller is told to come back (503) at once
+        if self._waiting >= self._max_waiting:
+            raise Unavailable("too many token reviews waiting")
+        self._waiting += 1
+        try:
+            await self._lookups.acquire()
+        finally:
+            self._waiting -= 1
+        try:
             return await self._ask(token, storage_key)
+        finally:
+            self._lookups.release()
 
     async def _ask(self, token: str, storage_key: str) -> Requester | Refusal:
         who = identity(await self._api.review_token(token))

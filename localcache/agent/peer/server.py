@@ -16,12 +16,13 @@ anything else); opened beneath the folder without following any symlink
 in `chunk_size` pieces through the shared `TokenBucket`; each write must drain within
 `stall_timeout_s` (a reader that stops reading loses its slot). Bodies are not read.
 
-`FolderSource.lookup(storage_key)` is the agent's: a `ServedFolder` (folder path, manifest,
-scope digests) or None. `PeerServer.start(host, port, ssl_context)` binds (port 0: any; the
-bound port is returned and in `port`); `stop(grace_s=0)` refuses new requests with 503, lets
-in-flight streams run for up to `grace_s`, then cancels and awaits them, then closes the
-listener. Metrics: `metrics.PeerMetrics` (sent bytes by receiving node, refusals by reason,
-uploads in flight). `on_refusal(reason, storage_key)` is called for every authorization
+`FolderSource` is the agent's: `scopes(key)` (in memory) to authorize against, then
+`lookup(key, scope)`: the `ServedFolder` (folder path, manifest, scope digests) that the
+requester's scope proved, or None. `PeerServer.start(host, port, ssl_context)` binds (port
+0: any; the bound port is returned and in `port`); `stop(grace_s=0)` refuses new requests
+with 503, lets in-flight streams run for up to `grace_s`, then cancels and awaits them, then
+closes the listener. Metrics: `metrics.PeerMetrics` (sent bytes by receiving node, refusals
+by reason, uploads in flight). `on_refusal(reason, storage_key)` is called for every authorization
 refusal (for Events). Tokens are never logged.
 """
 
@@ -62,7 +63,13 @@ class ServedFolder:
 
 
 class FolderSource(Protocol):
-    def lookup(self, storage_key: str) -> ServedFolder | None: ...
+    def scopes(self, storage_key: str) -> frozenset[str]:
+        """Every scope entitled to some folder of `storage_key` (in memory: cheap)."""
+        ...
+
+    def lookup(self, storage_key: str, scope: str) -> ServedFolder | None:
+        """The folder `scope` is entitled to (its manifest may be read from disk)."""
+        ...
 
 
 class Authorize(Protocol):
@@ -214,16 +221,21 @@ class PeerServer:
         token = bearer(request.headers.get("Authorization"))
         if token is None:
             self._refusal(auth.refusal("no-token"), key)
-        served = self._folders.lookup(key)
-        if served is None or served.manifest.storage_key != key:
+        # authorized before any manifest is read from disk: an unauthenticated caller costs
+        # an in-memory lookup and (for a JWT-shaped token) one bounded TokenReview
+        scopes = self._folders.scopes(key)
+        if not scopes:
             raise _Refused(404, "not-here")
         try:
-            decision = await self._authorizer.authorize(token, key, served.scopes)
+            decision = await self._authorizer.authorize(token, key, scopes)
         except auth.Unavailable as exc:
             log.warning("peer.authorization_unavailable", storage_key=key, error=str(exc))
             raise _Refused(503, "unavailable", retry_after=self._slots.retry_after()) from None
         if isinstance(decision, auth.Refusal):
             self._refusal(decision, key)
+        served = self._folders.lookup(key, decision.scope)
+        if served is None or served.manifest.storage_key != key:
+            raise _Refused(404, "not-here")
         return served, decision
 
     def _refusal(self, refusal: auth.Refusal, key: str) -> NoReturn:

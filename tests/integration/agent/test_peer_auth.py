@@ -185,8 +185,11 @@ class OneFolder:
     def __init__(self, served: server.ServedFolder) -> None:
         self.served = served
 
-    def lookup(self, storage_key: str) -> server.ServedFolder | None:
-        return self.served if storage_key == KEY else None
+    def scopes(self, storage_key: str) -> frozenset[str]:
+        return self.served.scopes if storage_key == KEY else frozenset()
+
+    def lookup(self, storage_key: str, scope: str) -> server.ServedFolder | None:
+        return self.served if storage_key == KEY and scope in self.served.scopes else None
 
 
 @pytest.fixture
