@@ -183,22 +183,24 @@ _REQUEST = re.compile(
 
 
 def s3_requests(log: Path, bucket: str) -> Counter[tuple[str, str, int]]:
-    """(method, object key, status) -> count of the requests the S3 store logged for `bucket`'s
-    objects (werkzeug's access log: one line per request)."""
+    """(method, object key, status) -> count of the requests the S3 store logged for `bucket`
+    (key "": the bucket itself, e.g. a listing) and its objects (werkzeug's access log: one line
+    per request)."""
     found: Counter[tuple[str, str, int]] = Counter()
     for line in log.read_text(errors="replace").splitlines():
         match = _REQUEST.search(_ANSI.sub("", line))
-        if match and match["path"].startswith(f"/{bucket}/"):
-            key = match["path"][len(bucket) + 2 :]
+        path = match["path"] if match else ""
+        if match and (path == f"/{bucket}" or path.startswith(f"/{bucket}/")):
+            key = path[len(bucket) + 2 :]
             found[(match["method"], key, int(match["code"]))] += 1
     return found
 
 
 def s3_gets(log: Path, bucket: str, *, ok: bool = True) -> Counter[str]:
-    """Object key -> GETs of it answered 2xx (`ok`) or not."""
+    """Object key -> GETs of it answered 2xx (`ok`) or not (listings left out)."""
     found: Counter[str] = Counter()
     for (method, key, code), count in s3_requests(log, bucket).items():
-        if method == "GET" and (200 <= code < 300) == ok:
+        if method == "GET" and key and (200 <= code < 300) == ok:
             found[key] += count
     return found
 

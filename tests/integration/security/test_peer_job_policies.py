@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
-from localcache.agent.jobs import jobs
+from localcache.agent.jobs import jobs, peerjob
 from localcache.api import modelnode, nodegroup, peer
 from localcache.caching import config, credentials, downloadcontainer, keys
 from localcache.devenv.clientconfig import Credentials
@@ -339,3 +339,61 @@ async def test_a_tenant_gets_nothing_from_the_peer_shape(
         assert status == 201, f"a tenant's own peer-shaped Job was refused: {status} {body}"
     finally:
         control_plane.rest("DELETE", f"/api/v1/persistentvolumes/{pv['metadata']['name']}")
+
+
+@pytest.fixture
+def job_namespace_accounts(control_plane: ControlPlane) -> Iterator[str]:
+    """`default` (no ServiceAccount controller runs here) and an unlabelled ServiceAccount in
+    the job namespace: the ServiceAccount rule's parameters; yields the unlabelled one."""
+    path = f"/api/v1/namespaces/{harness.JOB_NAMESPACE}/serviceaccounts"
+    other = f"not-a-downloader-{uuid.uuid4().hex[:6]}"
+    made = []
+    for name in ("default", other):
+        if control_plane.rest("GET", f"{path}/{name}")[0] == 404:
+            body = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name}}
+            harness.ok(control_plane.rest("POST", path, body), f"ServiceAccount {name}")
+            made.append(name)
+    yield other
+    for name in made:
+        control_plane.rest("DELETE", f"{path}/{name}")
+
+
+async def test_the_peer_mode_job_peerjob_builds_is_admitted_in_the_job_namespace(
+    control_plane: ControlPlane,
+    agent_daemonset: Obj,
+    node: tuple[str, str],
+    job_namespace_accounts: str,
+) -> None:
+    """agent/jobs/peerjob.py names ServiceAccount `default` (a projected token needs one);
+    the job namespace admits the agent's Jobs as `default` or a ServiceAccount labelled
+    localmodel.kserve.io/download=true, also when named (the e2e test found every cluster
+    cache's peer-mode Job refused)."""
+    token = harness.agent_token(control_plane, node[0])
+    secret = {"name": "AWS_SECRET_ACCESS_KEY",
+              "valueFrom": {"secretKeyRef": {"name": "s3", "key": "secret"}}}  # fmt: skip
+    origin = _origin_job(node)
+    job = peerjob.peer_job(
+        origin, image=IMAGE, storage_key=origin["metadata"]["labels"]["storageKey"],
+        digest="sha256:" + "0" * 64, sources=[("node-b", "https://10.0.0.2:8476")],
+        ca_pem=certgen.issue_bundle(
+            [peer.SERVER_NAME], now=datetime.datetime.now(datetime.UTC)
+        ).ca_cert_pem.decode(),
+        max_size=1 << 30, injection=credentials.Injection(uri="s3://bucket/bert", env=(secret,)),
+    )  # fmt: skip
+    assert _pod(job)["serviceAccountName"] == "default"
+
+    def create(body: Obj) -> Any:
+        return harness.rest_as_token(
+            control_plane, token, "POST", _jobs(harness.JOB_NAMESPACE), body
+        )
+
+    await _policies_enforced(create, job)
+    unlabelled = copy.deepcopy(job)
+    unlabelled["spec"]["template"]["spec"]["serviceAccountName"] = job_namespace_accounts
+    message = await wait_until(
+        lambda: harness.denied(create(unlabelled), "a Job as an unlabelled ServiceAccount"),
+        timeout=30,
+        what="a peer-mode Job as an unlabelled ServiceAccount is refused in the job namespace",
+    )
+    assert "is not labelled" in message, message
+    harness.ok(create(job), "the peer-mode Job peerjob builds, as ServiceAccount default")
