@@ -193,7 +193,7 @@ class PeerServer:
         try:
             served, requester = await self._admit(request)
             entry = self._entry(served, request.match_info["path"])
-            slot = self._slots.try_acquire()
+            slot = self._slots.try_acquire((requester.namespace, requester.pod))
             if slot is None:
                 raise _Refused(429, "busy", retry_after=self._slots.retry_after())
         except _Refused as refused:

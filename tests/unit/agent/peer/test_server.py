@@ -5,6 +5,7 @@ against the apiserver in tests/integration/agent/test_peer_auth.py)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime
 import hashlib
 import os
@@ -37,6 +38,8 @@ class FakeAuthorizer:
             return auth.refusal("no-token")
         if token == "good":
             return REQUESTER
+        if token == "good-other-pod":
+            return dataclasses.replace(REQUESTER, pod="dl-2")
         if token == "other-scope":
             return auth.refusal("other-scope")
         return auth.refusal("bad-token")
@@ -249,9 +252,12 @@ async def _held_stream(bed: Bed) -> asyncio.Task[bytes]:
 async def test_streams_beyond_the_cap_get_429_with_retry_after(bed: Bed) -> None:
     held = await _held_stream(bed)
     assert bed.registry.value("localcache_p2p_uploads_in_flight") == 1
-    async with bed.get(f"{KEY}/files/sub/small.txt") as response:
+    # the slot is the download pod's: another pod waits, the same pod's next file shares it
+    async with bed.get(f"{KEY}/files/sub/small.txt", token="good-other-pod") as response:
         assert response.status == 429
         assert 1 <= int(response.headers["Retry-After"]) <= 5
+    async with bed.get(f"{KEY}/files/sub/small.txt") as response:
+        assert response.status == 200
     async with bed.get(f"{KEY}/manifest") as response:  # manifests take no slot
         assert response.status == 200
     bed.rate[0] = None
