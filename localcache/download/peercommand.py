@@ -31,7 +31,7 @@ import structlog
 
 from localcache.api import peer
 from localcache.api import quantity as quantity_mod
-from localcache.download import http, peerfetch, peersources
+from localcache.download import http, peerfetch, peersources, program
 
 log = structlog.get_logger(__name__)
 
@@ -118,16 +118,13 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str]) -> int:
     """`localcache fetch ...` with `argv` the arguments after `fetch`."""
-    parser = argparse.ArgumentParser(
-        prog="localcache fetch",
-        description="Fetch a model folder from peer nodes into a directory, verified, atomically.",
+    return program.run_command(
+        "localcache fetch",
+        "Fetch a model folder from peer nodes into a directory, verified, atomically.",
+        add_arguments,
+        run,
+        argv,
     )
-    add_arguments(parser)
-    try:
-        args = parser.parse_args(list(argv))
-    except SystemExit as exc:
-        return exc.code if isinstance(exc.code, int) else 2
-    return run(args)
 
 
 def _request(args: argparse.Namespace) -> tuple[peerfetch.Request, peersources.Board]:

@@ -42,7 +42,7 @@ import stat
 import sys
 import urllib.parse
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path, PurePosixPath
 
 import structlog
@@ -296,13 +296,27 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str]) -> int:
     """`localcache download <uri> <dest>` with `argv` the arguments after `download`."""
-    parser = argparse.ArgumentParser(
-        prog="localcache download",
-        description="Download a file:// or http(s):// model URI into a directory, atomically.",
+    return run_command(
+        "localcache download",
+        "Download a file:// or http(s):// model URI into a directory, atomically.",
+        add_arguments,
+        run,
+        argv,
     )
-    add_arguments(parser)
+
+
+def run_command(
+    prog: str,
+    description: str,
+    arguments: Callable[[argparse.ArgumentParser], None],
+    command: Callable[[argparse.Namespace], int],
+    argv: Sequence[str],
+) -> int:
+    """Parse `argv` for one `localcache` subcommand and run it; a usage error returns 2."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    arguments(parser)
     try:
         args = parser.parse_args(list(argv))
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else 2
-    return run(args)
+    return command(args)

@@ -39,6 +39,7 @@ import hashlib
 import json
 import re
 import time
+import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal, Protocol
@@ -60,17 +61,7 @@ Reason = Literal[
     "wrong-key",
     "other-scope",
 ]
-REASONS: Final[tuple[Reason, ...]] = (
-    "no-token",
-    "bad-token",
-    "wrong-audience",
-    "not-a-pod",
-    "pod-gone",
-    "not-a-download-job",
-    "untrusted-job",
-    "wrong-key",
-    "other-scope",
-)
+REASONS: Final[tuple[Reason, ...]] = typing.get_args(Reason)
 SA_PREFIX: Final = "system:serviceaccount:"
 POD_NAME_EXTRA: Final = "authentication.kubernetes.io/pod-name"
 POD_UID_EXTRA: Final = "authentication.kubernetes.io/pod-uid"
