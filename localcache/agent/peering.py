@@ -201,6 +201,12 @@ class Peering:
         log.info("peer_download_planned", storage_key=unit.storage_key, sources=decision.sources)
         return Mode(decision.source, transform)
 
+    async def refused(self, node: modelnode.LocalModelNode, unit: downloads.Unit, why: str) -> Mode:
+        """A peer-mode Job the API refused (an admission policy, a quota): the origin at once,
+        counted and said as a fallback."""
+        await self._fell_back(node, unit, "peer-job-refused", why)
+        return Mode(peerplan.SOURCE_ORIGIN)
+
     async def fast_fallback(self, action: plan.Action) -> plan.Action:
         """A failed peer-mode Job that said "use origin": its retry now, not after the
         backoff; any other action as it is."""

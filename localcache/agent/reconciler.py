@@ -294,13 +294,9 @@ class Reconciler:
         action = plan.decide(unit, observed)
         if isinstance(action, plan.Adopt):
             adopted = await self._adoptions.adopt(
-                unit,
-                list(action.claims),
-                at=at.disk,
-                live_jobs=ctx.live_jobs,
-                node=ctx.node,
+                unit, list(action.claims), at=at.disk, live_jobs=ctx.live_jobs, node=ctx.node,
                 now=ctx.now,
-            )
+            )  # fmt: skip
             self._adoptions.settle(unit)
             if adopted is not None:
                 return plan.Downloaded(adopted, job_name=None).outcome()
@@ -378,10 +374,14 @@ class Reconciler:
         )
         if isinstance(mode, status.Outcome):  # waiting for a seed (peer distribution)
             return mode
-        result = await self._jobs.launch(
-            unit, node=ctx.node, cfg=ctx.cfg, attempt=action.attempt, group=at.group, disk=at.disk,
-            peer=mode.transform,
+        launch = functools.partial(
+            self._jobs.launch, unit, node=ctx.node, cfg=ctx.cfg, attempt=action.attempt,
+            group=at.group, disk=at.disk,
         )  # fmt: skip
+        result = await launch(peer=mode.transform)
+        if isinstance(result, launcher.NotLaunched) and result.refused and mode.transform:
+            mode = await self._peers.refused(ctx.node, unit, result.message)
+            result = await launch(peer=None)
         if isinstance(result, launcher.NotLaunched):
             return _not_launched(result, ctx)
         ctx.live_jobs.add(result.name)

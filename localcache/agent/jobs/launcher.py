@@ -93,10 +93,12 @@ class Api(Protocol):
 @dataclass(frozen=True, slots=True)
 class NotLaunched:
     """Why a unit's Job was not created (the entry's ModelDownloadError message);
-    `unmounted` when the node group's PV path is no models root of this agent."""
+    `unmounted` when the node group's PV path is no models root of this agent; `refused` when
+    the API refused the Job itself (403/422: admission, quota)."""
 
     message: str
     unmounted: bool = False
+    refused: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,23 +235,13 @@ class JobLauncher:
             return NotLaunched(str(exc))
         for _ in range(NAME_TRIES):
             job = jobs.build_job(
-                entry=unit.leader,
-                node=node,
-                node_group=group,
-                storage_key=unit.storage_key,
-                attempt=attempt,
-                container=container,
-                injection=injection,
-                local_model=cfg.local_model,
-                scope=unit.scope,
-                backoff_limit=self._backoff_limit,
-                run_as_user=disk.download_uid,
-                suffix=self._name_suffix(),
-                download=(
-                    self._group_download(unit.leader, group),
-                    self._cache_download(unit.leader),
+                entry=unit.leader, node=node, node_group=group, storage_key=unit.storage_key,
+                attempt=attempt, container=container, injection=injection,
+                local_model=cfg.local_model, scope=unit.scope, backoff_limit=self._backoff_limit,
+                run_as_user=disk.download_uid, suffix=self._name_suffix(), download=(
+                    self._group_download(unit.leader, group), self._cache_download(unit.leader)
                 ),
-            )
+            )  # fmt: skip
             job = peer(job, injection) if peer is not None else job
             name, namespace = job["metadata"]["name"], job["metadata"]["namespace"]
             await asyncio.to_thread(
@@ -281,7 +273,8 @@ class JobLauncher:
                 # e.g. an exhausted ResourceQuota, or the namespace is gone: this entry's problem.
                 if self._warned.changed(unit.storage_key, (exc.status, exc.reason)):
                     log.warning("download_job_rejected", job=f"{namespace}/{name}", error=str(exc))
-                return NotLaunched(f"cannot create download Job {namespace}/{name}: {exc.message}")
+                why = f"cannot create download Job {namespace}/{name}: {exc.message}"
+                return NotLaunched(why, refused=not isinstance(exc, errors.NotFound))
             return self._record(unit, created, namespace=namespace, name=name, attempt=attempt)
         return NotLaunched(f"no free download Job name in namespace {namespace}; retrying")
 

@@ -6,6 +6,7 @@ is the origin Job and the agent never lists LocalModelNodes."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from pathlib import Path
@@ -174,11 +175,13 @@ async def test_a_peer_job_that_says_use_origin_is_followed_by_an_origin_job_at_o
     assert _is_origin(retry)
     assert retry["metadata"]["name"].split("-")[-2] == "1", "attempt 1"
 
-    async def fell_back() -> str | None:
+    async def fell_back() -> bool | None:
+        # the fallback is counted before the origin Job's source reaches the status
         counted = agent.metric("localcache_p2p_fallbacks_total", reason="use-origin")
-        return await _source(agent) if counted == 1 else None
+        return True if counted == 1 and await _source(agent) == "origin" else None
 
-    assert await eventually(fell_back, what="one use-origin fallback counted") == "origin"
+    await eventually(fell_back, what="one use-origin fallback counted, and source origin")
+    assert agent.metric("localcache_p2p_fallbacks_total", reason="use-origin") == 1
 
 
 async def test_with_peer_distribution_off_the_job_is_todays_and_nothing_is_listed(
@@ -200,3 +203,64 @@ async def test_with_peer_distribution_off_the_job_is_todays_and_nothing_is_liste
     progress = status["modelProgress"]["iris"]
     assert not {"source", "originBytes", "peerBytes"} & set(progress)
     assert node_lists == [], "no LIST of LocalModelNodes with peer distribution off"
+
+
+async def _refuse_peer_jobs(agent: Agent) -> None:
+    """An admission policy refusing peer-mode Jobs in the agent's Job namespace (as a policy
+    out of line with the agent's --peer-image does), in force before the agent starts."""
+    name, label, ns_label = (
+        f"refuse-peer-{uuid.uuid4().hex[:8]}",
+        peerjob.PEER_LABEL,
+        "kubernetes.io/metadata.name",
+    )
+    vap = "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies"
+    binding = "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings"
+    rule = {"apiGroups": ["batch"], "apiVersions": ["v1"], "operations": ["CREATE"],
+            "resources": ["jobs"]}  # fmt: skip
+    await agent.create(vap, {
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": name},
+        "spec": {"failurePolicy": "Fail", "matchConstraints": {"resourceRules": [rule]},
+                 "validations": [{"expression": "false", "message": "no peer-mode Jobs here"}]},
+    }, cleanup=True)  # fmt: skip
+    await agent.create(binding, {
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": name},
+        "spec": {"policyName": name, "validationActions": ["Deny"], "matchResources": {
+            "namespaceSelector": {"matchLabels": {ns_label: agent.namespace}},
+            "objectSelector": {"matchExpressions": [{"key": label, "operator": "Exists"}]},
+        }},
+    }, cleanup=True)  # fmt: skip
+    pod = {"restartPolicy": "Never", "containers": [{"name": "c", "image": "x"}]}
+    probe = {"apiVersion": "batch/v1", "kind": "Job",
+             "metadata": {"generateName": "probe-", "labels": {label: "true"}},
+             "spec": {"template": {"spec": pod}}}  # fmt: skip
+    path = f"/apis/batch/v1/namespaces/{agent.namespace}/jobs?dryRun=All"
+
+    async def refused() -> bool | None:
+        status, _ = await asyncio.to_thread(agent.plane.rest, "POST", path, probe)
+        return True if status in (403, 422) else None
+
+    await eventually(refused, what="the policy refusing peer-mode Jobs is in force")
+
+
+async def test_a_peer_job_the_api_refuses_is_replaced_by_an_origin_job_at_once(
+    agent: Agent, tmp_path: Path
+) -> None:
+    # A backoff far beyond the test's patience: only the same-pass fallback can launch in time.
+    await agent.configure(
+        local_model={"downloadRetryBackoffInSecs": 600, "downloadRetryMaxBackoffInSecs": 600}
+    )
+    await _refuse_peer_jobs(agent)
+    await _enable_peers(agent)
+    await _peer_node(agent, scope=_scope(agent))
+    await _start(agent, tmp_path)
+    await agent.set_models([entry("iris", group=agent.group)])
+    [job] = await agent.wait_jobs(1)
+    assert _is_origin(job)
+
+    async def fell_back() -> bool | None:
+        counted = agent.metric("localcache_p2p_fallbacks_total", reason="peer-job-refused")
+        return True if counted >= 1 and await _source(agent) == "origin" else None
+
+    await eventually(fell_back, what="a peer-job-refused fallback counted, and source origin")

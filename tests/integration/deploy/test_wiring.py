@@ -135,12 +135,15 @@ def test_the_container_command_is_what_localcache_accepts(
 def test_peer_mode_jobs_run_the_agents_own_image_in_every_overlay(
     control_plane: ControlPlane, overlay: str
 ) -> None:
-    """--peer-image follows `images:` (the overlays' replacements), so peer-mode Jobs run the
-    image the admission policy admits: the agent's own."""
+    """--peer-image and the agent ServiceAccount's annotation follow `images:` (the overlays'
+    replacements), so peer-mode Jobs run the image the admission policy admits: the agent's own."""
     agent = one(build(control_plane, overlay), "DaemonSet", AGENT)
     (manager,) = [c for c in agent["spec"]["template"]["spec"]["containers"]
                   if c["name"] == "manager"]  # fmt: skip
     assert f"--peer-image={manager['image']}" in manager["args"], manager["args"]
+    account = one(build(control_plane, overlay), "ServiceAccount", AGENT)
+    annotations = account["metadata"]["annotations"]
+    assert annotations["localcache.kserve.io/peer-image"] == manager["image"], annotations
 
 
 def test_the_configmap_holds_kserve_defaults_with_local_models_enabled(
@@ -186,7 +189,9 @@ def test_the_test_bed_overlay_changes_only_image_references(control_plane: Contr
         if isinstance(node, dict):
             out: dict[str, object] = {}
             for key, value in node.items():
-                if key == "image" and isinstance(value, str):  # not a CRD schema property
+                if key in ("image", "localcache.kserve.io/peer-image") and isinstance(
+                    value, str
+                ):  # not a CRD schema property
                     images.append(value)
                     out[key] = "<image>"
                 elif key == "args" and isinstance(value, list):

@@ -1,6 +1,6 @@
 """The peer-mode download Job at admission (manifests/policies/agent.yaml, design "Peer-mode
 Job"): the agent's token may create it — the origin Job run as `localcache fetch` in the image
-the agent DaemonSet names, with no credentials, plus one projected ServiceAccount token of
+the agent's ServiceAccount names, with no credentials, plus one projected ServiceAccount token of
 audience localcache-peer expiring within the hour, labelled localcache.kserve.io/peer-fetch —
 and nothing wider: a token of another audience or a longer life, a projected volume with more
 sources, a token in an unlabelled Job, hostPath, another command, another image or a
@@ -31,7 +31,7 @@ from tests.integration.security.conftest import BASE
 pytestmark = pytest.mark.usefixtures("policies")
 Obj = dict[str, Any]
 LMN = "/apis/serving.kserve.io/v1alpha1/localmodelnodes"
-DAEMONSET = f"/apis/apps/v1/namespaces/{harness.AGENT_NS}/daemonsets"
+PEER_IMAGE_ANNOTATION = "localcache.kserve.io/peer-image"
 PEER_LABEL = "localcache.kserve.io/peer-fetch"
 TOKEN_VOLUME = "localcache-peer-token"
 TOKEN_DIR = "/var/run/secrets/localcache/peer"
@@ -51,17 +51,13 @@ IMAGE = str(MANAGER["image"])
 
 
 @pytest.fixture(scope="module")
-def agent_daemonset(control_plane: ControlPlane, policies: None) -> Iterator[Obj]:
-    """The shipped agent DaemonSet (the peer-image policy's parameter), created unless there;
-    no DaemonSet controller runs here, so it starts no pod."""
-    name = AGENT_DAEMONSET["metadata"]["name"]
-    status, found = control_plane.rest("GET", f"{DAEMONSET}/{name}")
-    created = status == 404
-    if created:
-        found = harness.ok(control_plane.rest("POST", DAEMONSET, AGENT_DAEMONSET), "DaemonSet")
-    yield found
-    if created:
-        control_plane.rest("DELETE", f"{DAEMONSET}/{name}")
+def agent_service_account(control_plane: ControlPlane, policies: None) -> Obj:
+    """The agent's ServiceAccount as agent-rbac.yaml ships it (the peer-image policy's
+    parameter): its annotation names the DaemonSet's image."""
+    path = f"/api/v1/namespaces/{harness.AGENT_NS}/serviceaccounts/{harness.AGENT_SA}"
+    found = harness.ok(control_plane.rest("GET", path), "the agent's ServiceAccount")
+    assert found["metadata"]["annotations"][PEER_IMAGE_ANNOTATION] == IMAGE
+    return dict(found)
 
 
 @pytest.fixture
@@ -157,7 +153,7 @@ async def _policies_enforced(create: Callable[[Obj], Any], good: Obj) -> None:
 
 
 async def test_the_agents_peer_mode_job_is_admitted(
-    control_plane: ControlPlane, agent_daemonset: Obj, node: tuple[str, str]
+    control_plane: ControlPlane, agent_service_account: Obj, node: tuple[str, str]
 ) -> None:
     token = harness.agent_token(control_plane, node[0])
     job = _peer_job(_origin_job(node))
@@ -219,7 +215,7 @@ REFUSED: list[tuple[str, Callable[[Obj], None], str]] = [
     ("the fetch command through a shell",
      _set(f"{POD}.containers.0.command", ["sh", "-c", "localcache fetch"]),
      "command [localcache, fetch]"),
-    ("another image", _set(f"{POD}.containers.0.image", "busybox"), "localcache image"),
+    ("another image", _set(f"{POD}.containers.0.image", "busybox"), "peer-image of ServiceAccount"),
     ("a credential env",
      _set(f"{POD}.containers.0.env", [{"name": "AWS_SECRET_ACCESS_KEY", "valueFrom": {
          "secretKeyRef": {"name": "s3", "key": "secret"}}}]),
@@ -241,7 +237,7 @@ REFUSED: list[tuple[str, Callable[[Obj], None], str]] = [
 @pytest.mark.parametrize(("what", "change", "says"), REFUSED, ids=[r[0] for r in REFUSED])
 async def test_a_stolen_agent_token_gets_no_wider_peer_job(
     control_plane: ControlPlane,
-    agent_daemonset: Obj,
+    agent_service_account: Obj,
     node: tuple[str, str],
     what: str,
     change: Callable[[Obj], None],
@@ -270,7 +266,7 @@ async def test_a_stolen_agent_token_gets_no_wider_peer_job(
 
 
 async def test_the_origin_job_is_still_admitted_and_gets_no_token(
-    control_plane: ControlPlane, agent_daemonset: Obj, node: tuple[str, str]
+    control_plane: ControlPlane, agent_service_account: Obj, node: tuple[str, str]
 ) -> None:
     """Peer distribution off: the download Job is unchanged and admitted; the peer token is
     what turns it into a peer-mode Job, so the origin Job (with its credentials) cannot have
@@ -301,7 +297,7 @@ async def test_the_origin_job_is_still_admitted_and_gets_no_token(
 
 async def test_a_tenant_gets_nothing_from_the_peer_shape(
     control_plane: ControlPlane,
-    agent_daemonset: Obj,
+    agent_service_account: Obj,
     node: tuple[str, str],
     namespace: str,
     tenant: Credentials,
@@ -360,7 +356,7 @@ def job_namespace_accounts(control_plane: ControlPlane) -> Iterator[str]:
 
 async def test_the_peer_mode_job_peerjob_builds_is_admitted_in_the_job_namespace(
     control_plane: ControlPlane,
-    agent_daemonset: Obj,
+    agent_service_account: Obj,
     node: tuple[str, str],
     job_namespace_accounts: str,
 ) -> None:
