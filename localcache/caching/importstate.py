@@ -56,6 +56,17 @@ def phase_of(job: Obj) -> Phase:
     return "pending"
 
 
+def phase_seen(job: Obj, *, reported: str | None, recorded_uid: str | None) -> Phase:
+    """`phase_of(job)`, except that a Job the status already reported succeeded (our recorded
+    uid, `ImportSucceeded`) stays succeeded: a Job never leaves Complete, so an older phase
+    is an informer's copy that lags (under load, behind the GET that saw it complete)."""
+    phase = phase_of(job)
+    uid = _mapping(job.get("metadata")).get("uid")
+    if reported == sharedvolume.REASON_IMPORT_SUCCEEDED and recorded_uid and uid == recorded_uid:
+        return "succeeded"
+    return phase
+
+
 def controller_uid(obj: Obj) -> str | None:
     for ref in _mapping(obj.get("metadata")).get("ownerReferences") or []:
         if isinstance(ref, dict) and ref.get("controller"):

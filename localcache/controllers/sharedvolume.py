@@ -216,7 +216,7 @@ class SharedVolumeReconciler:
             await self._write(raw, cache, old, outcome, sv)
             return reconciling.Result(requeue_after=DELETION_RECHECK)
         annotations = _meta(job).get("annotations") or {}
-        phase = importstate.phase_of(job)
+        phase = importstate.phase_seen(job, reported=self._reason(old), recorded_uid=recorded)
         stale = (
             annotations.get(importjob.ANNOTATION_PVC_UID) != claim_uid
             or annotations.get(importjob.ANNOTATION_STORAGE_KEY) != storage_key

@@ -172,3 +172,16 @@ def test_events_on_ready_and_on_new_problems_only() -> None:
     assert [e.reason for e in importstate.events(pending, conflict)] == ["ImportJobConflict"]
     assert importstate.events(conflict, conflict) == []
     assert [(e.type, e.reason) for e in importstate.events(pending, ready)] == [("Normal", "Ready")]
+
+
+def test_a_job_reported_succeeded_stays_succeeded_when_a_lagging_copy_says_running() -> None:
+    # the controller saw the Job complete (a GET) before its informer caught up: the older
+    # copy (active=1) must not undo ImportSucceeded (CI: a completed import re-imported)
+    lagging = {**_job(active=1), "metadata": {"uid": "u1"}}
+    done = sharedvolume.REASON_IMPORT_SUCCEEDED
+    assert importstate.phase_seen(lagging, reported=done, recorded_uid="u1") == "succeeded"
+    # another Job, or a status that never said succeeded: the Job's own phase
+    assert importstate.phase_seen(lagging, reported=done, recorded_uid="u2") == "running"
+    running = sharedvolume.REASON_IMPORT_RUNNING
+    assert importstate.phase_seen(lagging, reported=running, recorded_uid="u1") == "running"
+    assert importstate.phase_seen(lagging, reported=done, recorded_uid=None) == "running"
