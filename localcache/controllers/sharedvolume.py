@@ -70,9 +70,7 @@ _IMPORTED: Final = importstate.Outcome(
 )
 
 
-def _meta(obj: Obj) -> dict[str, Any]:
-    meta = obj.get("metadata")
-    return meta if isinstance(meta, dict) else {}
+_meta = state.meta_of
 
 
 class SharedVolumeReconciler:
