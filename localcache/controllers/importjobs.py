@@ -85,9 +85,7 @@ class Api(state.Api, Protocol):
     ) -> str: ...
 
 
-def _meta(obj: Obj) -> dict[str, Any]:
-    meta = obj.get("metadata")
-    return meta if isinstance(meta, dict) else {}
+_meta = state.meta_of
 
 
 def observed_job(obj: Obj) -> Obj:

@@ -30,7 +30,8 @@ node-group work. A reconcile of cache C, level-based:
    (uid precondition) and a new one created. A user deleting the failed Job retries at once.
 
 Status: `conditions` (Ready only), `copies {total 1, available, failed}`, `nodeStatus`
-emptied, `sharedVolume`, users (proof by URI, `caching.sharedvolume.uses`), when they differ.
+emptied, `sharedVolume`, users (proof by URI, `caching.sharedvolume.uses`), when they differ;
+guarded: a status computed from a copy older than the API's is refused and retried.
 """
 
 from __future__ import annotations
@@ -70,9 +71,7 @@ _IMPORTED: Final = importstate.Outcome(
 )
 
 
-def _meta(obj: Obj) -> dict[str, Any]:
-    meta = obj.get("metadata")
-    return meta if isinstance(meta, dict) else {}
+_meta = state.meta_of
 
 
 class SharedVolumeReconciler:
@@ -384,7 +383,7 @@ class SharedVolumeReconciler:
         }
         desired.update(users.shared_users(self._stores, cache))
         wrote = await status.write_status(
-            self._api, self.scope, current=raw, desired=desired, written=self._written
+            self._api, self.scope, current=raw, desired=desired, written=self._written, guarded=True
         )
         if wrote:
             for event in importstate.events(old.conditions, conds):

@@ -65,9 +65,13 @@ def owner_id(kind: str, namespace: str, name: str) -> str:
 # ------------------------------------------------------------------------ index functions
 
 
-def _meta(obj: Obj) -> dict[str, Any]:
+def meta_of(obj: Obj) -> dict[str, Any]:
+    """`obj["metadata"]`, or {} when it is missing or not a mapping."""
     meta = obj.get("metadata")
     return meta if isinstance(meta, dict) else {}
+
+
+_meta = meta_of
 
 
 def index_entries(obj: Obj) -> list[str]:

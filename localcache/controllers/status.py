@@ -14,6 +14,12 @@
   store's older copy: otherwise it would write the same status again and record its Events
   twice, or skip a needed write because the old copy happens to equal the new state. It is
   a `runtime.store.WriteOverlay` keyed by uid.
+- `write_status(..., guarded=True)` makes the write conditional on the resourceVersion it
+  was computed from (the store's copy, or this process's last write while the store lags):
+  a status computed from a copy older than the API's is refused (`errors.Conflict`, retried
+  with backoff by the controller) instead of overwriting a newer status. The store can hold
+  a version between the one a write replaced and the one it produced (events arrive late):
+  an unguarded write from that copy would undo the newer status.
 - `EventRecorder` records core/v1 Events on a cache through `runtime.events.Recorder`
   (component `localcache-controller`, deduplicated with a count bump; a cluster-scoped
   object's Events go to `default`). Failing to record an Event is logged, never raised:
@@ -46,16 +52,23 @@ class WrittenStatus:
     on; at most `limit` caches are remembered (the oldest are forgotten first)."""
 
     def __init__(self, limit: int = 4096) -> None:
-        self._overlay: store_mod.WriteOverlay[str, Obj] = store_mod.WriteOverlay(limit=limit)
+        self._overlay: store_mod.WriteOverlay[str, tuple[Obj, str]] = store_mod.WriteOverlay(
+            limit=limit
+        )
 
     def current(self, obj: Obj) -> Obj:
         """The status to treat as the cache's current one, for the store's copy `obj`."""
+        return self.based_on(obj)[0]
+
+    def based_on(self, obj: Obj) -> tuple[Obj, str]:
+        """`current(obj)` and the resourceVersion it is the status of."""
         meta = obj.get("metadata") or {}
         uid = str(meta.get("uid") or "")
-        found = self._overlay.get(uid, stored_version=str(meta.get("resourceVersion") or ""))
+        stored = str(meta.get("resourceVersion") or "")
+        found = self._overlay.get(uid, stored_version=stored)
         if found is not None:
             return found  # the store has not seen our write yet
-        return dict(obj.get("status") or {})
+        return dict(obj.get("status") or {}), stored
 
     def remember(self, obj: Obj, answer: Obj) -> None:
         meta = obj.get("metadata") or {}
@@ -63,7 +76,10 @@ class WrittenStatus:
         if not uid:
             return
         replaced = str(meta.get("resourceVersion") or "")
-        self._overlay.wrote(uid, replaced=replaced, value=dict(answer.get("status") or {}))
+        version = str((answer.get("metadata") or {}).get("resourceVersion") or "")
+        self._overlay.wrote(
+            uid, replaced=replaced, value=(dict(answer.get("status") or {}), version)
+        )
 
 
 async def write_status(
@@ -73,21 +89,27 @@ async def write_status(
     current: Obj,
     desired: Mapping[str, Any],
     written: WrittenStatus | None = None,
+    guarded: bool = False,
 ) -> bool:
     """Patch the owned status fields of the cache object `current` (the store's copy)
     towards `desired`; True when a write was needed. With `written`, the diff is taken
-    against what this process wrote last when the store has not caught up with it."""
+    against what this process wrote last when the store has not caught up with it; with
+    `guarded`, the write is refused (`errors.Conflict`) when the API's object has moved past
+    the version the diff was taken from (module docstring)."""
     meta = current.get("metadata") or {}
-    base = written.current(current) if written is not None else current.get("status") or {}
+    if written is not None:
+        base, version = written.based_on(current)
+    else:
+        base, version = current.get("status") or {}, str(meta.get("resourceVersion") or "")
     diff = patch_mod.merge_patch_of_keys(base, desired)
     if not diff:
         return False
+    body: Obj = {"status": diff}
+    if guarded and version:
+        body["metadata"] = {"resourceVersion": version}
     try:
         answer = await api.patch_status(
-            sc.resource,
-            str(meta["name"]),
-            {"status": diff},
-            namespace=meta.get("namespace") or None,
+            sc.resource, str(meta["name"]), body, namespace=meta.get("namespace") or None
         )
     except errors.NotFound:
         _log.debug("cache_already_gone")  # deleted since the store's copy was taken
