@@ -25,10 +25,7 @@ in, the fast fallback to the origin, and the peer numbers in status.
   `peerBytes` an earlier outcome of that Job had (remembered per Job name, bounded) or the
   status before had for that Job.
 
-The pod's termination message is a tenant's pod output: it is read at most
-`REPORT_LIMIT` characters, parsed as a `FetchReport` or ignored, and feeds only this entry's
-own status numbers (clipped to the bytes on disk) and the fast-fallback decision (which can
-only send the tenant's own next attempt to the origin).
+The pods' reports, and the sources they name as serving bad bytes: `agent.peerreports`.
 """
 
 from __future__ import annotations
@@ -44,14 +41,17 @@ from typing import Any, Final
 import pydantic
 import structlog
 
-from localcache.agent import downloads, peerplan, plan, report, status
+from localcache.agent import downloads, peerplan, peerreports, plan, report, status
 from localcache.agent.jobs import launcher, peerjob
-from localcache.api import modelnode, nodegroup, peer
+from localcache.api import modelnode, nodegroup
 from localcache.caching import credentials
 from localcache.runtime import clock as clock_mod
-from localcache.runtime import errors, kube, metrics
+from localcache.runtime import errors, metrics
 
 log = structlog.get_logger(__name__)
+PodReport = peerreports.PodReport
+read_pod_report = peerreports.read_pod_report
+parse_report = peerreports.parse_report
 
 Obj = dict[str, Any]
 Transform = Callable[[Obj, credentials.Injection], Obj]
@@ -60,7 +60,6 @@ DEFAULT_SEED_WAIT_S: Final = 300.0
 LIST_TTL_S: Final = 2.0
 SEED_RECHECK_S: Final = 2.0
 MAX_CA_BYTES: Final = 64 * 1024
-REPORT_LIMIT: Final = 4096
 MAX_MEMBERS: Final = 5000
 _KEPT: Final = 256
 _PROGRESS_FIELDS: Final = ("source", "origin_bytes", "peer_bytes")
@@ -84,19 +83,6 @@ class Mode:
 
     source: str | None = None
     transform: Transform | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class PodReport:
-    """What a finished download pod said: its exit code and its parsed `FetchReport`."""
-
-    exit_code: int | None = None
-    report: peer.FetchReport | None = None
-
-    @property
-    def use_origin(self) -> bool:
-        outcome = self.report.outcome if self.report is not None else None
-        return self.exit_code == peer.EXIT_USE_ORIGIN or outcome == "use-origin"
 
 
 def enabled(group: nodegroup.LocalModelNodeGroup | None) -> bool:
@@ -126,7 +112,7 @@ class Peering:
         self._p2p = p2p
         self._listed: tuple[float, list[modelnode.LocalModelNode]] | None = None
         self._waiting: dict[tuple[str, str, str], float] = {}
-        self._reports: dict[str, PodReport] = {}
+        self._said = peerreports.Reports(api, reporter, p2p)
         self._warned: set[str] = set()
         self._fell: dict[str, None] = {}  # uids of failed peer Jobs already counted
         self._known: dict[str, dict[str, Any]] = {}  # per Job name: its peer progress fields
@@ -152,6 +138,7 @@ class Peering:
                 while len(self._fell) > _KEPT:
                     self._fell.pop(next(iter(self._fell)))
                 said = await self.pod_report(previous)
+                await self._said.bad_sources(node, previous, said)
                 reason = "use-origin" if said.use_origin else "peer-failed"
                 await self._fell_back(node, unit, reason, f"peer-mode Job {previous.name} failed")
             return origin
@@ -224,11 +211,14 @@ class Peering:
         outcome: status.Outcome,
         *,
         group: nodegroup.LocalModelNodeGroup | None,
+        node: modelnode.LocalModelNode,
     ) -> status.Outcome:
         """The promoted Job's outcome with the peer numbers (unchanged when off)."""
         on_disk = outcome.progress.bytes_on_disk or 0
         if peerjob.is_peer(job.obj):
-            said = (await self.pod_report(job)).report
+            pod = await self.pod_report(job)
+            await self._said.bad_sources(node, job, pod)
+            said = pod.report
             if said is None:  # the pod is gone (TTL) or wrote no report
                 return outcome
             update: dict[str, Any] = {
@@ -273,23 +263,8 @@ class Peering:
         return dataclasses.replace(outcome, progress=progress.model_copy(update=update))
 
     async def pod_report(self, ref: downloads.JobRef) -> PodReport:
-        """What the Job's newest finished pod said (cached per Job; empty when unreadable)."""
-        if ref.uid in self._reports:
-            return self._reports[ref.uid]
-        try:
-            pods = await self._api.list(
-                kube.PODS,
-                namespace=ref.namespace,
-                label_selector=f"batch.kubernetes.io/controller-uid={ref.uid}",
-            )
-        except errors.ApiError as exc:
-            log.warning("pods_not_read", job=f"{ref.namespace}/{ref.name}", error=str(exc))
-            return PodReport()
-        said = read_pod_report(pods.items)
-        self._reports[ref.uid] = said
-        while len(self._reports) > _KEPT:
-            self._reports.pop(next(iter(self._reports)))
-        return said
+        """What the Job's newest finished pod said (`peerreports.Reports.of`)."""
+        return await self._said.of(ref)
 
     async def _fell_back(
         self, node: modelnode.LocalModelNode, unit: downloads.Unit, reason: str, why: str
@@ -337,33 +312,6 @@ class Peering:
         if event not in self._warned:
             self._warned.add(event)
             log.warning(event, detail=why)
-
-
-def read_pod_report(pods: list[Obj]) -> PodReport:
-    """The exit code and `FetchReport` of the newest finished pod's download container."""
-    done = [p for p in pods if (p.get("status") or {}).get("phase") in ("Failed", "Succeeded")]
-    done.sort(key=lambda p: str((p.get("metadata") or {}).get("creationTimestamp") or ""))
-    for pod in reversed(done):
-        for container in (pod.get("status") or {}).get("containerStatuses") or []:
-            if not isinstance(container, dict) or container.get("name") != peerjob.CONTAINER:
-                continue
-            term = (container.get("state") or {}).get("terminated") or {}
-            code = term.get("exitCode")
-            return PodReport(
-                exit_code=code if isinstance(code, int) else None,
-                report=parse_report(term.get("message")),
-            )
-    return PodReport()
-
-
-def parse_report(text: object) -> peer.FetchReport | None:
-    """A `FetchReport` from a termination message (None for anything else)."""
-    if not isinstance(text, str) or not text.strip() or len(text) > REPORT_LIMIT:
-        return None
-    try:
-        return peer.FetchReport.model_validate_json(text.strip())
-    except (pydantic.ValidationError, ValueError):
-        return None
 
 
 def _read_bounded(path: Path, limit: int) -> str:

@@ -316,7 +316,7 @@ class Reconciler:
             return action.outcome
         if isinstance(action, plan.Promote):
             promoted = await self._promote(unit, action, at)
-            return await self._peers.completed(action.job, promoted, group=at.group)
+            return await self._peers.completed(action.job, promoted, group=at.group, node=ctx.node)
         if isinstance(action, plan.Stop):
             await self._jobs.stop(action.job)
             await asyncio.to_thread(at.disk.remove_staging, unit.storage_key, action.job.name)

@@ -49,6 +49,8 @@ MAX_DEPTH: Final = 64
 MAX_PEER_MODELS: Final = 256
 MAX_SCOPES: Final = 16
 MAX_SOURCES: Final = 3
+MAX_NODE_NAME: Final = 253
+MAX_BAD_REASON: Final = 160
 DEFAULT_MAX_UPLOADS: Final = 2
 _SHA256_HEX: Final = r"^[0-9a-f]{64}$"
 _DIGEST: Final = r"^sha256:[0-9a-f]{64}$"
@@ -178,6 +180,18 @@ class FetchReport(meta.ApiModel):
         default_factory=dict, description="Bytes per source node.", max_length=MAX_SOURCES + 1
     )
     reason: str | None = Field(default=None, max_length=256)
+    bad_sources: dict[str, str] = Field(
+        default_factory=dict,
+        description="Source nodes whose bytes failed verification (banned), with why.",
+        max_length=MAX_SOURCES + 1,
+    )
+
+    @field_validator("bad_sources")
+    @classmethod
+    def _short_reasons(cls, value: dict[str, str]) -> dict[str, str]:
+        if any(len(k) > MAX_NODE_NAME or len(v) > MAX_BAD_REASON for k, v in value.items()):
+            raise ValueError("a bad source's name or reason is too long")
+        return value
 
 
 def check_path(value: str) -> str:

@@ -195,8 +195,14 @@ def _report(
         peer_bytes=sum(board.bytes.values()),
         sources=dict(list(received.items())[: peer.MAX_SOURCES + 1]),
         reason=_one_line(reason)[:256] if reason else None,
+        bad_sources={
+            node[: peer.MAX_NODE_NAME]: _one_line(why)[: peer.MAX_BAD_REASON]
+            for node, why in list(board.corrupt.items())[: peer.MAX_SOURCES + 1]
+        },
     )
-    data = report.model_dump_json(by_alias=True, exclude_none=True).encode()[:MAX_REPORT_BYTES]
+    empty = None if report.bad_sources else {"bad_sources"}
+    text = report.model_dump_json(by_alias=True, exclude_none=True, exclude=empty)
+    data = text.encode()[:MAX_REPORT_BYTES]
     try:
         with open(path, "wb") as f:
             f.write(data)

@@ -286,7 +286,8 @@ class _Run:
             if job.hasher.hexdigest() == job.entry.sha256:
                 return
             for bad in job.contributors:
-                self.board.ban(bad, f"served bytes that fail the sha256 of {job.entry.path[:80]!r}")
+                why = f"served bytes that fail the sha256 of {job.entry.path[:80]!r}"
+                self.board.corrupted(bad, why)
                 log.warning("fetch.bad_bytes", source=bad.node, path=job.entry.path[:200])
             last = "sha256 mismatch"
             job.reset()

@@ -95,6 +95,8 @@ class Board:
         self.bytes: dict[str, int] = {s.node: 0 for s in sources}
         self._banned: dict[str, str] = {}
         self._strikes: dict[str, int] = {}
+        self.corrupt: dict[str, str] = {}
+        """Sources banned because bytes they served failed verification, with why."""
 
     def live(self) -> list[Source]:
         """Sources not blacklisted, best first."""
@@ -103,6 +105,11 @@ class Board:
     def ban(self, source: Source, reason: str) -> None:
         """Never ask `source` again in this run."""
         self._banned.setdefault(source.node, reason)
+
+    def corrupted(self, source: Source, reason: str) -> None:
+        """`source` served bytes that fail verification: banned, and named in the report."""
+        self.ban(source, reason)
+        self.corrupt.setdefault(source.node, reason)
 
     def strike(self, source: Source, reason: str) -> None:
         """A transport failure; `MAX_STRIKES` of them ban the source."""

@@ -12,7 +12,8 @@ attackers meet it, on the bed's two nodes:
   default token, its own `localcache-peer` token) and from a forged download-shaped Job are
   refused (401/403) and get no byte;
 - one flipped byte in the serving node's copy: the node that fetches again never promotes a
-  corrupted copy, the bad source is reported, the copy comes from the origin;
+  corrupted copy, the bad source is named in a `PeerSourceRejected` Event and counted in the
+  joining agent's `localcache_p2p_verify_failures_total`, the copy comes from the origin;
 - the serving node's agent killed mid-transfer: every node ends with a verified copy.
 """
 
@@ -434,6 +435,7 @@ def test_callers_that_are_not_a_download_job_of_the_scope_are_refused(
 
 FALLBACK_EVENT = "PeerFallback"
 VERIFY_FAILURES = "localcache_p2p_verify_failures_total"
+BAD_SOURCE_EVENT = "PeerSourceRejected"
 
 
 def _is_fallback(event: Obj) -> bool:
@@ -536,21 +538,19 @@ def test_a_flipped_byte_in_a_peers_copy_is_never_promoted_and_the_source_is_repo
         def reported() -> str:
             fell_back = [e for e in peers.lmn_events(cluster, other) if _is_fallback(e)]
             assert fell_back, f"no {FALLBACK_EVENT} Event on {other}"
-            verify_failures = sum(
-                peers.metric_total(peers.agent_metrics(cluster, n), VERIFY_FAILURES)
-                for n in cluster.node_names
+            rejected = [
+                e
+                for e in peers.lmn_events(cluster, other)
+                if e.get("reason") == BAD_SOURCE_EVENT
+                and _names_bad_source(str(e.get("message")), origin)
+            ]
+            assert rejected, (
+                f"no {BAD_SOURCE_EVENT} Event on {other} naming {origin}: "
+                f"{peers.describe_events(peers.lmn_events(cluster, other))}"
             )
-            texts = {
-                "events": " ".join(peers.describe_events(peers.lmn_events(cluster))),
-                "fetch reports": json.dumps(seen_peer_jobs),
-                "status": str(peers.progress(cluster, other, name).get("message")),
-            }
-            named = [where for where, text in texts.items() if _names_bad_source(text, origin)]
-            assert named or verify_failures > 0, (
-                f"{origin} served a corrupted file, and neither an Event, the fetch report, "
-                f"{other}'s status nor {VERIFY_FAILURES} says so: {texts}"
-            )
-            return f"named in {named}, {VERIFY_FAILURES}={verify_failures}"
+            failures = peers.metric_total(peers.agent_metrics(cluster, other), VERIFY_FAILURES)
+            assert failures >= 1, f"{VERIFY_FAILURES} of {other}'s agent is {failures}"
+            return str(rejected[0].get("message"))
 
         cluster.wait(reported, timeout=60, what=f"{origin} reported as a source of bad bytes")
     finally:

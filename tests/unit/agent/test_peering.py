@@ -14,7 +14,7 @@ import pytest
 from localcache.agent import downloads, peering, plan, report, status
 from localcache.agent.disk import layout
 from localcache.agent.jobs import peerjob
-from localcache.api import modelnode, nodegroup
+from localcache.api import modelnode, nodegroup, peer
 from localcache.caching import credentials, keys
 from localcache.runtime import clock as clock_mod
 from localcache.runtime import errors, kube, metrics
@@ -34,6 +34,7 @@ class FakeApi:
     def __init__(self, nodes: list[Obj] | None = None, pods: list[Obj] | None = None) -> None:
         self.nodes, self.pods = nodes or [], pods or []
         self.calls: list[tuple[str, str]] = []
+        self.created: list[Obj] = []
 
     async def list(self, res: kube.Resource, **_kw: Any) -> kube.ObjList:
         self.calls.append(("list", res.plural))
@@ -42,6 +43,7 @@ class FakeApi:
 
     async def create(self, res: kube.Resource, obj: Obj, **_kw: Any) -> Obj:
         self.calls.append(("create", res.plural))
+        self.created.append(obj)
         return obj
 
     async def get(self, res: kube.Resource, name: str, **_kw: Any) -> Obj:
@@ -144,7 +146,10 @@ async def test_peer_distribution_off_makes_no_request(tmp_path: Path) -> None:
         assert await rig.mode(group) == peering.Mode()
         assert await rig.mode(group, _ref(peer=False)) == peering.Mode()
     outcome = plan.Downloaded(_manifest(), "job-1").outcome()
-    assert await rig.peers.completed(_ref(peer=False), outcome, group=_group(False)) is outcome
+    assert (
+        await rig.peers.completed(_ref(peer=False), outcome, group=_group(False), node=rig.me)
+        is outcome
+    )
     assert rig.api.calls == []
 
 
@@ -254,8 +259,34 @@ async def test_a_completed_peer_job_reports_its_bytes_clipped_to_the_disk(
     said = json.dumps({"outcome": "complete", "peerBytes": 10**12, "originBytes": 4})
     rig = Rig(tmp_path, FakeApi(pods=[_pod(0, said, phase="Succeeded")]))
     outcome = plan.Downloaded(_manifest(), "job-1").outcome()
-    done = await rig.peers.completed(_ref(peer=True), outcome, group=_group(True))
+    done = await rig.peers.completed(_ref(peer=True), outcome, group=_group(True), node=rig.me)
     assert (done.progress.peer_bytes, done.progress.origin_bytes) == (10, 4)
+
+
+async def test_a_bad_source_named_by_the_report_is_counted_and_said_once_per_job(
+    tmp_path: Path,
+) -> None:
+    why = "served bytes that fail the sha256 of 'model.bin'"
+    said = json.dumps({"outcome": "complete", "peerBytes": 10, "badSources": {"node-b": why}})
+    rig = Rig(tmp_path, FakeApi(pods=[_pod(0, said, phase="Succeeded")]))
+    outcome = plan.Downloaded(_manifest(), "job-1").outcome()
+    for _ in range(2):  # a second pass over the same Job says nothing again
+        await rig.peers.completed(_ref(peer=True), outcome, group=_group(True), node=rig.me)
+    assert rig.registry.value("localcache_p2p_verify_failures_total") == 1
+    events = [o for o in rig.api.created if o.get("kind") == "Event"]
+    assert len(events) == 1, rig.api.calls
+    body = events[0]
+    assert body["reason"] == "PeerSourceRejected"
+    assert "node-b" in body["message"], body
+    assert "sha256" in body["message"], body
+
+
+def test_a_report_naming_too_many_or_too_long_bad_sources_is_ignored() -> None:
+    many = {f"n{i}": "bad" for i in range(peer.MAX_SOURCES + 2)}
+    long = {"n": "x" * (peer.MAX_BAD_REASON + 1)}
+    for bad in (many, long):
+        text = json.dumps({"outcome": "complete", "badSources": bad})
+        assert peering.parse_report(text) is None
 
 
 async def test_a_completed_origin_job_in_an_enabled_group_counts_origin_bytes(
@@ -263,7 +294,7 @@ async def test_a_completed_origin_job_in_an_enabled_group_counts_origin_bytes(
 ) -> None:
     rig = Rig(tmp_path, FakeApi())
     outcome = plan.Downloaded(_manifest(), "job-1").outcome()
-    done = await rig.peers.completed(_ref(peer=False), outcome, group=_group(True))
+    done = await rig.peers.completed(_ref(peer=False), outcome, group=_group(True), node=rig.me)
     assert (done.progress.source, done.progress.origin_bytes) == ("origin", 10)
     assert rig.registry.value("localcache_p2p_origin_bytes_total") == 10
     assert rig.api.calls == []

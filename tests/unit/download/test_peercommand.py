@@ -18,7 +18,7 @@ from localcache import cli
 from localcache.api import peer
 from localcache.download import peercommand, peerfetch, peersources
 from tests.support import peerwire
-from tests.support.peerwire import Peer
+from tests.support.peerwire import Faults, Peer
 
 FILES = {"config.json": b"{}", "weights/model.bin": b"w" * 70_000}
 MANIFEST = peerwire.manifest_for(FILES, dirs=["weights"])
@@ -86,6 +86,22 @@ async def test_a_fetch_exits_0_and_reports_the_bytes_per_source(
         "sources": {"node-a": MANIFEST.bytes},
     }
     assert "a-token" not in capsys.readouterr().out
+
+
+async def test_a_source_serving_bad_bytes_is_named_in_the_report(
+    tls: peerwire.Tls, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TEST_PEER_CA", tls.ca_pem)
+    bad = Peer("node-a", FILES, tls, manifest=MANIFEST, faults=Faults(flip={"config.json"}))
+    async with bad.running():
+        code = await asyncio.to_thread(cli.main, _argv(tmp_path, [bad.source]))
+    assert code == peer.EXIT_USE_ORIGIN
+    report = _report(tmp_path)
+    assert report["outcome"] == "use-origin"
+    bad_sources = report["badSources"]
+    assert isinstance(bad_sources, dict)
+    assert list(bad_sources) == ["node-a"]
+    assert "sha256" in bad_sources["node-a"]
 
 
 async def test_no_peer_able_to_serve_exits_3_leaving_dest_untouched(

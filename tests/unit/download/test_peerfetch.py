@@ -199,6 +199,7 @@ async def test_a_flipped_byte_bans_the_peer_and_the_file_is_refetched_whole(
     assert [r.path for r in first.requests] == ["manifest", "config.json"]
     assert {r.path for r in second.requests} == set(FILES) - {"weights/empty.bin"}
     assert "sha256" in board.why_banned()
+    assert list(board.corrupt) == ["node-a"], "named as a bad source in the report"
 
 
 async def test_a_lone_peer_serving_bad_bytes_means_use_origin_and_nothing_lands(
