@@ -9,7 +9,8 @@ in, the fast fallback to the origin, and the peer numbers in status.
   LocalModelNode); when peer mode is unavailable (no `--peer-image`, no readable CA
   certificate, the LIST refused; logged once each) -> the origin; else `peerplan.plan`
   over the group's LocalModelNodes (one LIST through the API client, kept `LIST_TTL_S`; no
-  watch) -> a
+  watch; an origin decision on a kept LIST is taken again on a fresh one: two nodes that
+  each saw no seed in an older LIST would both download from the origin) -> a
   peer-mode Job (`Mode.transform`, `agent.jobs.peerjob`), the origin, or a `DownloadPending`
   outcome while a seed downloads (rechecked every `SEED_RECHECK_S`, bounded by
   `seed_wait_s`, then the origin with reason `seed-wait-timeout`);
@@ -145,27 +146,30 @@ class Peering:
         ca = await self._ca()
         if ca is None:
             return origin
-        try:
-            members = await self._members(group.name)
-        except errors.ApiError as exc:  # e.g. RBAC: the origin still works
-            self._warn_once("peer_nodes_not_listed", str(exc))
-            return origin
         now = self._clock.now()
         self._waiting = {
             k: t for k, t in self._waiting.items() if now - t < 2 * self._settings.seed_wait_s + 60
         }
-        decision = peerplan.plan(
-            peerplan.Request(
-                storage_key=unit.storage_key,
-                scope=unit.scope_id,
-                node_name=self._node,
-                status_key=unit.status_keys[0],
-                spec=spec,
-                members=members,
-                waited_s=now - self._waiting.get(wait_key, now),
-                seed_wait_s=self._settings.seed_wait_s,
+        for fresh in (False, True):  # the origin costs origin bytes: decided on a fresh LIST
+            try:
+                members, cached = await self._members(group.name, fresh=fresh)
+            except errors.ApiError as exc:  # e.g. RBAC: the origin still works
+                self._warn_once("peer_nodes_not_listed", str(exc))
+                return origin
+            decision = peerplan.plan(
+                peerplan.Request(
+                    storage_key=unit.storage_key,
+                    scope=unit.scope_id,
+                    node_name=self._node,
+                    status_key=unit.status_keys[0],
+                    spec=spec,
+                    members=members,
+                    waited_s=now - self._waiting.get(wait_key, now),
+                    seed_wait_s=self._settings.seed_wait_s,
+                )
             )
-        )
+            if not (cached and isinstance(decision, peerplan.Origin)):
+                break
         if isinstance(decision, peerplan.WaitForSeed):
             started = self._waiting.setdefault(wait_key, now)
             left = self._settings.seed_wait_s - (now - started)
@@ -276,10 +280,14 @@ class Peering:
         key = unit.status_keys[0]
         await self._report.event(node, "Warning", "PeerFallback", message, spam_key=key)
 
-    async def _members(self, group: str) -> list[modelnode.LocalModelNode]:
-        """The LocalModelNodes with an entry of `group` (one LIST per `LIST_TTL_S`)."""
+    async def _members(
+        self, group: str, *, fresh: bool = False
+    ) -> tuple[list[modelnode.LocalModelNode], bool]:
+        """The LocalModelNodes with an entry of `group` (one LIST per `LIST_TTL_S`, unless
+        `fresh`), and whether they came from the kept LIST."""
         now = self._clock.now()
-        if self._listed is None or now - self._listed[0] > LIST_TTL_S:
+        cached = not fresh and self._listed is not None and now - self._listed[0] <= LIST_TTL_S
+        if not cached:
             listed = await self._api.list(report.LMN_RESOURCE)
             nodes = []
             for obj in listed.items[:MAX_MEMBERS]:
@@ -288,9 +296,11 @@ class Peering:
                 except pydantic.ValidationError:
                     continue
             self._listed = (now, nodes)
-        return [
+        assert self._listed is not None
+        members = [
             n for n in self._listed[1] if any(e.node_group == group for e in n.spec.local_models)
         ]
+        return members, cached
 
     async def _ca(self) -> str | None:
         """The peer CA certificate, or None (peer mode unavailable; logged once each)."""

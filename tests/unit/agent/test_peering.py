@@ -184,6 +184,23 @@ async def test_a_source_gives_a_peer_mode_transform_and_the_list_is_cached(
     assert rig.api.calls == [("list", "localmodelnodes")] * 2
 
 
+async def test_the_origin_is_chosen_only_on_a_fresh_list(tmp_path: Path) -> None:
+    """Seed election race (the benchmark at N = 4: two origin downloads): a node that saw
+    itself as the only candidate in a kept LIST looks again before it downloads from the
+    origin, and waits for the lower-named node that got the model meanwhile."""
+    api = FakeApi([_node("me")])
+    rig = Rig(tmp_path, api)
+    assert await rig.mode(_group(True)) == peering.Mode("origin")  # a fresh LIST: no relist
+    assert api.calls == [("list", "localmodelnodes")]
+    api.nodes = [_node("me"), _node("a")]  # "a" got the model's entry after that LIST
+    await rig.clock.advance(peering.LIST_TTL_S / 2)
+    waiting = await rig.mode(_group(True))
+    assert isinstance(waiting, status.Outcome), waiting
+    assert waiting.status == modelnode.ModelStatus.DOWNLOAD_PENDING
+    assert "node a" in (waiting.progress.message or "")
+    assert api.calls == [("list", "localmodelnodes")] * 2
+
+
 async def test_a_seed_is_waited_for_then_the_origin_used(tmp_path: Path) -> None:
     rig = Rig(tmp_path, FakeApi([_node("me"), _node("a-seed")]))
     waiting = await rig.mode(_group(True))
