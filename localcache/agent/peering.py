@@ -59,6 +59,7 @@ Transform = Callable[[Obj, credentials.Injection], Obj]
 DEFAULT_CA_PATH: Final = Path("/var/run/localcache/peer-tls/ca.crt")
 DEFAULT_SEED_WAIT_S: Final = 300.0
 LIST_TTL_S: Final = 2.0
+FRESH_LIST_S: Final = 0.5
 SEED_RECHECK_S: Final = 2.0
 MAX_CA_BYTES: Final = 64 * 1024
 MAX_MEMBERS: Final = 5000
@@ -168,7 +169,7 @@ class Peering:
                     seed_wait_s=self._settings.seed_wait_s,
                 )
             )
-            if not (cached and isinstance(decision, peerplan.Origin)):
+            if not (cached and isinstance(decision, peerplan.Origin)) or fresh:
                 break
         if isinstance(decision, peerplan.WaitForSeed):
             started = self._waiting.setdefault(wait_key, now)
@@ -283,10 +284,12 @@ class Peering:
     async def _members(
         self, group: str, *, fresh: bool = False
     ) -> tuple[list[modelnode.LocalModelNode], bool]:
-        """The LocalModelNodes with an entry of `group` (one LIST per `LIST_TTL_S`, unless
-        `fresh`), and whether they came from the kept LIST."""
+        """The LocalModelNodes with an entry of `group` (one LIST per `LIST_TTL_S`; `fresh`:
+        per `FRESH_LIST_S`, so one pass launching many units lists once), and whether they
+        came from the kept LIST."""
         now = self._clock.now()
-        cached = not fresh and self._listed is not None and now - self._listed[0] <= LIST_TTL_S
+        age = now - self._listed[0] if self._listed is not None else None
+        cached = age is not None and age <= (FRESH_LIST_S if fresh else LIST_TTL_S)
         if not cached:
             listed = await self._api.list(report.LMN_RESOURCE)
             nodes = []

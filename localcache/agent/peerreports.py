@@ -11,7 +11,9 @@ only send the tenant's own next attempt to the origin) and the bad-source report
   fail verification (and banned for the rest of its run) is counted in
   `localcache_p2p_verify_failures_total`, logged, and named in a `PeerSourceRejected` Warning
   Event on this node's LocalModelNode, once per Job. The names come from a tenant's pod: at
-  most `peer.MAX_SOURCES + 1` of them, each bounded; an Event is all they can cause.
+  most `peer.MAX_SOURCES + 1` of them, each bounded; a log line, a counter increment and an
+  Event (its spam key the Job's namespace, so one tenant cannot use up the node's Event
+  budget) is all they can cause.
 """
 
 from __future__ import annotations
@@ -94,7 +96,7 @@ class Reports:
                 f"peer {source} served bytes that fail verification to download Job "
                 f"{ref.namespace}/{ref.name} ({why}); that source was skipped"
             )
-            await self._report.event(node, "Warning", EVENT_REASON, message, spam_key=source)
+            await self._report.event(node, "Warning", EVENT_REASON, message, spam_key=ref.namespace)
 
 
 def read_pod_report(pods: list[Obj]) -> PodReport:

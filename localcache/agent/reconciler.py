@@ -169,13 +169,9 @@ class Reconciler:
             growth=stall.GrowthWatch(clock),
         )
         self._peers = peers.Peering(
-            node_name=node_name,
-            api=api,
-            settings=peer_settings or peers.PeerSettings(),
-            clock=clock,
-            reporter=self._report,
-            p2p=agent_metrics.p2p,
-        )
+            node_name=node_name, api=api, settings=peer_settings or peers.PeerSettings(),
+            clock=clock, reporter=self._report, p2p=agent_metrics.p2p,
+        )  # fmt: skip
         self._cleaner = cleanup.RootCleaner(
             disks=self._disks, node_groups=stores.node_groups, reporter=self._report
         )
@@ -380,8 +376,9 @@ class Reconciler:
         )  # fmt: skip
         result = await launch(peer=mode.transform)
         if isinstance(result, launcher.NotLaunched) and result.refused and mode.transform:
-            mode = await self._peers.refused(ctx.node, unit, result.message)
-            result = await launch(peer=None)
+            why, result = result.message, await launch(peer=None)  # the origin, in this pass
+            if not isinstance(result, launcher.NotLaunched):
+                mode = await self._peers.refused(ctx.node, unit, why)
         if isinstance(result, launcher.NotLaunched):
             return _not_launched(result, ctx)
         ctx.live_jobs.add(result.name)
@@ -395,6 +392,7 @@ class Reconciler:
 
 
 def _not_launched(why: launcher.NotLaunched, ctx: _Pass) -> status.Outcome:
-    progress = modelnode.ModelProgress(message=why.message)
     retry = float(ctx.cfg.local_model.reconcilation_frequency_in_secs)
-    return status.Outcome(ModelStatus.DOWNLOAD_ERROR, progress, retry)
+    return status.Outcome(
+        ModelStatus.DOWNLOAD_ERROR, modelnode.ModelProgress(message=why.message), retry
+    )

@@ -8,30 +8,28 @@ node-group work. A reconcile of cache C, level-based:
    until it is gone. The claim and its data are never touched.
 2. The finalizer is added if missing (and the reconcile ends: its event brings the next).
 3. Preflight against the claim of the informer store (`caching.sharedvolume.preflight`).
-4. Destination owner: a fresh LIST of C's namespace's caches decides who owns (pvcRef,
-   storage key); a later cache reports `DestinationConflict`, creates nothing and stops an
-   unfinished Job of its own.
+4. Destination owner: a fresh LIST of C's namespace's caches decides who owns (pvcRef, key);
+   a later cache reports `DestinationConflict`, creates nothing, stops an unfinished Job.
 5. The import Job `<C>-import`, judged by uid (`importstate.judge`): the recorded uid is
    ours; one whose controller ownerReference is C's uid but unrecorded is `unproven` (a crash
    between create and record, or a forgery): deleted (uid precondition) and made anew, after
    a fresh read of C; anything else is `ImportJobConflict`, never touched. Ours is replaced
    when it targets another claim uid or storage key, or the credential spec hash changed
    while it is not complete.
-6. No Job: C is read afresh (the store may not hold the status written last); after a
-   completed import onto this claim, C stays Ready (the Job was removed, e.g. by a TTL
-   policy: importing again would replace a copy readers use). Else the record is
-   written first (a CRD that drops `status.sharedVolume` stops here: `SharedVolumeUnavailable`);
-   credentials are read in C's namespace as the agent reads them (`CredentialError` →
-   `ImportCredentialError`, no Job); the Job is built, created and its uid recorded at once.
+6. No Job: C is read afresh; after a completed import onto this claim, C stays Ready (the
+   Job was removed, e.g. by a TTL policy: a re-import would replace a copy readers use). Else
+   the record is written first (dropped by the CRD: `SharedVolumeUnavailable`); credentials are
+   read in C's namespace as the agent reads them (`CredentialError` → `ImportCredentialError`,
+   no Job); the Job is built, created and its uid recorded at once.
 7. Our Job's phase: pending → ImportPending; running → ImportRunning with the progress
    sidecar's bytes (every `importjobs.PROGRESS_INTERVAL`); succeeded → ImportSucceeded with the
    placed size; failed → ImportFailed with the failure's gist and a Warning Event at once,
    then after the backoff (`status.sharedVolume.nextAttemptTime`) the failed Job is deleted
    (uid precondition) and a new one created. A user deleting the failed Job retries at once.
 
-Status: `conditions` (Ready only), `copies {total 1, available, failed}`, `nodeStatus`
-emptied, `sharedVolume`, users (proof by URI, `caching.sharedvolume.uses`), when they differ;
-guarded: a status computed from a copy older than the API's is refused and retried.
+Status (`conditions` Ready, `copies`, `nodeStatus` emptied, `sharedVolume`, users by URI) is
+written when it differs, guarded: one computed from a copy older than the API's is refused
+and retried, except the record of a Job just created (its uid must be kept).
 """
 
 from __future__ import annotations
@@ -63,15 +61,13 @@ Obj = dict[str, Any]
 CONFLICT_RECHECK: Final = 60.0
 DELETION_RECHECK: Final = 5.0
 SV = modelcache.SharedVolumeStatus
+_meta = state.meta_of
 _PENDING: Final = importstate.Outcome(
     False, sharedvolume.REASON_IMPORT_PENDING, "Model import job is pending"
 )
 _IMPORTED: Final = importstate.Outcome(
     True, sharedvolume.REASON_IMPORT_SUCCEEDED, "Model import completed", available=1
 )
-
-
-_meta = state.meta_of
 
 
 class SharedVolumeReconciler:
@@ -358,7 +354,7 @@ class SharedVolumeReconciler:
             attempt=attempt,
             failed_attempts=sv.failed_attempts,
         )
-        await self._write(raw, cache, old, _PENDING, sv)
+        await self._write(raw, cache, old, _PENDING, sv, guarded=False)  # the Job exists now
         return reconciling.Result()
 
     def _reason(self, old: modelcache.LocalModelCacheStatus) -> str | None:
@@ -371,6 +367,7 @@ class SharedVolumeReconciler:
         old: modelcache.LocalModelCacheStatus,
         outcome: importstate.Outcome,
         sv: SV,
+        guarded: bool = True,
     ) -> bool:
         conds = importstate.ready_condition(
             outcome, previous=old.conditions, generation=cache.metadata.generation, now=self._now()
@@ -383,7 +380,12 @@ class SharedVolumeReconciler:
         }
         desired.update(users.shared_users(self._stores, cache))
         wrote = await status.write_status(
-            self._api, self.scope, current=raw, desired=desired, written=self._written, guarded=True
+            self._api,
+            self.scope,
+            current=raw,
+            desired=desired,
+            written=self._written,
+            guarded=guarded,
         )
         if wrote:
             for event in importstate.events(old.conditions, conds):

@@ -200,9 +200,12 @@ def _report(
             for node, why in list(board.corrupt.items())[: peer.MAX_SOURCES + 1]
         },
     )
-    empty = None if report.bad_sources else {"bad_sources"}
-    text = report.model_dump_json(by_alias=True, exclude_none=True, exclude=empty)
-    data = text.encode()[:MAX_REPORT_BYTES]
+    data = b""
+    for drop in ({"bad_sources"} if not report.bad_sources else set(), {"bad_sources"},
+                 {"bad_sources", "reason", "sources"}):  # fmt: skip
+        data = report.model_dump_json(by_alias=True, exclude_none=True, exclude=drop).encode()
+        if len(data) <= MAX_REPORT_BYTES:  # never cut: a cut report parses as nothing
+            break
     try:
         with open(path, "wb") as f:
             f.write(data)

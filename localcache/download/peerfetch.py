@@ -286,7 +286,10 @@ class _Run:
             if job.hasher.hexdigest() == job.entry.sha256:
                 return
             for bad in job.contributors:
-                why = f"served bytes that fail the sha256 of {job.entry.path[:80]!r}"
+                path, count = job.entry.path[:80], len(job.contributors)
+                why = f"served bytes that fail the sha256 of {path!r}"
+                if count > 1:  # which one sent them is unknown: all are left
+                    why = f"one of {count} sources of {path!r}, whose sha256 failed"
                 self.board.corrupted(bad, why)
                 log.warning("fetch.bad_bytes", source=bad.node, path=job.entry.path[:200])
             last = "sha256 mismatch"

@@ -335,9 +335,15 @@ class Controller:
             if self._metrics is not None:
                 self._metrics.inc_reconcile_timeouts()
         self.queue.add_rate_limited(key)
-        # Expected failures (API errors, transport) log without a traceback; bugs with one.
-        self._log.error(
-            "reconcile_timed_out" if timed_out else "reconcile_failed",
+        # Expected failures (API errors, transport) log without a traceback; bugs with one; a
+        # write refused because the object moved on (409) is retried on a newer copy: info.
+        stale = isinstance(exc, errors.Conflict) and not exc.already_exists
+        (self._log.info if stale else self._log.error)(
+            "reconcile_conflict"
+            if stale
+            else "reconcile_timed_out"
+            if timed_out
+            else "reconcile_failed",
             error=str(exc),
             error_type=type(exc).__name__,
             requeues=self.queue.num_requeues(key),

@@ -273,6 +273,8 @@ class JobLauncher:
                 # e.g. an exhausted ResourceQuota, or the namespace is gone: this entry's problem.
                 if self._warned.changed(unit.storage_key, (exc.status, exc.reason)):
                     log.warning("download_job_rejected", job=f"{namespace}/{name}", error=str(exc))
+                await asyncio.to_thread(disk.remove_staging, unit.storage_key, name)
+                await asyncio.to_thread(disk.forget_job, name)
                 why = f"cannot create download Job {namespace}/{name}: {exc.message}"
                 return NotLaunched(why, refused=not isinstance(exc, errors.NotFound))
             return self._record(unit, created, namespace=namespace, name=name, attempt=attempt)

@@ -247,10 +247,9 @@ async def _refuse_peer_jobs(agent: Agent) -> None:
 async def test_a_peer_job_the_api_refuses_is_replaced_by_an_origin_job_at_once(
     agent: Agent, tmp_path: Path
 ) -> None:
-    # A backoff far beyond the test's patience: only the same-pass fallback can launch in time.
-    await agent.configure(
-        local_model={"downloadRetryBackoffInSecs": 600, "downloadRetryMaxBackoffInSecs": 600}
-    )
+    # An entry whose Job was not created is retried every reconcilation_frequency_in_secs:
+    # beyond the test's patience, so only the same-pass fallback can launch in time.
+    await agent.configure(local_model={"reconcilationFrequencyInSecs": 600})
     await _refuse_peer_jobs(agent)
     await _enable_peers(agent)
     await _peer_node(agent, scope=_scope(agent))

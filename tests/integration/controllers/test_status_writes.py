@@ -10,6 +10,7 @@ test_a_completed_import_whose_job_is_removed_stays_ready). A guarded write is re
 from __future__ import annotations
 
 import uuid
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -37,7 +38,7 @@ def _ready(reason: str, value: str) -> Obj:
 
 
 @pytest.fixture
-async def cache(api: kube.Kube) -> Obj:
+async def cache(api: kube.Kube) -> AsyncIterator[Obj]:
     namespace = f"status-{uuid.uuid4().hex[:8]}"
     await api.create(
         kube.NAMESPACES, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}
@@ -48,7 +49,8 @@ async def cache(api: kube.Kube) -> Obj:
         "metadata": {"name": "model", "namespace": namespace},
         "spec": {"sourceModelUri": "s3://bucket/model", "modelSize": "1Mi", "pvcRef": "shared"},
     }
-    return await api.create(NS_CACHES, body, namespace=namespace)
+    yield await api.create(NS_CACHES, body, namespace=namespace)
+    await api.delete(kube.NAMESPACES, namespace)
 
 
 async def test_a_guarded_write_from_an_older_copy_is_refused(api: kube.Kube, cache: Obj) -> None:

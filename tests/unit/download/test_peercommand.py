@@ -198,3 +198,20 @@ def test_the_report_is_bounded(tmp_path: Path) -> None:
     assert str(report["reason"]).startswith("x x x")
     assert len(str(report["reason"])) <= 256
     assert report["peerBytes"] == 3 << 40
+
+
+def test_a_report_at_its_longest_is_never_cut(tmp_path: Path) -> None:
+    """Four sources with 253-character names, each corrupt, and a 256-character reason: the
+    report drops what does not fit instead of being cut mid-JSON (which parses as nothing)."""
+    names = [f"{i}{'n' * 252}" for i in range(peer.MAX_SOURCES + 1)]
+    board = peersources.Board([peersources.Source(n, "https://10.0.0.1:8476") for n in names])
+    for name in names:
+        board.received(peersources.Source(name, ""), 1 << 40)
+        board.corrupted(peersources.Source(name, ""), "é" * 400)
+    path = tmp_path / "report"
+    peercommand._report(str(path), "use-origin", board, "r" * 1000)
+    data = path.read_bytes()
+    assert len(data) <= peercommand.MAX_REPORT_BYTES
+    report = peer.FetchReport.model_validate_json(data)
+    assert report.outcome == "use-origin"
+    assert report.peer_bytes == (peer.MAX_SOURCES + 1) << 40
