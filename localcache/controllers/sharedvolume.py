@@ -200,7 +200,15 @@ class SharedVolumeReconciler:
                 _log.warning("import_job_conflict", job=f"{cache.namespace}/{name}")
             await self._write(raw, cache, old, outcome, sv)
             return reconciling.Result(requeue_after=CONFLICT_RECHECK)
-        if _meta(job).get("deletionTimestamp"):
+        annotations = _meta(job).get("annotations") or {}
+        phase = importstate.phase_seen(job, reported=self._reason(old), recorded_uid=recorded)
+        stale = (
+            annotations.get(importjob.ANNOTATION_PVC_UID) != claim_uid
+            or annotations.get(importjob.ANNOTATION_STORAGE_KEY) != storage_key
+        )
+        # our finished import stays Ready while its Job is deleted (a TTL policy, the tenant)
+        done = verdict == "ours" and phase == "succeeded" and not stale
+        if _meta(job).get("deletionTimestamp") and not done:
             outcome = importstate.Outcome(False, pending, "previous import Job is terminating")
             await self._write(raw, cache, old, outcome, sv)
             return reconciling.Result(requeue_after=DELETION_RECHECK)
@@ -210,23 +218,14 @@ class SharedVolumeReconciler:
             outcome = importstate.Outcome(False, pending, "replacing an unproven import Job")
             await self._write(raw, cache, old, outcome, sv)
             return reconciling.Result(requeue_after=DELETION_RECHECK)
-        annotations = _meta(job).get("annotations") or {}
-        phase = importstate.phase_seen(job, reported=self._reason(old), recorded_uid=recorded)
-        stale = (
-            annotations.get(importjob.ANNOTATION_PVC_UID) != claim_uid
-            or annotations.get(importjob.ANNOTATION_STORAGE_KEY) != storage_key
-        )
         respec = phase != "succeeded" and annotations.get(
             importjob.ANNOTATION_SPEC_HASH
         ) != importjob.import_spec_hash(cache.spec)
         if stale or respec:
             why = "claim_changed" if stale else "spec_changed"
             await importjobs.delete_job(self._api, job, why=why)
-            text = (
-                "the claim was recreated; replacing the import Job"
-                if stale
-                else "the credential spec changed; replacing the import Job"
-            )
+            text = "the claim was recreated" if stale else "the credential spec changed"
+            text += "; replacing the import Job"
             sv = sv.model_copy(update={"failed_attempts": 0, "next_attempt_time": None})
             await self._write(raw, cache, old, importstate.Outcome(False, pending, text), sv)
             return reconciling.Result(requeue_after=DELETION_RECHECK)

@@ -10,6 +10,7 @@ sets the Job's conditions.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -433,6 +434,46 @@ async def test_a_completed_import_whose_job_is_removed_stays_ready(env: Env) -> 
     ready = await wait_until(reconciled, timeout=60, what=f"Ready at generation {generation}")
     assert (ready["status"], ready["reason"]) == ("True", "ImportSucceeded"), ready
     await no_job(env, tenant, name)
+
+
+async def test_a_completed_import_stays_ready_while_its_job_is_being_deleted(env: Env) -> None:
+    # The CI failure above, made deterministic: the Job lingers with a deletionTimestamp (a
+    # test finalizer) while a new generation is reconciled; that reconcile wrote
+    # "previous import Job is terminating" (ImportPending) over ImportSucceeded, and once the
+    # Job was gone imported again.
+    tenant, name = await one_cache(env)
+    job = await job_of(env, tenant, name)
+    job_name = job["metadata"]["name"]
+    await succeed(env, job, placed=7)
+    await ready_reason(env, name, tenant, "ImportSucceeded", status="True", within=60)
+    await env.api.patch(kube.JOBS, job_name, {"metadata": {"finalizers": [HOLD]}}, namespace=tenant)
+    await env.api.delete(kube.JOBS, job_name, namespace=tenant)
+
+    async def reconciled(generation: int) -> Obj:
+        conds = (await env.cache_status(name, tenant)).get("conditions") or []
+        ready: Obj = next((c for c in conds if c["type"] == "Ready"), {})
+        return ready if ready.get("observedGeneration") == generation else {}
+
+    for size in ("1Mi", "2Mi"):  # while the Job is being deleted, then after it is gone
+        found = await env.get(kube.JOBS, job_name, tenant)
+        if size == "1Mi":
+            assert found is not None, "the Job lingers with the test's finalizer"
+            assert found["metadata"].get("deletionTimestamp"), found["metadata"]
+        body = {"spec": {"modelSize": size}}
+        patched = await env.api.patch(NS_CACHES, name, body, namespace=tenant)
+        generation: int = patched["metadata"]["generation"]
+        ready = await wait_until(
+            functools.partial(reconciled, generation),
+            timeout=60,
+            what=f"Ready at generation {generation}",
+        )
+        assert (ready["status"], ready["reason"]) == ("True", "ImportSucceeded"), ready
+        if size == "1Mi":
+            await _release(env, job_name, tenant)
+            await wait_until(gone(env, kube.JOBS, job_name, tenant), timeout=60, what="Job gone")
+    await no_job(env, tenant, name)
+    final = await env.cache_status(name, tenant)
+    assert final["sharedVolume"]["job"]["uid"] == job["metadata"]["uid"], "no second import"
 
 
 async def test_a_recreated_claim_is_imported_again(env: Env) -> None:
