@@ -176,6 +176,8 @@ class Peering:
             left = self._settings.seed_wait_s - (now - started)
             progress = modelnode.ModelProgress(message=decision.message)
             again = max(0.5, min(SEED_RECHECK_S, left))
+            if decision.node == self._node:  # settling (`peerplan.SETTLE_S`), not a seed wait
+                again = max(0.05, peerplan.SETTLE_S - (now - started))
             return status.Outcome(modelnode.ModelStatus.DOWNLOAD_PENDING, progress, again)
         self._waiting.pop(wait_key, None)
         if isinstance(decision, peerplan.Origin):

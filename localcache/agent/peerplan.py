@@ -15,7 +15,10 @@ LocalModelNodes of its node group (`members`):
   `origin`), else the elected seed: the lowest node name among the members whose spec lists
   the same status key, not in ModelDownloadError (nor Downloaded without ever being able to
   serve this scope); when that is not `me` -> `WaitForSeed(node, message)`, until the unit
-  has waited `seed_wait_s` -> `Origin`;
+  has waited `seed_wait_s` -> `Origin`; when it is `me` but no other member lists the status
+  key yet, a `WaitForSeed(me)` of `SETTLE_S` first (the controller writes the group's specs
+  concurrently: a node deciding before the others' specs exist would elect itself while a
+  lower-named node does the same a moment later);
 - else -> `Origin`.
 
 Other nodes' statuses are written by their agents; tenants cannot write them. The planner
@@ -37,6 +40,8 @@ ModelStatus = modelnode.ModelStatus
 SOURCE_ORIGIN: Final = "origin"
 SOURCE_PEER_PREFIX: Final = "peer/"
 MAX_ENDPOINT: Final = 128
+SETTLE_S: Final = 1.0
+SETTLE_MESSAGE: Final = "waiting a moment for the other nodes of the group before the origin"
 _IN_FLIGHT: Final = frozenset({ModelStatus.DOWNLOAD_PENDING, ModelStatus.DOWNLOADING})
 
 
@@ -102,6 +107,10 @@ def plan(request: Request) -> Decision:
         return found
     seed = _downloading(request, others) or _elected(request)
     if seed is None or seed == request.node_name:
+        if _alone(request, others) and request.waited_s < SETTLE_S:
+            # the specs of a group's nodes are written at about the same time: a node that
+            # sees no other yet waits a moment, or two nodes would each elect themselves
+            return WaitForSeed(request.node_name, SETTLE_MESSAGE)
         return Origin("no-source")
     if request.waited_s >= request.seed_wait_s:
         return Origin("seed-wait-timeout")
@@ -209,6 +218,13 @@ def _elected(request: Request) -> str | None:
                 continue  # it holds the model but will never serve it to this scope
         candidates.append(node.name)
     return min(candidates) if candidates else None
+
+
+def _alone(request: Request, others: Sequence[modelnode.LocalModelNode]) -> bool:
+    """No other member lists the unit's status key (yet)."""
+    return not any(
+        _status_key(e) == request.status_key for n in others for e in n.spec.local_models
+    )
 
 
 def _status_key(entry: modelnode.LocalModelInfo) -> str:

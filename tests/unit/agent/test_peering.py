@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from localcache.agent import downloads, peering, plan, report, status
+from localcache.agent import downloads, peering, peerplan, plan, report, status
 from localcache.agent.disk import layout
 from localcache.agent.jobs import peerjob
 from localcache.api import modelnode, nodegroup, peer
@@ -190,10 +190,12 @@ async def test_the_origin_is_chosen_only_on_a_fresh_list(tmp_path: Path) -> None
     origin, and waits for the lower-named node that got the model meanwhile."""
     api = FakeApi([_node("me")])
     rig = Rig(tmp_path, api)
-    assert await rig.mode(_group(True)) == peering.Mode("origin")  # a fresh LIST: no relist
+    settling = await rig.mode(_group(True))  # alone in a fresh LIST: settles first
+    assert isinstance(settling, status.Outcome), settling
+    assert settling.requeue_after == peerplan.SETTLE_S
     assert api.calls == [("list", "localmodelnodes")]
     api.nodes = [_node("me"), _node("a")]  # "a" got the model's entry after that LIST
-    await rig.clock.advance(peering.LIST_TTL_S / 2)
+    await rig.clock.advance(peerplan.SETTLE_S)  # the kept LIST (alone) says origin: relisted
     waiting = await rig.mode(_group(True))
     assert isinstance(waiting, status.Outcome), waiting
     assert waiting.status == modelnode.ModelStatus.DOWNLOAD_PENDING

@@ -90,7 +90,7 @@ def test_a_node_of_another_scope_is_never_a_source() -> None:
 
 def test_this_node_is_never_its_own_source() -> None:
     me = _node(ME, models=[_model()])
-    request = _req(members=[me])
+    request = _req(members=[me], waited_s=peerplan.SETTLE_S)
     assert peerplan.plan(request) == peerplan.Origin("no-source")
 
 
@@ -139,7 +139,9 @@ def test_only_sources_with_the_best_ones_digest_are_kept() -> None:
 def test_unusable_endpoints_are_no_source() -> None:
     for endpoint in ("http://a:1", "https://a:1 --evil", "https://" + "a" * 200, "https://a=b"):
         node = _node("node-a", models=[_model()], endpoint=endpoint, lists=False)
-        assert peerplan.plan(_req(node)) == peerplan.Origin("no-source"), endpoint
+        assert peerplan.plan(_req(node, waited_s=peerplan.SETTLE_S)) == peerplan.Origin(
+            "no-source"
+        ), endpoint
 
 
 def test_after_a_failed_peer_attempt_the_origin_is_used() -> None:
@@ -170,7 +172,9 @@ def test_a_node_downloading_in_another_scope_is_not_waited_for() -> None:
         jobs=[{"namespace": "ns", "name": "j1", "uid": "u", "statusKey": "other",
                "storageKey": KEY, "scope": OTHER_SCOPE, "attempt": 0}],
     )  # fmt: skip
-    assert peerplan.plan(_req(downloading)) == peerplan.Origin("no-source")
+    assert peerplan.plan(_req(downloading, waited_s=peerplan.SETTLE_S)) == peerplan.Origin(
+        "no-source"
+    )
 
 
 def test_the_lowest_named_node_listing_the_entry_is_the_seed() -> None:
@@ -209,8 +213,21 @@ def test_the_wait_for_a_seed_is_bounded() -> None:
     assert decision == peerplan.Origin("seed-wait-timeout")
 
 
+def test_a_node_that_sees_no_other_listing_the_entry_settles_before_the_origin() -> None:
+    """The group's specs are written concurrently: alone in the LIST, a node waits
+    `SETTLE_S` before it elects itself (two nodes did, each before the other's spec)."""
+    settling = peerplan.plan(_req())
+    assert settling == peerplan.WaitForSeed(ME, peerplan.SETTLE_MESSAGE)
+    assert peerplan.plan(_req(waited_s=peerplan.SETTLE_S)) == peerplan.Origin("no-source")
+    # another node listing the entry: no settling, the election decides at once
+    decision = peerplan.plan(_req(_node("node-z", endpoint=None)))
+    assert decision == peerplan.Origin("no-source")
+
+
 def test_nodes_not_listing_the_entry_are_no_seed() -> None:
-    assert peerplan.plan(_req(_node("node-a", lists=False))) == peerplan.Origin("no-source")
+    assert peerplan.plan(
+        _req(_node("node-a", lists=False), waited_s=peerplan.SETTLE_S)
+    ) == peerplan.Origin("no-source")
 
 
 def test_namespace_entries_elect_by_their_status_key() -> None:
@@ -222,4 +239,4 @@ def test_namespace_entries_elect_by_their_status_key() -> None:
         }
     )  # fmt: skip
     assert isinstance(peerplan.plan(_req(node, status_key="team/iris")), peerplan.WaitForSeed)
-    assert peerplan.plan(_req(node)) == peerplan.Origin("no-source")
+    assert peerplan.plan(_req(node, waited_s=peerplan.SETTLE_S)) == peerplan.Origin("no-source")
