@@ -50,9 +50,6 @@ from localcache.runtime import clock as clock_mod
 from localcache.runtime import errors, metrics
 
 log = structlog.get_logger(__name__)
-PodReport = peerreports.PodReport
-read_pod_report = peerreports.read_pod_report
-parse_report = peerreports.parse_report
 
 Obj = dict[str, Any]
 Transform = Callable[[Obj, credentials.Injection], Obj]
@@ -269,7 +266,7 @@ class Peering:
             return outcome
         return dataclasses.replace(outcome, progress=progress.model_copy(update=update))
 
-    async def pod_report(self, ref: downloads.JobRef) -> PodReport:
+    async def pod_report(self, ref: downloads.JobRef) -> peerreports.PodReport:
         """What the Job's newest finished pod said (`peerreports.Reports.of`)."""
         return await self._said.of(ref)
 

@@ -27,7 +27,7 @@ import structlog
 from localcache.agent import downloads, report
 from localcache.agent.jobs import launcher, peerjob
 from localcache.api import modelnode, peer
-from localcache.runtime import errors, kube, metrics
+from localcache.runtime import metrics
 
 log = structlog.get_logger(__name__)
 
@@ -66,16 +66,10 @@ class Reports:
         """What the Job's newest finished pod said (cached per Job; empty when unreadable)."""
         if ref.uid in self._said:
             return self._said[ref.uid]
-        try:
-            pods = await self._api.list(
-                kube.PODS,
-                namespace=ref.namespace,
-                label_selector=f"batch.kubernetes.io/controller-uid={ref.uid}",
-            )
-        except errors.ApiError as exc:
-            log.warning("pods_not_read", job=f"{ref.namespace}/{ref.name}", error=str(exc))
+        pods = await launcher.job_pods(self._api, ref)
+        if pods is None:
             return PodReport()
-        said = read_pod_report(pods.items)
+        said = read_pod_report(pods)
         self._said[ref.uid] = said
         _trim(self._said)
         return said

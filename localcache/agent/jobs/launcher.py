@@ -107,6 +107,16 @@ class Launched:
     name: str
 
 
+async def job_pods(api: Api, ref: downloads.JobRef) -> list[Obj] | None:
+    """The pods of Job `ref` (by controller uid); None when the LIST failed (logged)."""
+    selector = f"batch.kubernetes.io/controller-uid={ref.uid}"
+    try:
+        return (await api.list(kube.PODS, namespace=ref.namespace, label_selector=selector)).items
+    except errors.ApiError as exc:
+        log.warning("pods_not_read", job=f"{ref.namespace}/{ref.name}", error=str(exc))
+        return None
+
+
 class JobLauncher:
     """Creates, lists and deletes this node's download Jobs (see the module docstring)."""
 
@@ -194,16 +204,10 @@ class JobLauncher:
         """What the Job's newest failed pod says ("" when none says anything)."""
         ident = (ref.namespace, ref.uid, failed_pods)
         if ident not in self._pod_messages:
-            try:
-                pods = await self._api.list(
-                    kube.PODS,
-                    namespace=ref.namespace,
-                    label_selector=f"batch.kubernetes.io/controller-uid={ref.uid}",
-                )
-            except errors.ApiError as exc:
-                log.warning("pods_not_read", job=f"{ref.namespace}/{ref.name}", error=str(exc))
+            pods = await job_pods(self._api, ref)
+            if pods is None:
                 return ""
-            self._pod_messages[ident] = pod_failure_message(pods.items, job_uid=ref.uid)
+            self._pod_messages[ident] = pod_failure_message(pods, job_uid=ref.uid)
             while len(self._pod_messages) > _POD_MESSAGES_KEPT:
                 self._pod_messages.pop(next(iter(self._pod_messages)))
         return self._pod_messages[ident]

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from localcache.agent import downloads, peering, peerplan, plan, report, status
+from localcache.agent import downloads, peering, peerplan, peerreports, plan, report, status
 from localcache.agent.disk import layout
 from localcache.agent.jobs import peerjob
 from localcache.api import modelnode, nodegroup, peer
@@ -305,7 +305,7 @@ def test_a_report_naming_too_many_or_too_long_bad_sources_is_ignored() -> None:
     long = {"n": "x" * (peer.MAX_BAD_REASON + 1)}
     for bad in (many, long):
         text = json.dumps({"outcome": "complete", "badSources": bad})
-        assert peering.parse_report(text) is None
+        assert peerreports.parse_report(text) is None
 
 
 async def test_a_completed_origin_job_in_an_enabled_group_counts_origin_bytes(
@@ -349,7 +349,7 @@ async def test_peer_fields_are_carried_for_the_same_job(tmp_path: Path) -> None:
      json.dumps({"outcome": "complete", "reason": "x" * 5000})],
 )  # fmt: skip
 def test_junk_termination_messages_are_no_report(text: str | None) -> None:
-    assert peering.parse_report(text) is None
+    assert peerreports.parse_report(text) is None
 
 
 def test_a_report_is_read_from_the_newest_finished_pod() -> None:
@@ -357,11 +357,11 @@ def test_a_report_is_read_from_the_newest_finished_pod() -> None:
     new = _pod(3, json.dumps({"outcome": "use-origin", "peerBytes": 7}))
     new["metadata"]["creationTimestamp"] = "2026-01-02T00:00:00Z"
     running = {"metadata": {}, "status": {"phase": "Running"}}
-    said = peering.read_pod_report([new, old, running])
+    said = peerreports.read_pod_report([new, old, running])
     assert said.use_origin
     assert said.report is not None
     assert said.report.peer_bytes == 7
-    assert peering.read_pod_report([running]) == peering.PodReport()
+    assert peerreports.read_pod_report([running]) == peerreports.PodReport()
 
 
 async def test_a_refused_list_means_the_origin(tmp_path: Path) -> None:
