@@ -13,9 +13,12 @@
   an earlier promotion, queues the folders lacking a current list (after a promotion and, at
   start-up, complete folders without one), replaces the peer server's index
   (`peersource.PeerFolders`) and returns the status fields to merge: `{"peer": {endpoint,
-  models}}` (`models` sorted, at most `peer.MAX_PEER_MODELS`), or `{}` when no node group of
-  the pass enables peer distribution: then it does nothing at all (no file read or written,
-  no hashing), and a `status.peer` written before is removed by the status write.
+  models}}` (`models` sorted, at most `peer.MAX_PEER_MODELS`; a unit still downloading in
+  an enabled group, from the origin for `s3://` or from peers, is listed `complete: false`
+  with its scope, and tracked by `agent.peerprogress`, whose hashes the folder's list reuses
+  after promotion), or `{}` when no node group of the pass enables peer distribution: then
+  it does nothing at all (no file read or written, no hashing), and a `status.peer` written
+  before is removed by the status write.
 - `run()`, the worker (a manager runnable): hashes one queued folder at a time in a thread
   (`filelists.compute`), keeps the result in memory and calls `on_ready` (which enqueues the
   node), so the list is stored and published by the next pass: every file-list write happens
@@ -41,7 +44,7 @@ from typing import Any
 
 import structlog
 
-from localcache.agent import downloads, peersource, status
+from localcache.agent import downloads, peerprogress, peersource, status
 from localcache.agent.disk import filelists, folders, layout
 from localcache.agent.jobs import launcher
 from localcache.api import modelnode, nodegroup, peer
@@ -144,6 +147,7 @@ class PeerFiles:
         self._pruned: set[Path] = set()
         self._stop = threading.Event()
         self._hashed = 0
+        self.progress = peerprogress.Progress(on_change=self.source.set_partials)
 
     def stats(self) -> Stats:
         return Stats(
@@ -161,6 +165,8 @@ class PeerFiles:
         if wants is None:
             self._forget()
             return {}
+        downloading = peerprogress.in_flight(units, _peer_roots(placements), outcomes)
+        self.progress.track(downloading)
         ready, served = dict(self._ready), dict(self._served)
         survey = await asyncio.to_thread(self._survey, wants, ready, served)
         for key, result in ready.items():
@@ -173,7 +179,19 @@ class PeerFiles:
             if key not in self._queued and self._failed.get(key) != job.stamp:
                 self._queued.add(key)
                 self._queue.put_nowait(job)
-        models = sorted((s.model() for s in survey.served.values()), key=_order)
+        models = [s.model() for s in survey.served.values()]
+        complete = {(m.storage_key, sc) for m in models for sc in m.scopes}
+        partial: dict[str, set[str]] = {}
+        for item in downloading:
+            if (item.storage_key, item.scope) not in complete:
+                partial.setdefault(item.storage_key, set()).add(item.scope)
+        models += [
+            peer.PeerModel(
+                storage_key=k, complete=False, scopes=sorted(v)[: peer.MAX_SCOPES], bytes=0
+            )
+            for k, v in partial.items()
+        ]
+        models.sort(key=_order)
         body = peer.PeerStatus(endpoint=self.endpoint, models=models[: peer.MAX_PEER_MODELS])
         return {"peer": body.to_dict()}
 
@@ -184,6 +202,7 @@ class PeerFiles:
             self._queue.get_nowait()
         self._queued.clear()
         self._ready.clear()
+        self.progress.track(())
         if self._served:
             self._served = {}
             self.source.replace(())
@@ -243,7 +262,13 @@ class PeerFiles:
 
     # ---- the worker -------------------------------------------------------------------
     async def run(self) -> None:
-        """Hash queued folders one at a time until cancelled (module doc)."""
+        """Hash queued folders one at a time, and watch downloads in progress
+        (`peerprogress.Progress.run`), until cancelled (module doc)."""
+        async with asyncio.TaskGroup() as group:
+            group.create_task(self.progress.run(), name="localcache-peer-progress")
+            group.create_task(self._hash_queued(), name="localcache-peer-hashing")
+
+    async def _hash_queued(self) -> None:
         while True:
             job = await self._queue.get()
             key = (job.root, job.folder)
@@ -267,7 +292,13 @@ class PeerFiles:
     async def _hash(self, job: _Hash) -> peer.PeerManifest:
         folder = job.root / layout.MODELS_DIR / job.folder
         work = asyncio.ensure_future(
-            asyncio.to_thread(filelists.compute, folder, job.storage_key, stop=self._stop.is_set)
+            asyncio.to_thread(
+                filelists.compute,
+                folder,
+                job.storage_key,
+                stop=self._stop.is_set,
+                known=self.progress.known(),
+            )
         )
         try:
             return await asyncio.shield(work)
@@ -282,5 +313,17 @@ def _scopes(stored: Sequence[str], want: Want) -> tuple[str, ...]:
     return filelists.merge_scopes(stored, want.scopes)
 
 
-def _order(model: peer.PeerModel) -> tuple[str, str]:
-    return model.storage_key, model.digest
+def _order(model: peer.PeerModel) -> tuple[str, bool, str]:
+    return model.storage_key, not model.whole, model.digest or ""
+
+
+def _peer_roots(placements: Mapping[str, Placement]) -> dict[str, Path]:
+    """The models root of each node group of the pass that enables peer distribution."""
+    roots: dict[str, Path] = {}
+    for name, where in placements.items():
+        if isinstance(where, launcher.NotLaunched):
+            continue
+        group, disk = where
+        if group.spec.peer_distribution and group.spec.peer_distribution.enabled:
+            roots[name] = disk.root
+    return roots

@@ -10,6 +10,9 @@ LocalModelNodes of its node group (`members`):
   group node, Pending or Downloading, whose `modelProgress.source` is `peer/<that node>`),
   then name; nodes with `maxUploads` children or more are skipped; at most
   `peer.MAX_SOURCES` are kept, all with the best one's digest -> `Peer(sources, digest)`;
+- else *nodes still downloading K* in scope S (a `complete: false` entry: they serve their
+  whole files), ranked and capped the same way, never a node whose own entry fetches from
+  `me` (no cycle) -> `Peer(sources, peer.FOLLOW)`;
 - else a *seed* to wait for: another node downloading K in scope S from the origin (a record
   in its `status.downloadJobs` for K and S whose entry is Pending or Downloading with source
   `origin`), else the elected seed: the lowest node name among the members whose spec lists
@@ -138,17 +141,23 @@ def children(members: Sequence[modelnode.LocalModelNode]) -> dict[str, int]:
 
 
 def sources(request: Request, others: Sequence[modelnode.LocalModelNode]) -> Peer | None:
-    """The ranked sources for the unit, all with the best one's digest (None: no source)."""
+    """The ranked sources for the unit, all with the best one's digest; else the nodes still
+    downloading it in its scope (digest `peer.FOLLOW`); None: no source."""
     load = children(request.members)
     ranked: list[tuple[int, str, str, str]] = []  # children, name, endpoint, digest
+    following: list[tuple[int, str, str, str]] = []
     for node in others:
-        endpoint, model = _serves(node, request.storage_key)
-        if endpoint is None or model is None or request.scope not in model.scopes:
+        endpoint, model = _serves(node, request.storage_key, request.scope)
+        if endpoint is None or model is None:
             continue
         count = load.get(node.name, 0)
         if count >= request.spec.max_uploads:
             continue
-        ranked.append((count, node.name, endpoint, model.digest))
+        if model.whole and model.digest:
+            ranked.append((count, node.name, endpoint, model.digest))
+        elif _source_of(node, request.status_key) != SOURCE_PEER_PREFIX + request.node_name:
+            following.append((count, node.name, endpoint, peer.FOLLOW))  # never a cycle
+    ranked = ranked or following
     if not ranked:
         return None
     ranked.sort(key=lambda r: (r[0], r[1]))
@@ -169,16 +178,24 @@ def valid_endpoint(endpoint: str | None) -> bool:
 
 
 def _serves(
-    node: modelnode.LocalModelNode, storage_key: str
+    node: modelnode.LocalModelNode, storage_key: str, scope: str | None = None
 ) -> tuple[str | None, peer.PeerModel | None]:
-    """The node's endpoint (None when unusable) and its model entry for `storage_key`."""
+    """The node's endpoint (None when unusable) and its model entry for `storage_key` (with
+    `scope`: one serving it, a complete one first)."""
     status = node.status.peer if node.status is not None else None
     if status is None or not valid_endpoint(status.endpoint):
         return None, None
-    for model in status.models or []:
-        if model.storage_key == storage_key:
-            return status.endpoint, model
-    return status.endpoint, None
+    found = [m for m in status.models or [] if m.storage_key == storage_key]
+    if scope is not None:
+        found = [m for m in found if scope in m.scopes]
+    found.sort(key=lambda m: not m.whole)
+    return status.endpoint, (found[0] if found else None)
+
+
+def _source_of(node: modelnode.LocalModelNode, status_key: str) -> str:
+    progress = (node.status.model_progress or {}) if node.status is not None else {}
+    entry = progress.get(status_key)
+    return (entry.source or "") if entry is not None else ""
 
 
 def _downloading(request: Request, others: Sequence[modelnode.LocalModelNode]) -> str | None:

@@ -17,8 +17,12 @@ Contract:
 - The manifests of the last `CACHED_MANIFESTS` folders looked up are kept in memory; a miss
   reads the folder's file list (one JSON file, at most `peer.MAX_FILES` entries) and returns
   it only when its digest is the one indexed. Lookups and `replace` run on the event loop.
+- Downloads in progress (`agent.peerprogress`) are served too, after the complete folders:
+  `set_partials` replaces them as a whole; `lookup` answers a partial folder (its whole files,
+  `manifest.complete` false) only to its own scope, when no complete folder serves it.
 - Not promised: that the folder is still on disk when the caller opens a file (it may be
-  deleted meanwhile: the open fails and the server answers 404).
+  deleted meanwhile: the open fails and the server answers 404; 503 for a partial folder,
+  whose files move when it completes).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+from localcache.agent import peerprogress
 from localcache.agent.disk import filelists, layout
 from localcache.api import peer
 
@@ -79,6 +84,16 @@ class PeerFolders:
         self._manifests: collections.OrderedDict[tuple[Path, str, str], peer.PeerManifest] = (
             collections.OrderedDict()
         )
+        self._partials: dict[str, tuple[peerprogress.Partial, ...]] = {}
+
+    def set_partials(self, partials: Iterable[peerprogress.Partial]) -> None:
+        """Serve exactly `partials` (downloads in progress) from now on."""
+        by_key: dict[str, list[peerprogress.Partial]] = {}
+        for partial in partials:
+            by_key.setdefault(partial.item.storage_key, []).append(partial)
+        self._partials = {
+            k: tuple(sorted(v, key=lambda p: p.item.staging)) for k, v in by_key.items()
+        }
 
     def replace(
         self,
@@ -104,7 +119,9 @@ class PeerFolders:
 
     def scopes(self, storage_key: str) -> frozenset[str]:
         """Every scope proved for some folder of `storage_key` (no disk read)."""
-        return frozenset(sc for s in self._by_key.get(storage_key, ()) for sc in s.scopes)
+        complete = {sc for s in self._by_key.get(storage_key, ()) for sc in s.scopes}
+        partial = {p.item.scope for p in self._partials.get(storage_key, ())}
+        return frozenset(complete | partial)
 
     def lookup(self, storage_key: str, scope: str | None = None) -> Found | None:
         """The folder to serve for `storage_key` (to a requester of `scope`), or None."""
@@ -112,12 +129,18 @@ class PeerFolders:
         if scope is not None:
             candidates = tuple(s for s in candidates if scope in s.scopes)
         if not candidates:
-            return None
+            return self._partial(storage_key, scope)
         item = candidates[0]
         manifest = self._manifest(item)
         if manifest is None:
             return None
         return Found(item.path, manifest, frozenset(item.scopes))
+
+    def _partial(self, storage_key: str, scope: str | None) -> Found | None:
+        for partial in self._partials.get(storage_key, ()):
+            if scope is None or partial.item.scope == scope:
+                return Found(partial.top, partial.manifest, frozenset({partial.item.scope}))
+        return None
 
     def _manifest(self, item: Served) -> peer.PeerManifest | None:
         key = (item.root, item.folder, item.digest)

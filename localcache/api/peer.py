@@ -11,7 +11,8 @@ the with-kserve profile's CRDs, and peer distribution is then simply off).
 - `PeerStatus` (`LocalModelNode.status.peer`): the agent's peer endpoint and, per model folder
   it can serve (complete and hashed, `PeerModel`), the storage key, the content digest of its
   file manifest and the credential scopes (SHA-256 digests, as in `DownloadJob.scope`) whose
-  own download Jobs proved access to that content on this node.
+  own download Jobs proved access to that content on this node; a download still in
+  progress: `complete: false`, no digest, the scope of its Job (it serves its whole files).
 - `PeerManifest` (`GET /p2p/v1/models/{storageKey}/manifest`): every entry of the folder:
   regular files with size and sha256, directories, symlinks; `digest` is the content digest
   (`manifest_digest`), the one `agent.disk.digest.tree_digest` computes from the folder itself:
@@ -52,6 +53,12 @@ MAX_SOURCES: Final = 3
 MAX_NODE_NAME: Final = 253
 MAX_BAD_REASON: Final = 160
 DEFAULT_MAX_UPLOADS: Final = 2
+FOLLOW: Final = "follow"
+"""`localcache fetch --digest follow`: the sources may still be downloading the model; the
+first complete manifest a source serves decides the content."""
+PART_SUFFIX: Final = ".localcache-part"
+"""A file a peer-mode download pod is still writing: `<path>.localcache-part`, renamed to
+`<path>` once verified (so a complete name in its staging folder is a verified file)."""
 _SHA256_HEX: Final = r"^[0-9a-f]{64}$"
 _DIGEST: Final = r"^sha256:[0-9a-f]{64}$"
 _KEY: Final = r"^[0-9a-f]{16}$"
@@ -84,15 +91,34 @@ class PeerDistributionSpec(meta.ApiModel):
 
 
 class PeerModel(meta.ApiModel):
-    """One model folder a node can serve to peers: complete and hashed."""
+    """One model folder a node can serve to peers: complete and hashed, or still downloading
+    (`complete: false`: its verified files so far)."""
 
     storage_key: str = Field(description="The model's storage key.", pattern=_KEY)
-    digest: str = Field(description="Content digest of its file manifest.", pattern=_DIGEST)
+    digest: str | None = Field(
+        default=None,
+        description="Content digest of its file manifest (unset while downloading).",
+        pattern=_DIGEST,
+    )
+    complete: bool | None = Field(
+        default=None,
+        description="False while the node still downloads it (it serves its whole, hashed "
+        "files); unset: complete.",
+    )
+
+    @property
+    def whole(self) -> bool:
+        return self.complete is not False
+
     scopes: list[str] = Field(
         description="Credential scopes (SHA-256) whose own downloads proved this content here.",
         max_length=MAX_SCOPES,
     )
-    bytes: int = Field(ge=0, json_schema_extra={"format": "int64"}, description="Size in bytes.")
+    bytes: int = Field(
+        ge=0,
+        json_schema_extra={"format": "int64"},
+        description="Size in bytes (0 while downloading).",
+    )
 
 
 class PeerStatus(meta.ApiModel):
@@ -139,10 +165,12 @@ class ManifestLink(meta.ApiModel):
 
 
 class PeerManifest(meta.ApiModel):
-    """A model folder's file manifest, as a peer serves it."""
+    """A model folder's file manifest, as a peer serves it; `complete: false` while the peer
+    still downloads it (only its verified files are listed; `digest` is that listing's)."""
 
     storage_key: str = Field(pattern=_KEY)
     digest: str = Field(pattern=_DIGEST)
+    complete: bool = True
     files: list[ManifestFile] = Field(max_length=MAX_FILES)
     dirs: list[str] = Field(default_factory=list, max_length=MAX_FILES)
     links: list[ManifestLink] = Field(default_factory=list, max_length=MAX_FILES)

@@ -1,6 +1,6 @@
 """`localcache fetch`: the program of a peer-mode download pod (`download.peerfetch`).
 
-    localcache fetch --storage-key K --digest sha256:... --source NODE=https://IP:PORT ...
+    localcache fetch --storage-key K --digest (sha256:...|follow) --source NODE=https://IP:PORT ...
         --token-file PATH (--ca-env VAR | --ca-file PATH) [--server-name localcache-peer]
         [--max-size Q] [--deadline S] [--stall-timeout S] [--concurrency N]
         [--report /dev/termination-log] DEST
@@ -47,7 +47,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The arguments of `localcache fetch`, for the CLI's subcommand parser."""
     parser.add_argument("dest", help="directory to place the model in (created when missing)")
     parser.add_argument("--storage-key", required=True, help="the model's storage key")
-    parser.add_argument("--digest", required=True, help="the content digest, sha256:<hex>")
+    parser.add_argument(
+        "--digest",
+        required=True,
+        help=f"the content digest, sha256:<hex>; {peer.FOLLOW!r}: the sources still download "
+        "the model (their first complete manifest decides)",
+    )
     parser.add_argument(
         "--source",
         action="append",
@@ -133,7 +138,7 @@ def _request(args: argparse.Namespace) -> tuple[peerfetch.Request, peersources.B
         raise bad("DEST must name a directory")
     if not _KEY.fullmatch(args.storage_key):
         raise bad(f"invalid --storage-key {args.storage_key[:40]!r} (16 hex digits)")
-    if not _DIGEST.fullmatch(args.digest):
+    if args.digest != peer.FOLLOW and not _DIGEST.fullmatch(args.digest):
         raise bad(f"invalid --digest {args.digest[:80]!r} (sha256:<64 hex digits>)")
     if len(args.source) > peer.MAX_SOURCES:
         raise bad(f"at most {peer.MAX_SOURCES} --source")

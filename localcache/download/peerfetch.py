@@ -1,6 +1,13 @@
 """The transfer engine of `localcache fetch`: a model folder from peers, verified, atomically.
 
 Contract (`fetch`):
+- Follow mode (`digest` = `peer.FOLLOW`): the sources may still be downloading the model and
+  serve manifests with `complete: false` (their whole files so far; 503 while they have none,
+  waited for without limit but the deadline). The files of each manifest are fetched as it
+  comes; a source is asked again every `FOLLOW_POLL_S` once every file known is taken, until
+  a complete manifest (its stated digest its computed one) ends the listing. A file whose
+  entry changes between two manifests, or that the complete one does not list, ends the run
+  with "use origin"; a 404 is a strike (a source moves its folder into place when done).
 - The manifest comes from the first live source (`peersources.Board`, rank order) that
   answers 200 with at most `MAX_MANIFEST_BYTES`; it is refused (that source banned, the next
   one asked) unless it parses (`api.peer.PeerManifest`: bounded, safe paths), names the
@@ -14,10 +21,11 @@ Contract (`fetch`):
   resumed by `Range: bytes=<written>-` from the next source, the running hash carried on
   (a 206 must start exactly there). 429/503 move on to the next source; after a full pass over
   the live sources without progress the worker backs off (Retry-After honoured, at most
-  `peersources.MAX_RETRY_AFTER_S`). A file whose size or sha256 is wrong is discarded and
-  every source that contributed to it banned for the run. 401, 403, 404, 416, TLS failures
-  and protocol violations ban the source; transport failures and 500/502/504 strike it
-  (`peersources.MAX_STRIKES` ban it). A file no live source can serve (`ROUNDS` passes
+  `peersources.MAX_RETRY_AFTER_S`). Each file is written as `<path>.localcache-part` and
+  renamed to its path once verified and fsynced. A file whose size or sha256 is wrong is
+  discarded and every source that contributed to it banned for the run. 401, 403, 404, 416,
+  TLS failures and protocol violations ban the source; transport failures and 500/502/504
+  strike it (`peersources.MAX_STRIKES` ban it). A file no live source can serve (`ROUNDS` passes
   without progress, or no source left) ends the run with "use origin".
 - Only after every file verified and fsynced are the links made (and checked against the
   staging directory's real path) and the tree committed into `dest` (`staging.commit`).
@@ -56,6 +64,8 @@ DEFAULT_CONNECT_S: Final = 10.0
 MAX_MANIFEST_BYTES: Final = 32 << 20
 ROUNDS: Final = 3
 BACKOFF_S: Final = 0.5
+FOLLOW_POLL_S: Final = 1.0
+"""Follow mode: how often a source still downloading is asked for its manifest again."""
 _Failure = peersources.SourceFailure
 _NEW_FILE: Final = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 CHUNK_BYTES: Final = http.CHUNK_BYTES
@@ -111,10 +121,11 @@ async def fetch(request: Request, dest: Path, board: peersources.Board) -> int:
         try:
             async with asyncio.timeout(request.deadline), _session(request) as session:
                 run = _Run(request, session, board)
-                manifest = await run.manifest()
+                first = await run.manifest()
                 stage = await asyncio.to_thread(staging.new_staging, dest)
+                await asyncio.to_thread(peerlayout.make_dirs, first, stage)
+                manifest = await run.files(first, stage)
                 await asyncio.to_thread(peerlayout.make_dirs, manifest, stage)
-                await run.files(manifest, stage)
         except TimeoutError:
             raise peersources.use_origin(
                 f"the peers did not finish within {request.deadline:g} s (--deadline)"
@@ -155,38 +166,45 @@ class _Run:
         self.request = request
         self.session = session
         self.board = board
+        self.following = request.digest == peer.FOLLOW
 
     # ------------------------------------------------------------------------- manifest
 
     async def manifest(self) -> peer.PeerManifest:
         reasons: list[str] = []
-        for attempt in range(ROUNDS):
+        attempt = 0
+        while attempt < ROUNDS or self.following:  # a source still downloading is waited for
+            attempt += 1
             waits: list[float] = []
             for source in self.board.live():
                 try:
                     manifest = await self._manifest_from(source)
                 except _Failure as failure:
                     self._failed(source, failure, what="manifest")
-                    reasons.append(f"{source.node}: {failure.reason}")
+                    reasons = [*reasons[-2:], f"{source.node}: {failure.reason}"]
                     if failure.kind != "ban":
                         waits.append(failure.wait)
                     continue
-                _check_manifest(manifest, self.request)
-                log.info(
-                    "fetch.manifest", source=source.node, files=len(manifest.files),
-                    bytes=manifest.bytes,
-                )  # fmt: skip
+                peerlayout.check(manifest, max_bytes=self.request.max_bytes)
+                if manifest.complete:  # not every poll of a source still downloading
+                    log.info(
+                        "fetch.manifest", source=source.node, files=len(manifest.files),
+                        bytes=manifest.bytes,
+                    )  # fmt: skip
                 return manifest
             if not waits:
                 break
-            await self._back_off(attempt, max(waits))
-        raise peersources.use_origin("no peer served the manifest: " + "; ".join(reasons[-3:]))
+            if self.following:  # a source with nothing yet: ask again soon
+                await self.request.clock.sleep(max(FOLLOW_POLL_S, min(max(waits), 5.0)))
+            else:
+                await self._back_off(attempt - 1, max(waits))
+        raise peersources.use_origin("no peer served the manifest: " + "; ".join(reasons))
 
     async def _manifest_from(self, source: peersources.Source) -> peer.PeerManifest:
         url = source.manifest_url(self.request.storage_key)
         try:
             async with self._get(url, headers={}) as resp:
-                peersources.check_status(resp, expected=200)
+                peersources.check_status(resp, expected=200, lenient_404=self.following)
                 if (resp.content_length or 0) > MAX_MANIFEST_BYTES:
                     raise _Failure("ban", f"manifest of {resp.content_length} bytes is too large")
                 body = bytearray()
@@ -205,35 +223,63 @@ class _Run:
             raise _Failure("ban", f"invalid manifest: {str(first.get('msg'))[:120]}") from None
         if manifest.storage_key != self.request.storage_key:
             raise _Failure("ban", "the manifest is of another storage key")
-        if manifest.digest != self.request.digest or (
-            manifest.computed_digest() != self.request.digest
-        ):
+        if manifest.computed_digest() != manifest.digest:
+            raise _Failure("ban", "the manifest's digest is not that of its listing")
+        if not self.following and (not manifest.complete or manifest.digest != self.request.digest):
             raise _Failure("ban", "the manifest's digest is not the expected one")
         return manifest
 
     # ---------------------------------------------------------------------------- files
 
-    async def files(self, manifest: peer.PeerManifest, stage: Path) -> None:
-        pending = iter(manifest.files)
+    async def files(self, first: peer.PeerManifest, stage: Path) -> peer.PeerManifest:
+        """Fetch every file of `first`; while the sources still download the model (follow
+        mode), also those of the manifests they serve later: the complete one is returned."""
+        queue: asyncio.Queue[peer.ManifestFile | None] = asyncio.Queue()
+        taken: dict[str, peer.ManifestFile] = {}
+
+        def offer(manifest: peer.PeerManifest) -> None:
+            for entry in manifest.files:
+                before = taken.setdefault(entry.path, entry)
+                if before is entry:
+                    queue.put_nowait(entry)
+                elif before != entry:
+                    raise peersources.use_origin(
+                        f"{entry.path[:80]!r} changed between two manifests of the sources"
+                    )
 
         async def worker() -> None:
-            for entry in pending:  # one iterator shared by the workers (one event loop)
+            while (entry := await queue.get()) is not None:
                 await self._file(entry, stage)
 
-        workers = max(1, min(self.request.concurrency, len(manifest.files)))
+        workers = self.request.concurrency if not first.complete else len(first.files)
+        workers = max(1, min(self.request.concurrency, workers))
+        manifest = first
         try:
             async with asyncio.TaskGroup() as group:
                 for i in range(workers):
                     group.create_task(worker(), name=f"localcache-fetch-worker-{i}")
+                offer(manifest)
+                while not manifest.complete:
+                    await self.request.clock.sleep(FOLLOW_POLL_S)
+                    if queue.empty():  # every file known is taken: ask for more
+                        manifest = await self.manifest()
+                        offer(manifest)
+                for _ in range(workers):
+                    queue.put_nowait(None)
         except BaseExceptionGroup as errors:
-            raise _first(errors) from None
+            raise peersources.first_error(errors) from None
+        gone = taken.keys() - {f.path for f in manifest.files}
+        if gone:
+            raise peersources.use_origin(
+                f"{sorted(gone)[0][:80]!r} is not in the sources' complete manifest"
+            )
+        return manifest
 
     async def _file(self, entry: peer.ManifestFile, stage: Path) -> None:
         path = stage / entry.path
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(
-            path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644
-        )
+        part = path.with_name(path.name + peer.PART_SUFFIX)
+        fd = os.open(part, _NEW_FILE, 0o644)
         with os.fdopen(fd, "wb") as out:
             job = _File(entry, out)
             if entry.size > 0:
@@ -243,6 +289,8 @@ class _Run:
             out.flush()
             # off the loop: a multi-GB fsync must not stall the other streams in flight
             await asyncio.to_thread(os.fsync, out.fileno())
+        # under its name only once verified: the agent serves complete names to other peers
+        os.rename(part, path)
         log.info("fetch.file", path=entry.path[:200], bytes=entry.size)
 
     async def _transfer(self, job: _File) -> None:
@@ -303,7 +351,8 @@ class _Run:
         url = source.file_url(self.request.storage_key, job.entry.path)
         try:
             async with self._get(url, headers=headers) as resp:
-                peersources.check_status(resp, expected=206 if job.written else 200)
+                expected = 206 if job.written else 200
+                peersources.check_status(resp, expected=expected, lenient_404=self.following)
                 peersources.check_extent(resp, offset=job.written, size=size)
                 async for chunk in resp.content.iter_chunked(CHUNK_BYTES):
                     if len(chunk) > size - job.written:
@@ -347,29 +396,3 @@ class _Run:
     async def _back_off(self, attempt: int, wait: float) -> None:
         delay = max(wait, BACKOFF_S * 2 ** min(attempt, 6))
         await self.request.clock.sleep(min(delay, peersources.MAX_RETRY_AFTER_S))
-
-
-def _check_manifest(manifest: peer.PeerManifest, request: Request) -> None:
-    if manifest.bytes > request.max_bytes:
-        raise peersources.use_origin(
-            f"the model ({manifest.bytes} bytes) is larger than the {request.max_bytes}-byte "
-            "limit (--max-size)"
-        )
-    peerlayout.check(manifest)
-
-
-def _first(errors: BaseExceptionGroup[BaseException]) -> BaseException:
-    """The error a run ends with: a local failure first (the origin would hit it too)."""
-    leaves = list(_leaves(errors))
-    for leaf in leaves:
-        if isinstance(leaf, OSError) and not isinstance(leaf, TimeoutError):
-            return leaf
-        if isinstance(leaf, peersources.FetchError) and not leaf.use_origin:
-            return leaf
-    return leaves[0]
-
-
-def _leaves(error: BaseException) -> list[BaseException]:
-    if isinstance(error, BaseExceptionGroup):
-        return [leaf for inner in error.exceptions for leaf in _leaves(inner)]
-    return [error]

@@ -2,9 +2,11 @@
 staging directory after every file verified (`download.peerfetch`).
 
 Contract:
-- `check(manifest)`: a manifest is usable when it lists no special file (`others`), no path
-  twice, nothing below a file or a link, and only links whose target is relative and stays
-  inside the model folder (lexically, from the link's directory). Otherwise
+- `check(manifest, max_bytes)`: a manifest is usable when its files sum to at most
+  `max_bytes` and it lists no special file (`others`), no path
+  twice, no path ending in `peer.PART_SUFFIX` (the name of a file being fetched), nothing
+  below a file or a link, and only links whose target is relative and stays inside the model
+  folder (lexically, from the link's directory). Otherwise
   `peersources.FetchError` with `use_origin` (the origin's own download decides about such
   content; a peer never makes us write it).
 - `make_dirs(manifest, staging)` creates every listed directory; `make_links` creates the
@@ -24,8 +26,14 @@ from localcache.download import peersources
 from localcache.runtime import durable
 
 
-def check(manifest: peer.PeerManifest) -> None:
-    """Refuse a manifest whose tree we will not lay out (module doc)."""
+def check(manifest: peer.PeerManifest, *, max_bytes: int) -> None:
+    """Refuse a manifest larger than `max_bytes` or whose tree we will not lay out (module
+    doc)."""
+    if manifest.bytes > max_bytes:
+        raise peersources.use_origin(
+            f"the model ({manifest.bytes} bytes) is larger than the {max_bytes}-byte "
+            "limit (--max-size)"
+        )
     if manifest.others:
         raise peersources.use_origin(
             f"the manifest lists {len(manifest.others)} special file(s), e.g. "
@@ -40,6 +48,8 @@ def check(manifest: peer.PeerManifest) -> None:
             raise peersources.use_origin(f"the manifest lists {path[:80]!r} twice")
         kinds[path] = kind
     for path in kinds:
+        if path.endswith(peer.PART_SUFFIX):  # the name a file has while being fetched
+            raise peersources.use_origin(f"the manifest lists {path[:80]!r}")
         parts = path.split("/")
         for depth in range(1, len(parts)):
             ancestor = "/".join(parts[:depth])

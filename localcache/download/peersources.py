@@ -35,6 +35,7 @@ MAX_CA_BYTES: Final = 256 * 1024
 MAX_RETRY_AFTER_S: Final = 30.0
 _CONTENT_RANGE: Final = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
 MAX_STRIKES: Final = 3
+FOLLOW_404_WAIT_S: Final = 1.0
 """Transport failures (refused, reset, stalled) after which a source is dropped for the run."""
 
 
@@ -183,10 +184,14 @@ class SourceFailure(Exception):
         self.wait = wait
 
 
-def check_status(resp: aiohttp.ClientResponse, *, expected: int) -> None:
+def check_status(resp: aiohttp.ClientResponse, *, expected: int, lenient_404: bool = False) -> None:
+    """`SourceFailure` unless `expected`; with `lenient_404` (follow mode: a source still
+    downloading moves its folder into place) a 404 is a strike after `FOLLOW_404_WAIT_S`."""
     status = resp.status
     if status == expected:
         return
+    if status == 404 and lenient_404:
+        raise SourceFailure("strike", "HTTP 404 (still downloading?)", wait=FOLLOW_404_WAIT_S)
     if status in (429, 503):
         wait = retry_after(resp.headers.get("Retry-After"), fallback=0.0)
         raise SourceFailure("busy", f"HTTP {status}", wait=wait)
@@ -212,3 +217,20 @@ def check_extent(resp: aiohttp.ClientResponse, *, offset: int, size: int) -> Non
 
 def short(exc: BaseException) -> str:
     return " ".join(str(exc).split())[:160] or type(exc).__name__
+
+
+def first_error(errors: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The error a fetch ends with: a local failure first (the origin would hit it too)."""
+    leaves = list(_leaves(errors))
+    for leaf in leaves:
+        if isinstance(leaf, OSError) and not isinstance(leaf, TimeoutError):
+            return leaf
+        if isinstance(leaf, FetchError) and not leaf.use_origin:
+            return leaf
+    return leaves[0]
+
+
+def _leaves(error: BaseException) -> list[BaseException]:
+    if isinstance(error, BaseExceptionGroup):
+        return [leaf for inner in error.exceptions for leaf in _leaves(inner)]
+    return [error]

@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -79,8 +79,11 @@ def listing(
     max_entries: int | None = None,
     max_depth: int | None = None,
     stop: Callable[[], bool] = _never,
+    known: Mapping[tuple[int, int, int, int], str] | None = None,
 ) -> Listing:
-    """The folder's entries, files hashed (module doc)."""
+    """The folder's entries, files hashed (module doc); `known` maps (device, inode, size,
+    mtime in ns) of files hashed before (a download's, before its promotion) to their
+    sha256, which is then not computed again."""
     files: list[tuple[str, int, str]] = []
     dirs: list[str] = []
     links: list[tuple[str, str]] = []
@@ -99,7 +102,9 @@ def listing(
             continue
         info = os.lstat(path)
         if stat.S_ISREG(info.st_mode):
-            files.append((rel, info.st_size, file_sha256(path, stop=stop)))
+            identity = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
+            sha = (known or {}).get(identity) or file_sha256(path, stop=stop)
+            files.append((rel, info.st_size, sha))
         elif stat.S_ISLNK(info.st_mode):
             links.append((rel, os.readlink(path)))
         else:

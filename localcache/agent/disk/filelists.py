@@ -26,7 +26,7 @@ Contract:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -76,12 +76,16 @@ def _never() -> bool:
 
 
 def compute(
-    folder: Path, storage_key: str, *, stop: Callable[[], bool] = _never
+    folder: Path,
+    storage_key: str,
+    *,
+    stop: Callable[[], bool] = _never,
+    known: Mapping[tuple[int, int, int, int], str] | None = None,
 ) -> peer.PeerManifest:
-    """The folder's peer manifest (module contract)."""
+    """The folder's peer manifest (module contract); `known`: see `digest.listing`."""
     try:
         found = digest.listing(
-            folder, max_entries=peer.MAX_FILES, max_depth=peer.MAX_DEPTH, stop=stop
+            folder, max_entries=peer.MAX_FILES, max_depth=peer.MAX_DEPTH, stop=stop, known=known
         )
     except digest.TooLarge as exc:
         raise Unservable(str(exc)) from exc

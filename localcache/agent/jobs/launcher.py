@@ -33,7 +33,7 @@ import structlog
 
 from localcache.agent import downloads
 from localcache.agent.disk import folders, layout, roots
-from localcache.agent.jobs import jobs, trust
+from localcache.agent.jobs import jobs, peerjob, trust
 from localcache.api import download, modelnode, nodegroup, storage
 from localcache.caching import (
     config,
@@ -246,7 +246,7 @@ class JobLauncher:
                     self._group_download(unit.leader, group), self._cache_download(unit.leader)
                 ),
             )  # fmt: skip
-            job = peer(job, injection) if peer is not None else job
+            job = peer(job, injection) if peer else peerjob.seed_job(job, group, unit.request.uri)
             name, namespace = job["metadata"]["name"], job["metadata"]["namespace"]
             await asyncio.to_thread(
                 disk.prepare_staging,

@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from localcache.agent.jobs import jobs
-from localcache.api import peer
+from localcache.api import nodegroup, peer
 from localcache.caching import credentials
 
 Obj = dict[str, Any]
@@ -44,6 +44,8 @@ REPORT_PATH: Final = "/dev/termination-log"
 COMMAND: Final = ("localcache", "fetch")
 CONTAINER: Final = jobs.CONTAINER_NAME
 DEFAULT_SERVICE_ACCOUNT: Final = "default"
+SEED_FILES_ENV: Final = "S3_MAX_FILE_CONCURRENCY"
+SEED_FILES: Final = "2"
 
 
 def is_peer(job: Mapping[str, Any]) -> bool:
@@ -138,3 +140,21 @@ def _token_volume() -> Obj:
             ]
         },
     }
+
+
+def seed_job(job: Obj, group: nodegroup.LocalModelNodeGroup, uri: str) -> Obj:
+    """The origin Job of an `s3://` model in a group with peer distribution: KServe's storage
+    initializer fetches at most `SEED_FILES` objects at once (its default is 4), so that files
+    become whole in turn, servable to the nodes following this one, rather than all near the
+    end (the origin's total rate is the same). A value the Job already sets is kept."""
+    spec = group.spec.peer_distribution
+    if spec is None or not spec.enabled or not uri.startswith("s3://"):
+        return job
+    job = copy.deepcopy(job)
+    main = next(
+        c for c in job["spec"]["template"]["spec"]["containers"] if c.get("name") == CONTAINER
+    )
+    env = main.setdefault("env", [])
+    if not any(e.get("name") == SEED_FILES_ENV for e in env):
+        env.append({"name": SEED_FILES_ENV, "value": SEED_FILES})
+    return job

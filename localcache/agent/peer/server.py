@@ -1,14 +1,17 @@
-"""The peer server: this node's complete, hashed model folders for trusted download pods.
+"""The peer server: this node's complete, hashed model folders, and the whole files of its
+downloads in progress (`manifest.complete` false), for trusted download pods.
 
 Wire (`peer.WIRE_PREFIX` = /p2p/v1), `Authorization: Bearer <token>` on every request:
 - `GET /p2p/v1/models/{storageKey}/manifest`: the folder's `PeerManifest` (JSON, camelCase).
 - `GET /p2p/v1/models/{storageKey}/files/{path}`: one file listed in that manifest, whole
   (200) or one range (`Range: bytes=N-` or `bytes=N-M`: 206 with `Content-Range`).
 Answers: 401 no/bad token, 403 not entitled, 404 unknown key/folder/file or a file on disk
-that is not what the manifest lists (counted `stale`), 416 bad range, 429 + `Retry-After`
-(1..5 s) beyond the upload slots, 503 (+ `Retry-After`) while stopping or when the apiserver
-cannot be asked. Order: stopping, key format, token presence, folder lookup, authorization,
-file membership, upload slot, open, range.
+that is not what the manifest lists (counted `stale`; 503 `moving` + `Retry-After` for a
+download in progress, whose files move into place when it completes; 503 `nothing-yet` for
+one without a whole file yet), 416 bad range,
+429 + `Retry-After` (1..5 s) beyond the upload slots, 503 (+ `Retry-After`) while stopping
+or when the apiserver cannot be asked. Order: stopping, key format, token presence, folder
+lookup, authorization, file membership, upload slot, open, range.
 
 Serving rules: only paths listed in `manifest.files` (never dirs, links, others, never
 anything else); opened beneath the folder without following any symlink
@@ -236,6 +239,8 @@ class PeerServer:
         served = self._folders.lookup(key, decision.scope)
         if served is None or served.manifest.storage_key != key:
             raise _Refused(404, "not-here")
+        if not served.manifest.complete and not served.manifest.files:
+            raise _Refused(503, "nothing-yet", retry_after=1)  # its download has no file yet
         return served, decision
 
     def _refusal(self, refusal: auth.Refusal, key: str) -> NoReturn:
@@ -273,6 +278,8 @@ class PeerServer:
         try:
             fd = await asyncio.to_thread(files.open_beneath, served.path, entry.path, entry.size)
         except files.Stale as exc:
+            if not served.manifest.complete:  # a download in progress moves its files
+                return self._refused(_Refused(503, "moving", retry_after=1))
             log.warning("peer.stale_file", storage_key=served.manifest.storage_key, error=str(exc))
             return self._refused(_Refused(404, "stale"))
         try:

@@ -62,6 +62,37 @@ async def test_downloaded_model_is_published_to_peers_when_enabled(agent: Agent)
     await eventually(unpublished, what="the file list and status.peer.models gone with the folder")
 
 
+async def test_a_download_in_progress_is_published_incomplete_then_complete(agent: Agent) -> None:
+    await agent.patch(
+        LMNG.path(name=agent.group), {"spec": {"peerDistribution": {"enabled": True}}}
+    )
+    await agent.start(peer_port=8476, pod_ip="10.1.2.3")
+    await agent.set_models([entry("iris", group=agent.group)])
+    [job] = await agent.wait_jobs(1)
+
+    async def listed() -> list[Obj] | None:
+        models = ((await agent.node_status()).get("peer") or {}).get("models")
+        return list(models) if models else None
+
+    [partial] = await eventually(listed, what=f"{agent.node} lists {KEY} while downloading")
+    [record] = (await agent.node_status())["downloadJobs"]
+    assert partial == {
+        "storageKey": KEY,
+        "complete": False,
+        "scopes": [record["scope"]],
+        "bytes": 0,
+    }
+    await agent.finish(job, succeed=True, files=FILES)
+    await agent.wait_status({"iris": "ModelDownloaded"})
+
+    async def completed() -> list[Obj] | None:
+        models = await listed()
+        return models if models and "complete" not in models[0] else None
+
+    [model] = await eventually(completed, what=f"{agent.node} lists {KEY} complete")
+    assert model["digest"] == digest.tree_digest(agent.disk.model_path(KEY))
+
+
 async def test_nothing_is_published_or_hashed_when_disabled(agent: Agent) -> None:
     await agent.start(peer_port=8476, pod_ip="10.1.2.3")
     await _downloaded(agent)

@@ -249,7 +249,9 @@ async def test_cancelling_the_worker_stops_and_awaits_the_hashing_thread(
     disk = _disk(tmp_path)
     started, finished = threading.Event(), threading.Event()
 
-    def slow(folder: Path, storage_key: str, *, stop: Callable[[], bool]) -> peer.PeerManifest:
+    def slow(
+        folder: Path, storage_key: str, *, stop: Callable[[], bool], known: object = None
+    ) -> peer.PeerManifest:
         started.set()
         try:
             while not stop():

@@ -173,3 +173,31 @@ def test_the_fetcher_accepts_the_arguments() -> None:
     assert parsed.source == [f"{n}={e}" for n, e in SOURCES]
     assert (parsed.ca_env, parsed.digest, parsed.max_size) == ("LOCALCACHE_PEER_CA", DIGEST, "1234")
     assert parsed.token_file == "/var/run/secrets/localcache/peer/token"
+
+
+def _group(*, enabled: bool) -> nodegroup.LocalModelNodeGroup:
+    return nodegroup.LocalModelNodeGroup.model_validate(
+        {
+            "metadata": {"name": "gpu"},
+            "spec": {
+                "storageLimit": "10Gi",
+                "persistentVolumeSpec": {"hostPath": {"path": "/models"}},
+                "persistentVolumeClaimSpec": {},
+                "peerDistribution": {"enabled": enabled},
+            },
+        }
+    )
+
+
+def test_an_s3_seed_fetches_two_objects_at_once_unless_the_job_says_otherwise() -> None:
+    origin = _origin()
+    seed = peerjob.seed_job(origin, _group(enabled=True), URI)
+    assert {"name": "S3_MAX_FILE_CONCURRENCY", "value": "2"} in _main(seed)["env"]
+    assert origin == _origin()  # not changed in place
+    assert peerjob.seed_job(origin, _group(enabled=False), URI) == origin
+    assert peerjob.seed_job(origin, _group(enabled=True), "gs://b/m") == origin
+    _main(origin)["env"].append({"name": "S3_MAX_FILE_CONCURRENCY", "value": "8"})
+    kept = peerjob.seed_job(origin, _group(enabled=True), URI)
+    assert [e for e in _main(kept)["env"] if e["name"] == "S3_MAX_FILE_CONCURRENCY"] == [
+        {"name": "S3_MAX_FILE_CONCURRENCY", "value": "8"}
+    ]

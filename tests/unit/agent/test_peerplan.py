@@ -240,3 +240,55 @@ def test_namespace_entries_elect_by_their_status_key() -> None:
     )  # fmt: skip
     assert isinstance(peerplan.plan(_req(node, status_key="team/iris")), peerplan.WaitForSeed)
     assert peerplan.plan(_req(node, waited_s=peerplan.SETTLE_S)) == peerplan.Origin("no-source")
+
+
+def _downloading(scopes: tuple[str, ...] = (SCOPE,)) -> dict[str, Any]:
+    return {"storageKey": KEY, "complete": False, "scopes": list(scopes), "bytes": 0}
+
+
+def test_a_node_still_downloading_in_the_scope_is_followed() -> None:
+    seed = _node("node-a", models=[_downloading()], state="ModelDownloading")
+    decision = peerplan.plan(_req(seed))
+    assert decision == peerplan.Peer((("node-a", "https://10.0.0.1:8476"),), peer.FOLLOW)
+
+
+def test_a_complete_source_beats_nodes_still_downloading() -> None:
+    seed = _node("node-a", models=[_downloading()], endpoint="https://a:1")
+    done = _node("node-z", models=[_model()], endpoint="https://z:1")
+    decision = peerplan.plan(_req(seed, done))
+    assert decision == peerplan.Peer((("node-z", "https://z:1"),), D1)
+
+
+def test_a_download_of_another_scope_is_never_followed() -> None:
+    other = _node("node-a", models=[_downloading((OTHER_SCOPE,))], endpoint="https://a:1")
+    assert not isinstance(peerplan.plan(_req(other)), peerplan.Peer)
+
+
+def test_a_node_following_this_one_is_never_followed_back() -> None:
+    child = _node(
+        "node-a",
+        models=[_downloading()],
+        state="ModelDownloading",
+        progress={"iris": {"source": f"peer/{ME}"}},
+    )
+    other = _node("node-b", models=[_downloading()], endpoint="https://b:1")
+    decision = peerplan.plan(_req(child, other))
+    assert decision == peerplan.Peer((("node-b", "https://b:1"),), peer.FOLLOW)
+
+
+def test_a_node_still_downloading_at_max_uploads_is_skipped_and_its_children_followed() -> None:
+    seed = _node("node-a", models=[_downloading()], endpoint="https://a:1")
+    kids = [
+        _node(
+            f"kid-{i}",
+            models=[_downloading()],
+            endpoint=f"https://k{i}:1",
+            state="ModelDownloading",
+            progress={"iris": {"source": "peer/node-a"}},
+        )
+        for i in (1, 2)
+    ]
+    decision = peerplan.plan(_req(seed, *kids))
+    assert isinstance(decision, peerplan.Peer)
+    assert decision.digest == peer.FOLLOW
+    assert [n for n, _ in decision.sources] == ["kid-1", "kid-2"]

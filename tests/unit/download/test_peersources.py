@@ -79,5 +79,5 @@ def test_a_tree_that_cannot_be_laid_out_is_refused(
 ) -> None:
     manifest = peerwire.manifest_for(files, dirs=dirs, links=links)
     with pytest.raises(peersources.FetchError, match=message) as caught:
-        peerlayout.check(manifest)
+        peerlayout.check(manifest, max_bytes=1 << 40)
     assert caught.value.use_origin

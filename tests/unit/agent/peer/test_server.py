@@ -71,6 +71,7 @@ class Bed:
     session: aiohttp.ClientSession
     folder: Path
     manifest: peer.PeerManifest
+    folders: Folders
 
     def get(
         self, path: str, *, token: str | None = "good", **headers: str
@@ -112,8 +113,9 @@ async def bed(tmp_path: Path) -> AsyncIterator[Bed]:
     registry = metrics.Metrics()
     fake, rate = clock.FakeClock(), list[int | None]([None])
     peer_metrics = registry.peer()
+    folders = Folders(server.ServedFolder(folder, manifest, frozenset({SCOPE})))
     srv = server.PeerServer(
-        folders=Folders(server.ServedFolder(folder, manifest, frozenset({SCOPE}))),
+        folders=folders,
         authorizer=FakeAuthorizer(),
         slots=throttle.UploadSlots(lambda: 1),
         bucket=throttle.TokenBucket(lambda: rate[0], clock=fake),
@@ -134,6 +136,7 @@ async def bed(tmp_path: Path) -> AsyncIterator[Bed]:
             session,
             folder,
             manifest,
+            folders,
         )
     finally:
         await session.close()
@@ -292,3 +295,27 @@ async def test_stop_cancels_streams_past_the_grace(bed: Bed) -> None:
         await held
     assert bed.registry.value("localcache_p2p_uploads_in_flight") == 0
     assert os.listdir(bed.folder)  # nothing touched on disk
+
+
+async def test_a_download_in_progress_answers_503_until_it_has_a_file_and_for_moved_files(
+    bed: Bed,
+) -> None:
+    def partial(files: list[peer.ManifestFile]) -> None:
+        digest = peer.manifest_digest(files=((f.path, f.size, f.sha256) for f in files))
+        manifest = peer.PeerManifest(storage_key=KEY, digest=digest, complete=False, files=files)
+        bed.folders.served = server.ServedFolder(bed.folder, manifest, frozenset({SCOPE}))
+
+    partial([])
+    async with bed.get(f"{KEY}/manifest") as response:
+        assert (response.status, await response.text()) == (503, "nothing-yet\n")
+        assert response.headers["Retry-After"] == "1"
+    partial([_file("big.bin", BIG), _file("moved.bin", b"whole once")])
+    async with bed.get(f"{KEY}/manifest") as response:
+        assert response.status == 200
+        assert (await response.json())["complete"] is False
+    async with bed.get(f"{KEY}/files/big.bin") as response:
+        assert await response.read() == BIG
+    async with bed.get(f"{KEY}/files/moved.bin") as response:  # moved into place meanwhile
+        assert (response.status, await response.text()) == (503, "moving\n")
+    async with bed.get(f"{KEY}/files/resized") as response:
+        assert response.status == 404  # not listed in the partial manifest
