@@ -165,8 +165,10 @@ class PeerFiles:
         if wants is None:
             self._forget()
             return {}
-        downloading = peerprogress.in_flight(units, _peer_roots(placements), outcomes)
-        self.progress.track(downloading)
+        roots = _peer_roots(placements)
+        downloading = peerprogress.in_flight(units, roots, outcomes)
+        finished = peerprogress.in_flight(units, roots, outcomes, states=peerprogress.DONE)
+        self.progress.track(downloading, finished=finished)
         ready, served = dict(self._ready), dict(self._served)
         survey = await asyncio.to_thread(self._survey, wants, ready, served)
         for key, result in ready.items():
@@ -297,7 +299,7 @@ class PeerFiles:
                 folder,
                 job.storage_key,
                 stop=self._stop.is_set,
-                known=self.progress.known(),
+                known=self.progress.known(_staging_of(job)),
             )
         )
         try:
@@ -315,6 +317,14 @@ def _scopes(stored: Sequence[str], want: Want) -> tuple[str, ...]:
 
 def _order(model: peer.PeerModel) -> tuple[str, bool, str]:
     return model.storage_key, not model.whole, model.digest or ""
+
+
+def _staging_of(job: _Hash) -> str:
+    """The staging folder the folder of `job` was promoted from ("" when none)."""
+    try:
+        return layout.staging_name(job.storage_key, job.stamp.job)
+    except layout.DiskError:
+        return ""
 
 
 def _peer_roots(placements: Mapping[str, Placement]) -> dict[str, Path]:

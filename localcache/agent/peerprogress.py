@@ -13,18 +13,24 @@ distribution enabled whose entry is Pending or Downloading by a Job of
   moves the whole tree into the Job's staging folder; both places are looked at.
 
 `Progress` tracks them (`track`, once per reconcile pass) and `run()` looks at each tracked
-staging folder every `WATCH_S` (in a thread: a bounded walk, `peer.MAX_FILES` entries and
-`peer.MAX_DEPTH` levels, never following a symlink), hashes the files it has not hashed yet
-(by device, inode, size and mtime) and hands the partial manifests (`complete: false`, only
-whole files, their own digest) to `on_change`. The bytes are the download pod's: a receiver
-verifies every file against the sha256 hashed here, and only pods of the same credential
-scope are ever served (a tenant can only spoil its own fetch, which then falls back).
+staging folder every `WATCH_S`, one at a time in a thread (`wholefiles.scan`: descriptors,
+no symlink followed, bounded), hashes the files whole by name and unchanged since the previous
+look (a file written in place is not taken between two writes), and hands the partial
+manifests (`complete: false`, their own digest) to `on_change` after each folder. A folder
+just tracked is served at once with no file (the server answers 503 "nothing yet", never
+404); a promoted one (`track(finished=...)`) keeps its last manifest for `TOMBSTONE_S` (its
+files moved: 503) while its complete list is made, so its followers never see it vanish. An
+`s3://` download holding an archive serves nothing before it completes (KServe unpacks it in
+place). The bytes are the download pod's: a receiver verifies every file against the sha256
+hashed here, and only pods of the same credential scope are ever served (a tenant can only
+spoil its own fetch, which then falls back).
 
-`known()` returns the hashes of files seen in tracked folders and in the last untracked ones
-(at most `peer.MAX_FILES`): the complete folder's file list reuses them after promotion (a
-rename: same inode, size and mtime), so a model is not hashed twice and its complete
-manifest follows the partial one at once. Not promised: that a listed file is still there
-when served (the server answers 503 for a partial folder's missing file: it moves).
+`known(staging)` returns the hashes taken in that staging folder (the last `KEPT_HASHES`
+folders no longer tracked are kept): the complete folder's file list after promotion reuses
+them for files whose identity (device, inode, size, mtime, ctime) is unchanged (a rename keeps
+it; a rewrite or `utime` changes the ctime), so a model is hashed once per node and its
+complete manifest follows the partial one quickly. Not promised: that a listed file is still
+there when served (the server answers 503 for a partial folder's missing file: it moves).
 """
 
 from __future__ import annotations
@@ -34,7 +40,6 @@ import collections
 import contextlib
 import os
 import re
-import stat
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -44,20 +49,23 @@ from typing import Final, Literal
 import structlog
 
 from localcache.agent import downloads, peerplan, status
-from localcache.agent.disk import digest, layout
+from localcache.agent.disk import digest, layout, wholefiles
 from localcache.api import modelnode, peer
 from localcache.download import staging as staging_mod
-from localcache.runtime import fstree
+from localcache.runtime import clock as clock_mod
 
 log = structlog.get_logger(__name__)
 
 WATCH_S: Final = 1.0
+TOMBSTONE_S: Final = 300.0
+KEPT_HASHES: Final = 32
 _S3_TEMP: Final = re.compile(r".*\.[0-9a-fA-F]{8}")
+_ARCHIVES: Final = (".tar", ".tar.gz", ".tgz", ".zip")
 _IN_FLIGHT: Final = frozenset(
     {modelnode.ModelStatus.DOWNLOAD_PENDING, modelnode.ModelStatus.DOWNLOADING}
 )
-Identity = tuple[int, int, int, int]
-"""(device, inode, size, mtime in ns) of a hashed file."""
+Identity = digest.Identity
+_Key = tuple[Path, str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,14 +98,17 @@ def in_flight(
     units: Sequence[downloads.Unit],
     roots: Mapping[str, Path],
     outcomes: Mapping[str, status.Outcome],
+    *,
+    states: frozenset[modelnode.ModelStatus] = _IN_FLIGHT,
 ) -> list[InFlight]:
     """The downloads of the pass to track (module doc); `roots` maps the node groups with peer
-    distribution enabled to their models root. Pure."""
+    distribution enabled to their models root. With `states={DOWNLOADED}`: those that
+    finished. Pure."""
     found: dict[tuple[Path, str], InFlight] = {}
     for unit in units:
         root = roots.get(unit.leader.node_group or "")
         outcome = outcomes.get(unit.status_keys[0])
-        if root is None or outcome is None or outcome.status not in _IN_FLIGHT:
+        if root is None or outcome is None or outcome.status not in states:
             continue
         job, source = outcome.progress.job_name, outcome.progress.source or ""
         kind: Literal["origin", "peer"]
@@ -117,10 +128,17 @@ def in_flight(
     return [found[k] for k in sorted(found)]
 
 
+DONE: Final = frozenset({modelnode.ModelStatus.DOWNLOADED})
+
+
 def scan(
-    item: InFlight, known: Mapping[Identity, str], *, stop: Callable[[], bool]
-) -> tuple[Partial, dict[Identity, str]] | None:
-    """The whole files of `item` now and the hashes behind them (None: no folder yet)."""
+    item: InFlight,
+    known: Mapping[Identity, str],
+    previous: frozenset[Identity],
+    *,
+    stop: Callable[[], bool],
+) -> tuple[Partial, wholefiles.Scanned] | None:
+    """The whole files of `item` now (None: no folder yet; `wholefiles.scan`)."""
     top = item.folder
     try:
         names = os.listdir(top)
@@ -128,136 +146,143 @@ def scan(
         return None
     if item.kind == "peer":
         inner = [n for n in names if n.startswith(staging_mod.PARTIAL_PREFIX)]
-        if len(inner) == 1 and stat.S_ISDIR(os.lstat(top / inner[0]).st_mode):
-            top = top / inner[0]
-    files: list[peer.ManifestFile] = []
-    hashes: dict[Identity, str] = {}
-    base = str(top)
-    for count, (path, is_dir) in enumerate(fstree.below(top, skip_unlistable=True), start=1):
-        rel = os.path.relpath(path, base)
-        if count > peer.MAX_FILES or rel.count(os.sep) >= peer.MAX_DEPTH:
-            break
-        if stop():
-            raise digest.Stopped(base)
-        if is_dir or not _whole(item.kind, rel):
-            continue
-        try:
-            info = os.lstat(path)
-            if not stat.S_ISREG(info.st_mode):
-                continue
-            identity = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
-            sha = known.get(identity) or digest.file_sha256(path, stop=stop)
-            entry = peer.ManifestFile(path=rel, size=info.st_size, sha256=sha)
-        except (OSError, ValueError):
-            continue  # moved or renamed meanwhile, or a name no manifest may hold
-        hashes[identity] = sha
-        files.append(entry)
-    files.sort(key=lambda f: f.path)
-    manifest = peer.PeerManifest(
-        storage_key=item.storage_key,
+        if len(inner) == 1:
+            top = top / inner[0]  # a symlink there is not walked (`wholefiles`)
+    elif any(n.endswith(_ARCHIVES) for n in names):
+        names = []  # KServe unpacks an archive in place: nothing is whole before the end
+    if not names:
+        scanned = wholefiles.Scanned([], frozenset(), {})
+    else:
+        scanned = wholefiles.scan(top, _whole_by(item.kind), known, previous, stop=stop)
+    return Partial(item, top, _manifest(item.storage_key, scanned.files)), scanned
+
+
+def _manifest(storage_key: str, files: list[peer.ManifestFile]) -> peer.PeerManifest:
+    return peer.PeerManifest(
+        storage_key=storage_key,
         digest=peer.manifest_digest(files=((f.path, f.size, f.sha256) for f in files)),
         complete=False,
         files=files,
     )
-    return Partial(item, top, manifest), hashes
 
 
-def _whole(kind: str, rel: str) -> bool:
-    """Whether the file at `rel` is whole by its name (module doc)."""
-    name = os.path.basename(rel)
-    if kind == "peer":
-        if rel.startswith(staging_mod.PARTIAL_PREFIX):
-            return False  # a leftover or backup of the fetcher's staging
-        return not name.endswith(peer.PART_SUFFIX)
-    return _S3_TEMP.fullmatch(name) is None
+def _whole_by(kind: str) -> Callable[[str], bool]:
+    def whole(rel: str) -> bool:
+        """Whether the file at `rel` is whole by its name (module doc)."""
+        name = os.path.basename(rel)
+        if kind == "peer":
+            if rel.startswith(staging_mod.PARTIAL_PREFIX):
+                return False  # a leftover or backup of the fetcher's staging
+            return not name.endswith(peer.PART_SUFFIX)
+        return _S3_TEMP.fullmatch(name) is None
+
+    return whole
 
 
 class Progress:
     """The partial manifests of this node's tracked downloads (module doc)."""
 
-    def __init__(self, *, on_change: Callable[[list[Partial]], None]) -> None:
+    def __init__(
+        self,
+        *,
+        on_change: Callable[[list[Partial]], None],
+        clock: clock_mod.Clock | None = None,
+    ) -> None:
         self._on_change = on_change
-        self._tracked: dict[tuple[Path, str], InFlight] = {}
-        self._partials: dict[tuple[Path, str], Partial] = {}
-        self._hashes: dict[tuple[Path, str], dict[Identity, str]] = {}
-        self._retired: collections.OrderedDict[Identity, str] = collections.OrderedDict()
+        self._clock = clock or clock_mod.SystemClock()
+        self._tracked: dict[_Key, InFlight] = {}
+        self._partials: dict[_Key, Partial] = {}
+        self._seen: dict[_Key, frozenset[Identity]] = {}
+        self._hashes: dict[_Key, dict[Identity, str]] = {}
+        self._retired: collections.OrderedDict[str, dict[Identity, str]] = collections.OrderedDict()
+        self._tombstones: dict[_Key, tuple[Partial, float]] = {}
         self._stop = threading.Event()
         self._wake = asyncio.Event()
 
-    def track(self, items: Sequence[InFlight]) -> None:
-        """Look at exactly `items` from now on; a folder no longer tracked keeps its hashes
-        for `known()` and stops being served."""
+    def track(self, items: Sequence[InFlight], *, finished: Sequence[InFlight] = ()) -> None:
+        """Look at exactly `items` from now on. A folder no longer tracked stops being served,
+        except one in `finished` (promoted: its files move into the model folder), whose last
+        manifest is still served for `TOMBSTONE_S` (its files answer 503) until the complete
+        folder is served; its hashes are kept for `known()`."""
         wanted = {(i.root, i.staging): i for i in items}
-        gone = self._tracked.keys() - wanted.keys()
-        for key in gone:
-            for identity, sha in self._hashes.pop(key, {}).items():
-                self._retired[identity] = sha
-                self._retired.move_to_end(identity)
-            while len(self._retired) > peer.MAX_FILES:
-                self._retired.popitem(last=False)
-            self._partials.pop(key, None)
-        new = wanted.keys() - self._tracked.keys()
+        done = {(i.root, i.staging) for i in finished}
+        now = self._clock.now()
+        for key in self._tracked.keys() - wanted.keys():
+            self._retire(key)
+            partial = self._partials.pop(key, None)
+            if key in done and partial is not None:
+                self._tombstones[key] = (partial, now + TOMBSTONE_S)
+            self._seen.pop(key, None)
+        for key, item in wanted.items():
+            if key not in self._partials:  # served at once: "nothing yet", never 404
+                self._partials[key] = Partial(item, item.folder, _manifest(item.storage_key, []))
         self._tracked = wanted
-        if gone:
-            self._on_change(list(self._partials.values()))
-        if new:
-            self._wake.set()
+        self._tombstones = {k: v for k, v in self._tombstones.items() if v[1] > now}
+        self._publish()
+        self._wake.set()
 
-    def known(self) -> dict[Identity, str]:
-        merged = dict(self._retired)
-        for hashes in self._hashes.values():
-            merged.update(hashes)
-        return merged
+    def known(self, staging: str) -> dict[Identity, str]:
+        """The hashes taken in the staging folder `staging` (tracked or retired)."""
+        for key, hashes in self._hashes.items():
+            if key[1] == staging:
+                return dict(hashes)
+        return dict(self._retired.get(staging, {}))
 
     def partials(self) -> list[Partial]:
         return list(self._partials.values())
 
     async def run(self) -> None:
         """Look at the tracked folders every `WATCH_S` until cancelled."""
+        self._stop.clear()
         while True:
-            if self._tracked:
-                await self._look()
+            for key in list(self._tracked):
+                await self._look(key)
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(WATCH_S if self._tracked else None):
                     await self._wake.wait()
             self._wake.clear()
 
-    async def _look(self) -> None:
-        items, known = list(self._tracked.values()), self.known()
-        work = asyncio.ensure_future(asyncio.to_thread(self._scan_all, items, known))
+    def _retire(self, key: _Key) -> None:
+        self._retired[key[1]] = self._hashes.pop(key, {})
+        self._retired.move_to_end(key[1])
+        while len(self._retired) > KEPT_HASHES:
+            self._retired.popitem(last=False)
+
+    def _publish(self) -> None:
+        self._on_change([*self._partials.values(), *(p for p, _ in self._tombstones.values())])
+
+    async def _look(self, key: _Key) -> None:
+        item = self._tracked.get(key)
+        if item is None:
+            return
+        known, previous = self._hashes.get(key, {}), self._seen.get(key, frozenset())
+        work = asyncio.ensure_future(asyncio.to_thread(self._scan, item, known, previous))
         try:
-            results = await asyncio.shield(work)
+            result = await asyncio.shield(work)
         except asyncio.CancelledError:
             self._stop.set()  # the thread stops at its next chunk or entry
             with contextlib.suppress(Exception, asyncio.CancelledError):
                 await work
             raise
-        changed = False
-        for key, result in results.items():
-            if key not in self._tracked:
-                continue  # untracked while the thread ran
-            if result is None:
-                changed |= self._partials.pop(key, None) is not None
-                continue
-            partial, hashes = result
-            self._hashes[key] = hashes
-            before = self._partials.get(key)
-            if before is None or before.manifest != partial.manifest or before.top != partial.top:
-                self._partials[key] = partial
-                changed = True
-        if changed:
-            self._on_change(list(self._partials.values()))
+        if result is None:
+            return
+        partial, scanned = result
+        if self._tracked.get(key) is not item:  # untracked while the thread ran
+            self._retired.setdefault(key[1], {}).update(scanned.hashes)
+            return
+        self._hashes[key], self._seen[key] = scanned.hashes, scanned.seen
+        before = self._partials.get(key)
+        if before is None or (before.manifest, before.top) != (partial.manifest, partial.top):
+            self._partials[key] = partial
+            self._publish()
 
-    def _scan_all(
-        self, items: list[InFlight], known: Mapping[Identity, str]
-    ) -> dict[tuple[Path, str], tuple[Partial, dict[Identity, str]] | None]:
-        out: dict[tuple[Path, str], tuple[Partial, dict[Identity, str]] | None] = {}
-        for item in items:
-            try:
-                out[(item.root, item.staging)] = scan(item, known, stop=self._stop.is_set)
-            except digest.Stopped:
-                raise
-            except Exception as exc:  # an unreadable folder is not served; the agent goes on
-                log.warning("peer_progress_scan_failed", folder=item.staging, error=str(exc)[:300])
-                out[(item.root, item.staging)] = None
-        return out
+    def _scan(
+        self, item: InFlight, known: Mapping[Identity, str], previous: frozenset[Identity]
+    ) -> tuple[Partial, wholefiles.Scanned] | None:
+        try:
+            return scan(item, known, previous, stop=self._stop.is_set)
+        except digest.Stopped:
+            raise
+        except Exception as exc:  # an unreadable folder is not served; the agent goes on
+            log.warning("peer_progress_scan_failed", folder=item.staging, error=str(exc)[:300])
+            return None

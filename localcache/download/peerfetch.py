@@ -53,7 +53,7 @@ import structlog
 import yarl
 
 from localcache.api import peer
-from localcache.download import http, peerlayout, peersources, staging
+from localcache.download import http, peerfollow, peerlayout, peersources, staging
 from localcache.runtime import clock as clock_mod
 
 log = structlog.get_logger(__name__)
@@ -234,18 +234,9 @@ class _Run:
     async def files(self, first: peer.PeerManifest, stage: Path) -> peer.PeerManifest:
         """Fetch every file of `first`; while the sources still download the model (follow
         mode), also those of the manifests they serve later: the complete one is returned."""
+        clock = self.request.clock
         queue: asyncio.Queue[peer.ManifestFile | None] = asyncio.Queue()
-        taken: dict[str, peer.ManifestFile] = {}
-
-        def offer(manifest: peer.PeerManifest) -> None:
-            for entry in manifest.files:
-                before = taken.setdefault(entry.path, entry)
-                if before is entry:
-                    queue.put_nowait(entry)
-                elif before != entry:
-                    raise peersources.use_origin(
-                        f"{entry.path[:80]!r} changed between two manifests of the sources"
-                    )
+        offered = peerfollow.Offered(max_bytes=self.request.max_bytes, now=clock.now())
 
         async def worker() -> None:
             while (entry := await queue.get()) is not None:
@@ -258,21 +249,26 @@ class _Run:
             async with asyncio.TaskGroup() as group:
                 for i in range(workers):
                     group.create_task(worker(), name=f"localcache-fetch-worker-{i}")
-                offer(manifest)
+                for entry in offered.add(manifest, now=clock.now()):
+                    queue.put_nowait(entry)
                 while not manifest.complete:
-                    await self.request.clock.sleep(FOLLOW_POLL_S)
+                    await clock.sleep(FOLLOW_POLL_S)
+                    offered.progress(sum(self.board.bytes.values()), now=clock.now())
+                    if offered.stalled(clock.now()):
+                        raise peersources.use_origin(
+                            f"the sources listed no new file for {peerfollow.FOLLOW_PATIENCE_S:g} s"
+                        )
                     if queue.empty():  # every file known is taken: ask for more
                         manifest = await self.manifest()
-                        offer(manifest)
+                        for entry in offered.add(manifest, now=clock.now()):
+                            queue.put_nowait(entry)
                 for _ in range(workers):
                     queue.put_nowait(None)
         except BaseExceptionGroup as errors:
             raise peersources.first_error(errors) from None
-        gone = taken.keys() - {f.path for f in manifest.files}
-        if gone:
-            raise peersources.use_origin(
-                f"{sorted(gone)[0][:80]!r} is not in the sources' complete manifest"
-            )
+        gone = offered.missing(manifest)
+        if gone is not None:
+            raise peersources.use_origin(f"{gone[:80]!r} is not in the sources' complete manifest")
         return manifest
 
     async def _file(self, entry: peer.ManifestFile, stage: Path) -> None:

@@ -29,6 +29,13 @@ from localcache.runtime import fstree
 
 PREFIX: Final = "sha256:"
 _CHUNK: Final = 1 << 20
+Identity = tuple[int, int, int, int, int]
+"""(device, inode, size, mtime in ns, ctime in ns) of a file: any write, truncation or `utime`
+changes the ctime, which no process can set."""
+
+
+def identity(info: os.stat_result) -> Identity:
+    return (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
 
 
 class TooLarge(Exception):
@@ -79,11 +86,11 @@ def listing(
     max_entries: int | None = None,
     max_depth: int | None = None,
     stop: Callable[[], bool] = _never,
-    known: Mapping[tuple[int, int, int, int], str] | None = None,
+    known: Mapping[Identity, str] | None = None,
 ) -> Listing:
-    """The folder's entries, files hashed (module doc); `known` maps (device, inode, size,
-    mtime in ns) of files hashed before (a download's, before its promotion) to their
-    sha256, which is then not computed again."""
+    """The folder's entries, files hashed (module doc); `known` maps the `identity` of files
+    hashed before (a download's, before its promotion) to their sha256, which is then not
+    computed again."""
     files: list[tuple[str, int, str]] = []
     dirs: list[str] = []
     links: list[tuple[str, str]] = []
@@ -102,8 +109,7 @@ def listing(
             continue
         info = os.lstat(path)
         if stat.S_ISREG(info.st_mode):
-            identity = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
-            sha = (known or {}).get(identity) or file_sha256(path, stop=stop)
+            sha = (known or {}).get(identity(info)) or file_sha256(path, stop=stop)
             files.append((rel, info.st_size, sha))
         elif stat.S_ISLNK(info.st_mode):
             links.append((rel, os.readlink(path)))

@@ -80,7 +80,7 @@ def compute(
     storage_key: str,
     *,
     stop: Callable[[], bool] = _never,
-    known: Mapping[tuple[int, int, int, int], str] | None = None,
+    known: Mapping[digest.Identity, str] | None = None,
 ) -> peer.PeerManifest:
     """The folder's peer manifest (module contract); `known`: see `digest.listing`."""
     try:

@@ -8,7 +8,7 @@ Wire (`peer.WIRE_PREFIX` = /p2p/v1), `Authorization: Bearer <token>` on every re
 Answers: 401 no/bad token, 403 not entitled, 404 unknown key/folder/file or a file on disk
 that is not what the manifest lists (counted `stale`; 503 `moving` + `Retry-After` for a
 download in progress, whose files move into place when it completes; 503 `nothing-yet` for
-one without a whole file yet), 416 bad range,
+one without a whole file yet, `not-yet` for a file it does not list yet), 416 bad range,
 429 + `Retry-After` (1..5 s) beyond the upload slots, 503 (+ `Retry-After`) while stopping
 or when the apiserver cannot be asked. Order: stopping, key format, token presence, folder
 lookup, authorization, file membership, upload slot, open, range.
@@ -259,6 +259,8 @@ class PeerServer:
                 self._index.pop(next(iter(self._index)))
             self._index[cache_key] = index
         entry = index.get(path)
+        if entry is None and not manifest.complete:  # perhaps whole at the next look
+            raise _Refused(503, "not-yet", retry_after=1)
         if entry is None:
             raise _Refused(404, "not-listed")
         return entry

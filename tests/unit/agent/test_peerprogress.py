@@ -12,15 +12,17 @@ only to its own scope and only when no complete folder serves it.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
+import os
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from localcache.agent import downloads, peerfiles, peerprogress, peersource, status
-from localcache.agent.disk import digest, filelists, folders, layout
-from localcache.api import modelnode, nodegroup, peer
+from localcache.agent.disk import digest, filelists, folders, layout, wholefiles
+from localcache.api import modelnode, peer
 from localcache.devenv.waiting import wait_until
 from localcache.download import staging
 from tests.unit.agent.test_peerfiles import GROUP, KEY, Ready, _group, _units
@@ -83,24 +85,79 @@ def _sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def test_only_whole_files_are_listed_with_their_own_hashes(tmp_path: Path) -> None:
+def _scan(
+    item: peerprogress.InFlight,
+    known: dict[digest.Identity, str] | None = None,
+    *,
+    twice: bool = True,
+) -> tuple[peerprogress.Partial, wholefiles.Scanned]:
+    """Scan `item` (twice: files unchanged since the previous look are listed)."""
+    result = peerprogress.scan(item, known or {}, frozenset(), stop=lambda: False)
+    assert result is not None
+    if twice:
+        result = peerprogress.scan(item, known or {}, result[1].seen, stop=lambda: False)
+        assert result is not None
+    return result
+
+
+def test_only_whole_settled_files_are_listed_with_their_own_hashes(tmp_path: Path) -> None:
     origin = _item(tmp_path, "origin")
-    assert peerprogress.scan(origin, {}, stop=lambda: False) is None  # no folder yet
+    assert peerprogress.scan(origin, {}, frozenset(), stop=lambda: False) is None  # no folder
     origin.folder.mkdir(parents=True)
     (origin.folder / "sub").mkdir()
     (origin.folder / "sub" / "model.bin").write_bytes(b"whole")
     (origin.folder / "sub" / "next.bin.3fA09bC1").write_bytes(b"being written")
     (origin.folder / "link").symlink_to("sub/model.bin")
-    scanned = peerprogress.scan(origin, {}, stop=lambda: False)
-    assert scanned is not None
-    partial, hashes = scanned
+    first, _ = _scan(origin, twice=False)
+    assert first.manifest.files == []  # seen once: not settled yet
+    partial, scanned = _scan(origin)
     assert partial.top == origin.folder
     assert not partial.manifest.complete
     assert [(f.path, f.sha256) for f in partial.manifest.files] == [
         ("sub/model.bin", _sha(b"whole"))
     ]
     assert partial.manifest.digest == partial.manifest.computed_digest()
-    assert list(hashes.values()) == [_sha(b"whole")]
+    assert list(scanned.hashes.values()) == [_sha(b"whole")]
+
+
+def test_a_file_written_between_two_looks_is_not_listed(tmp_path: Path) -> None:
+    origin = _item(tmp_path, "origin")
+    origin.folder.mkdir(parents=True)
+    growing = origin.folder / "model.bin"
+    growing.write_bytes(b"first half")
+    first = peerprogress.scan(origin, {}, frozenset(), stop=lambda: False)
+    assert first is not None
+    with growing.open("ab") as f:
+        f.write(b" second half")
+    second = peerprogress.scan(origin, {}, first[1].seen, stop=lambda: False)
+    assert second is not None
+    assert second[0].manifest.files == []
+
+
+def test_a_rewrite_with_its_mtime_restored_is_hashed_again(tmp_path: Path) -> None:
+    origin = _item(tmp_path, "origin")
+    origin.folder.mkdir(parents=True)
+    path = origin.folder / "model.bin"
+    path.write_bytes(b"garbage!")
+    _, scanned = _scan(origin)
+    times = path.stat()
+    path.write_bytes(b"content!")  # same size, then the old mtime back (ctime moves on)
+    os.utime(path, ns=(times.st_atime_ns, times.st_mtime_ns))
+    partial, _ = _scan(origin, dict(scanned.hashes))
+    assert [f.sha256 for f in partial.manifest.files] == [_sha(b"content!")]
+
+
+def test_a_directory_swapped_for_a_symlink_is_not_walked(tmp_path: Path) -> None:
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "secret.bin").write_bytes(b"another scope's weights")
+    origin = _item(tmp_path, "origin")
+    origin.folder.mkdir(parents=True)
+    (origin.folder / "a").symlink_to(victim)
+    (origin.folder / "b.bin").symlink_to(victim / "secret.bin")
+    partial, scanned = _scan(origin)
+    assert partial.manifest.files == []
+    assert scanned.seen == frozenset()
 
 
 def test_a_fetchers_staging_directory_is_looked_into_and_its_parts_left_out(
@@ -111,33 +168,31 @@ def test_a_fetchers_staging_directory_is_looked_into_and_its_parts_left_out(
     inner.mkdir(parents=True)
     (inner / "config.json").write_bytes(b"{}")
     (inner / ("model.bin" + peer.PART_SUFFIX)).write_bytes(b"half")
-    scanned = peerprogress.scan(item, {}, stop=lambda: False)
-    assert scanned is not None
-    assert scanned[0].top == inner
-    assert [f.path for f in scanned[0].manifest.files] == ["config.json"]
+    partial, _ = _scan(item)
+    assert partial.top == inner
+    assert [f.path for f in partial.manifest.files] == ["config.json"]
     # committed: the files are in the staging folder itself
     (inner / "config.json").rename(item.folder / "config.json")
     (inner / ("model.bin" + peer.PART_SUFFIX)).unlink()
     inner.rmdir()
-    scanned = peerprogress.scan(item, {}, stop=lambda: False)
-    assert scanned is not None
-    assert (scanned[0].top, [f.path for f in scanned[0].manifest.files]) == (
+    partial, _ = _scan(item)
+    assert (partial.top, [f.path for f in partial.manifest.files]) == (
         item.folder,
         ["config.json"],
     )
+    # a symlink posing as the fetcher's directory is not followed
+    inner.symlink_to(tmp_path)
+    partial, _ = _scan(item)
+    assert partial.manifest.files == []
 
 
-def test_known_hashes_are_not_computed_again(tmp_path: Path) -> None:
-    item = _item(tmp_path, "origin")
-    item.folder.mkdir(parents=True)
-    (item.folder / "model.bin").write_bytes(b"bytes")
-    first = peerprogress.scan(item, {}, stop=lambda: False)
-    assert first is not None
-    identity = next(iter(first[1]))
-    forged = {identity: "f" * 64}  # a hash taken from `known` shows it was not recomputed
-    again = peerprogress.scan(item, forged, stop=lambda: False)
-    assert again is not None
-    assert again[0].manifest.files[0].sha256 == "f" * 64
+def test_an_s3_download_holding_an_archive_lists_nothing(tmp_path: Path) -> None:
+    origin = _item(tmp_path, "origin")
+    origin.folder.mkdir(parents=True)
+    (origin.folder / "model.tar.gz").write_bytes(b"archive")
+    (origin.folder / "unpacked.bin").write_bytes(b"being unpacked")
+    partial, _ = _scan(origin)
+    assert partial.manifest.files == []
 
 
 async def test_tracked_downloads_are_served_and_their_hashes_kept_for_the_promoted_list(
@@ -153,19 +208,25 @@ async def test_tracked_downloads_are_served_and_their_hashes_kept_for_the_promot
     runner = asyncio.create_task(progress.run(), name="peer-progress")
     try:
         progress.track([item])
-        await wait_until(
-            lambda: index.lookup(KEY, item.scope) is not None, timeout=10, what="served"
-        )
-        found = index.lookup(KEY, item.scope)
+        found = index.lookup(KEY, item.scope)  # at once: nothing yet, but never a 404
         assert found is not None
-        assert not found.manifest.complete
+        assert found.manifest.files == []
+
+        def listed() -> bool:
+            found = index.lookup(KEY, item.scope)
+            return found is not None and len(found.manifest.files) == 1
+
+        await wait_until(listed, timeout=10, what="model.bin served")
         assert index.lookup(KEY, SCOPE_B) is None
         assert index.scopes(KEY) == {item.scope}
-        # promotion: the folder is renamed into models/, tracking ends, the hash is kept
+        # promotion: the folder is renamed into models/, tracking ends, the hash is kept and
+        # the last manifest is still served (its files moved) until the complete list is
         target = disk.models / KEY
         item.folder.rename(target)
-        progress.track([])
-        assert index.lookup(KEY, item.scope) is None
+        progress.track([], finished=[item])
+        kept = index.lookup(KEY, item.scope)
+        assert kept is not None
+        assert [f.path for f in kept.manifest.files] == ["model.bin"]
         calls: list[str] = []
         real = digest.file_sha256
 
@@ -174,9 +235,15 @@ async def test_tracked_downloads_are_served_and_their_hashes_kept_for_the_promot
             return real(path, stop=stop)
 
         monkeypatch.setattr(digest, "file_sha256", counting)
-        listed = filelists.compute(target, KEY, known=progress.known())
+        listed_after = filelists.compute(target, KEY, known=progress.known(item.staging))
         assert calls == []
-        assert listed.files[0].sha256 == _sha(b"weights")
+        assert listed_after.files[0].sha256 == _sha(b"weights")
+        assert progress.known("another-staging") == {}
+        failed = dataclasses.replace(item, staging=layout.staging_name(KEY, "lmd-job-1-failed00"))
+        progress.track([failed])
+        progress.track([])  # a download that failed (not finished): not served any more
+        assert [p.item for p in progress.partials()] == []
+        assert index.lookup(KEY, item.scope) is not None  # the finished one's, still
     finally:
         runner.cancel()
         await asyncio.gather(runner, return_exceptions=True)
@@ -222,4 +289,3 @@ async def test_status_lists_a_download_in_progress_as_incomplete(tmp_path: Path)
     ]
     off: dict[str, peerfiles.Placement] = {GROUP: (_group(enabled=False), disk)}
     assert await files.publish(units, off, outcomes) == {}
-    assert isinstance(_group(enabled=True), nodegroup.LocalModelNodeGroup)

@@ -23,6 +23,7 @@ from tests.support import peerwire
 from tests.support.peerwire import Peer
 from tests.unit.download.test_peerfetch import EXPECTED, FILES, MANIFEST, RecordingClock, _tree
 
+BIG_PART = os.urandom(1000)
 ORDER = ["config.json", "tokenizer/vocab.txt", "weights/empty.bin", "weights/model.bin"]
 
 
@@ -155,6 +156,22 @@ async def test_a_source_whose_complete_manifest_contradicts_its_partial_one_is_l
 
     assert caught.value.use_origin
     assert "config.json" in str(caught.value)
+    assert not dest.exists()
+
+
+async def test_a_union_of_manifests_that_is_no_tree_is_left(
+    seed: Peer, tls: peerwire.Tls, token_file: Path, tmp_path: Path
+) -> None:
+    first = peerwire.manifest_for({"weights": b"a file"}).model_copy(update={"complete": False})
+    below = peerwire.manifest_for({"weights/model.bin": BIG_PART})
+    seed.files = {"weights": b"a file", "weights/model.bin": BIG_PART}
+    _progressing(seed, [first, below.model_copy(update={"complete": False})])
+    dest = tmp_path / "dest"
+    with pytest.raises(peersources.FetchError) as caught:
+        await _fetch(seed, dest, _request(tls, token_file))
+
+    assert caught.value.use_origin
+    assert "below the file" in str(caught.value)
     assert not dest.exists()
 
 
