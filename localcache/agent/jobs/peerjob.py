@@ -146,14 +146,19 @@ def seed_job(job: Obj, group: nodegroup.LocalModelNodeGroup, uri: str) -> Obj:
     """The origin Job of an `s3://` model in a group with peer distribution: KServe's storage
     initializer fetches at most `SEED_FILES` objects at once (its default is 4), so that files
     become whole in turn, servable to the nodes following this one, rather than all near the
-    end (the origin's total rate is the same). A value the Job already sets is kept."""
+    end (the origin's total rate is the same). A value the Job already sets is kept; a Job
+    whose download container cannot be told (several, none named `CONTAINER`) is unchanged."""
     spec = group.spec.peer_distribution
     if spec is None or not spec.enabled or not uri.startswith("s3://"):
         return job
     job = copy.deepcopy(job)
-    main = next(
-        c for c in job["spec"]["template"]["spec"]["containers"] if c.get("name") == CONTAINER
-    )
+    containers = job["spec"]["template"]["spec"]["containers"]
+    # a ClusterStorageContainer keeps its own container name; one container is the download
+    main = next((c for c in containers if c.get("name") == CONTAINER), None)
+    if main is None and len(containers) == 1:
+        main = containers[0]
+    if main is None:
+        return job
     env = main.setdefault("env", [])
     if not any(e.get("name") == SEED_FILES_ENV for e in env):
         env.append({"name": SEED_FILES_ENV, "value": SEED_FILES})

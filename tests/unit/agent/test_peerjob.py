@@ -201,3 +201,13 @@ def test_an_s3_seed_fetches_two_objects_at_once_unless_the_job_says_otherwise() 
     assert [e for e in _main(kept)["env"] if e["name"] == "S3_MAX_FILE_CONCURRENCY"] == [
         {"name": "S3_MAX_FILE_CONCURRENCY", "value": "8"}
     ]
+
+
+def test_a_seed_of_a_storage_container_with_its_own_container_name_is_tuned_too() -> None:
+    origin = _origin()
+    _main(origin)["name"] = "custom-initializer"
+    seed = peerjob.seed_job(origin, _group(enabled=True), URI)
+    assert {"name": "S3_MAX_FILE_CONCURRENCY", "value": "2"} in _main(seed)["env"]
+    two = copy.deepcopy(origin)
+    two["spec"]["template"]["spec"]["containers"].append({"name": "sidecar", "image": "x"})
+    assert peerjob.seed_job(two, _group(enabled=True), URI) == two
