@@ -204,7 +204,7 @@ class PeerFiles:
             self._queue.get_nowait()
         self._queued.clear()
         self._ready.clear()
-        self.progress.track(())
+        self.progress.forget()
         if self._served:
             self._served = {}
             self.source.replace(())

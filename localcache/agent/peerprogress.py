@@ -217,9 +217,20 @@ class Progress:
             if key not in self._partials:  # served at once: "nothing yet", never 404
                 self._partials[key] = Partial(item, item.folder, _manifest(item.storage_key, []))
         self._tracked = wanted
-        self._tombstones = {k: v for k, v in self._tombstones.items() if v[1] > now}
+        live = {(i.storage_key, i.scope) for i in wanted.values()}
+        self._tombstones = {  # a new download of the same model and scope replaces it
+            k: v
+            for k, v in self._tombstones.items()
+            if v[1] > now and (v[0].item.storage_key, v[0].item.scope) not in live
+        }
         self._publish()
         self._wake.set()
+
+    def forget(self) -> None:
+        """Peer distribution is off: track and serve nothing (hashes are kept)."""
+        self.track(())
+        self._tombstones.clear()
+        self._publish()
 
     def known(self, staging: str) -> dict[Identity, str]:
         """The hashes taken in the staging folder `staging` (tracked or retired)."""

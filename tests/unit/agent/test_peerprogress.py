@@ -239,11 +239,17 @@ async def test_tracked_downloads_are_served_and_their_hashes_kept_for_the_promot
         assert calls == []
         assert listed_after.files[0].sha256 == _sha(b"weights")
         assert progress.known("another-staging") == {}
-        failed = dataclasses.replace(item, staging=layout.staging_name(KEY, "lmd-job-1-failed00"))
-        progress.track([failed])
-        progress.track([])  # a download that failed (not finished): not served any more
-        assert [p.item for p in progress.partials()] == []
-        assert index.lookup(KEY, item.scope) is not None  # the finished one's, still
+        # a new download of the same model and scope: served as itself, never the old one's
+        again = dataclasses.replace(item, staging=layout.staging_name(KEY, "lmd-job-2-again000"))
+        progress.track([again])
+        found = index.lookup(KEY, item.scope)
+        assert found is not None
+        assert (found.path, found.manifest.files) == (again.folder, [])
+        progress.track([])  # and it failed (not finished): not served any more
+        assert index.lookup(KEY, item.scope) is None
+        progress.track([again])
+        progress.forget()
+        assert index.lookup(KEY, item.scope) is None
     finally:
         runner.cancel()
         await asyncio.gather(runner, return_exceptions=True)
