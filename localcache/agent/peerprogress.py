@@ -207,30 +207,35 @@ class Progress:
         wanted = {(i.root, i.staging): i for i in items}
         done = {(i.root, i.staging) for i in finished}
         now = self._clock.now()
-        for key in self._tracked.keys() - wanted.keys():
+        gone, new = self._tracked.keys() - wanted.keys(), wanted.keys() - self._tracked.keys()
+        for key in gone:
             self._retire(key)
             partial = self._partials.pop(key, None)
             if key in done and partial is not None:
                 self._tombstones[key] = (partial, now + TOMBSTONE_S)
             self._seen.pop(key, None)
-        for key, item in wanted.items():
-            if key not in self._partials:  # served at once: "nothing yet", never 404
-                self._partials[key] = Partial(item, item.folder, _manifest(item.storage_key, []))
+        for key in new:  # served at once: "nothing yet", never 404
+            item = wanted[key]
+            self._partials[key] = Partial(item, item.folder, _manifest(item.storage_key, []))
         self._tracked = wanted
         live = {(i.storage_key, i.scope) for i in wanted.values()}
-        self._tombstones = {  # a new download of the same model and scope replaces it
+        tombstones = {  # a new download of the same model and scope replaces it
             k: v
             for k, v in self._tombstones.items()
             if v[1] > now and (v[0].item.storage_key, v[0].item.scope) not in live
         }
-        self._publish()
-        self._wake.set()
+        if gone or new or tombstones.keys() != self._tombstones.keys():
+            self._tombstones = tombstones
+            self._publish()
+        if new:
+            self._wake.set()
 
     def forget(self) -> None:
         """Peer distribution is off: track and serve nothing (hashes are kept)."""
         self.track(())
-        self._tombstones.clear()
-        self._publish()
+        if self._tombstones:
+            self._tombstones.clear()
+            self._publish()
 
     def known(self, staging: str) -> dict[Identity, str]:
         """The hashes taken in the staging folder `staging` (tracked or retired)."""
@@ -238,9 +243,6 @@ class Progress:
             if key[1] == staging:
                 return dict(hashes)
         return dict(self._retired.get(staging, {}))
-
-    def partials(self) -> list[Partial]:
-        return list(self._partials.values())
 
     async def run(self) -> None:
         """Look at the tracked folders every `WATCH_S` until cancelled."""

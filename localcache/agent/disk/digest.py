@@ -68,15 +68,26 @@ def _never() -> bool:
 
 
 def file_sha256(path: str, *, stop: Callable[[], bool] = _never) -> str:
-    digest = hashlib.sha256()
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     try:
-        while chunk := os.read(fd, _CHUNK):
-            if stop():
-                raise Stopped(path)
-            digest.update(chunk)
+        return fd_sha256(fd, stop=stop)
     finally:
         os.close(fd)
+
+
+def fd_sha256(fd: int, *, limit: int | None = None, stop: Callable[[], bool] = _never) -> str:
+    """The sha256 of what `fd` reads from its offset to EOF, or of at most `limit` bytes."""
+    digest = hashlib.sha256()
+    left = limit
+    while left is None or left > 0:
+        chunk = os.read(fd, _CHUNK if left is None else min(_CHUNK, left))
+        if not chunk:
+            break
+        if stop():
+            raise Stopped(str(fd))
+        digest.update(chunk)
+        if left is not None:
+            left -= len(chunk)
     return digest.hexdigest()
 
 

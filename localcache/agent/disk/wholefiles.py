@@ -16,7 +16,6 @@ Unreadable entries are skipped; `digest.Stopped` when `stop()` turns true.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import stat
 from collections.abc import Callable, Mapping
@@ -28,8 +27,6 @@ from localcache.agent.disk import digest
 from localcache.api import peer
 
 Identity = digest.Identity
-identity = digest.identity
-_CHUNK: Final = 1 << 20
 _OPEN: Final = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
@@ -97,30 +94,16 @@ def _settled(
             before.st_ino,
         ):
             return None
-        ident = identity(info)
+        ident = digest.identity(info)
         seen.add(ident)
         sha = known.get(ident)
         if sha is not None:
             return ident, sha
         if ident not in previous:
             return None  # not settled yet: listed at the next scan if unchanged
-        sha = _sha256(fd, info.st_size, stop)
-        if identity(os.fstat(fd)) != ident:
+        sha = digest.fd_sha256(fd, limit=info.st_size, stop=stop)
+        if digest.identity(os.fstat(fd)) != ident:
             return None
         return ident, sha
     finally:
         os.close(fd)
-
-
-def _sha256(fd: int, size: int, stop: Callable[[], bool]) -> str:
-    hasher = hashlib.sha256()
-    left = size
-    while left > 0:
-        if stop():
-            raise digest.Stopped(str(fd))
-        chunk = os.read(fd, min(_CHUNK, left))
-        if not chunk:
-            break
-        hasher.update(chunk)
-        left -= len(chunk)
-    return hasher.hexdigest()

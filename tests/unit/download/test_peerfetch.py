@@ -19,7 +19,6 @@ from pathlib import Path
 
 import pytest
 
-from localcache.api import peer
 from localcache.download import peerfetch, peersources
 from tests.support import peerwire
 from tests.support.peerwire import Faults, Peer
@@ -46,11 +45,6 @@ class RecordingClock:
     async def sleep(self, seconds: float) -> None:
         self.sleeps.append(seconds)
         await asyncio.sleep(0)
-
-
-@pytest.fixture
-def tls(tmp_path: Path) -> peerwire.Tls:
-    return peerwire.tls_material(tmp_path, [peer.SERVER_NAME])
 
 
 @pytest.fixture

@@ -39,11 +39,6 @@ MANIFEST = peerwire.manifest_for(FILES, dirs=["weights"])
 
 
 @pytest.fixture
-def tls(tmp_path: Path) -> peerwire.Tls:
-    return peerwire.tls_material(tmp_path, [peer.SERVER_NAME])
-
-
-@pytest.fixture
 def token_file(tmp_path: Path) -> Path:
     path = tmp_path / "token"
     path.write_text("a-token")

@@ -34,11 +34,6 @@ def _partial(paths: list[str]) -> peer.PeerManifest:
 
 
 @pytest.fixture
-def tls(tmp_path: Path) -> peerwire.Tls:
-    return peerwire.tls_material(tmp_path, [peer.SERVER_NAME])
-
-
-@pytest.fixture
 def token_file(tmp_path: Path) -> Path:
     path = tmp_path / "token"
     path.write_text("token\n")
