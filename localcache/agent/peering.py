@@ -164,6 +164,8 @@ class Peering:
                     members=members,
                     waited_s=now - self._waiting.get(wait_key, now),
                     seed_wait_s=self._settings.seed_wait_s,
+                    provable=bool(spec.proof_origins)
+                    and unit.leader.source_model_uri.startswith("s3://"),
                 )
             )
             if not (cached and isinstance(decision, peerplan.Origin)) or fresh:
@@ -188,6 +190,7 @@ class Peering:
             decision=decision,
             ca_pem=ca,
             max_size=max_size,
+            prove_uri=unit.leader.source_model_uri if decision.prove else None,
         )
         log.info("peer_download_planned", storage_key=unit.storage_key, sources=decision.sources)
         return Mode(decision.source, transform)
@@ -340,6 +343,7 @@ def _transform(
     decision: peerplan.Peer,
     ca_pem: str,
     max_size: int,
+    prove_uri: str | None,
 ) -> Obj:
     return peerjob.peer_job(
         origin,
@@ -350,4 +354,5 @@ def _transform(
         ca_pem=ca_pem,
         max_size=max_size,
         injection=injection,
+        prove_uri=prove_uri,
     )

@@ -10,6 +10,9 @@ LocalModelNodes of its node group (`members`):
   group node, Pending or Downloading, whose `modelProgress.source` is `peer/<that node>`),
   then name; nodes with `maxUploads` children or more are skipped; at most
   `peer.MAX_SOURCES` are kept, all with the best one's digest -> `Peer(sources, digest)`;
+- else, for a `provable` unit (an `s3://` model, `proofOrigins` named), nodes holding K
+  complete for other scopes, ranked and capped the same way -> `Peer(sources, digest,
+  prove=True)`: the fetcher proves access at the origin first (`agent.peer.proofs`);
 - else *nodes still downloading K* in scope S (a `complete: false` entry: they serve their
   whole files), ranked and capped the same way, never a node whose own entry fetches from
   `me` (no cycle) -> `Peer(sources, peer.FOLLOW)`;
@@ -62,6 +65,9 @@ class Request:
     members: Sequence[modelnode.LocalModelNode]
     """The group's LocalModelNodes (this node's own may be among them)."""
     previous_peer_failed: bool = False
+    provable: bool = False
+    """The unit may prove access at the origin to a node of another scope (an `s3://` model
+    in a group that names `proofOrigins`)."""
     waited_s: float = 0.0
     """How long this unit has already waited for a seed."""
     seed_wait_s: float = 300.0
@@ -80,6 +86,8 @@ class Peer:
 
     sources: tuple[tuple[str, str], ...]
     digest: str
+    prove: bool = False
+    """The sources hold the model for other scopes: the fetcher proves access first."""
 
     @property
     def source(self) -> str:
@@ -157,13 +165,32 @@ def sources(request: Request, others: Sequence[modelnode.LocalModelNode]) -> Pee
             ranked.append((count, node.name, endpoint, model.digest))
         elif _source_of(node, request.status_key) != SOURCE_PEER_PREFIX + request.node_name:
             following.append((count, node.name, endpoint, peer.FOLLOW))  # never a cycle
+    prove = not ranked and request.provable
+    if prove:  # a complete copy of another scope now, rather than following our own download
+        ranked = _provable(request, others, load)
+        prove = bool(ranked)
     ranked = ranked or following
     if not ranked:
         return None
     ranked.sort(key=lambda r: (r[0], r[1]))
     digest = ranked[0][3]
     chosen = tuple((name, endpoint) for _c, name, endpoint, d in ranked if d == digest)
-    return Peer(chosen[: peer.MAX_SOURCES], digest)
+    return Peer(chosen[: peer.MAX_SOURCES], digest, prove)
+
+
+def _provable(
+    request: Request, others: Sequence[modelnode.LocalModelNode], load: dict[str, int]
+) -> list[tuple[int, str, str, str]]:
+    """Nodes holding the model complete for other scopes, below their upload cap."""
+    found: list[tuple[int, str, str, str]] = []
+    for node in others:
+        endpoint, model = _serves(node, request.storage_key)
+        count = load.get(node.name, 0)
+        if endpoint is None or model is None or not model.whole or not model.digest:
+            continue
+        if count < request.spec.max_uploads:
+            found.append((count, node.name, endpoint, model.digest))
+    return found
 
 
 def valid_endpoint(endpoint: str | None) -> bool:

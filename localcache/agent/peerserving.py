@@ -11,20 +11,23 @@ cancelled and awaited.
 Caps: the node groups with `spec.peerDistribution.enabled` give the upload slots
 (`maxUploads`) and the bandwidth (`uploadBandwidth`); a node in several such groups uses the
 smallest of each (the most conservative), read at each request so a change applies at once.
-A requester is served the folder its scope proved: the storage key's own or a variant.
+A requester is served the folder its scope proved: the storage key's own or a variant; a
+requester of another scope, the folder it proved it may read at an origin the groups name
+(`proofOrigins`, the union over the enabled groups; `agent.peer.proofs`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from pathlib import Path
 from typing import Final
 
 import structlog
 
 from localcache.agent import peersource
-from localcache.agent.peer import auth, server, throttle
+from localcache.agent.peer import auth, proofs, server, throttle
 from localcache.agent.peer import tls as peer_tls
 from localcache.api import nodegroup, peer
 from localcache.runtime import clock as clock_mod
@@ -56,6 +59,12 @@ class _Folders:
             return None
         return server.ServedFolder(path=found.path, manifest=found.manifest, scopes=found.scopes)
 
+    def complete(self, storage_key: str) -> server.ServedFolder | None:
+        found = self._folders.lookup(storage_key)
+        if found is None or not found.manifest.complete:
+            return None
+        return server.ServedFolder(path=found.path, manifest=found.manifest, scopes=found.scopes)
+
 
 def enabled_specs(groups: store.Reader) -> list[peer.PeerDistributionSpec]:
     """The peerDistribution of every node group that enables it (malformed groups skipped)."""
@@ -84,6 +93,11 @@ def bandwidth(groups: store.Reader) -> int | None:
     return min(caps, default=None)
 
 
+def proof_origins(groups: store.Reader) -> list[str]:
+    """The S3 endpoints any peer-enabled node group trusts for cross-scope proofs."""
+    return sorted({o for s in enabled_specs(groups) for o in s.proof_origins})
+
+
 class Caps:
     """`max_uploads` and `bandwidth` of the groups, recomputed at most once per
     `CAPS_REFRESH_S` (they are read per request and per streamed chunk)."""
@@ -93,11 +107,13 @@ class Caps:
         self._at: float | None = None
         self._uploads: int = peer.DEFAULT_MAX_UPLOADS
         self._rate: int | None = None
+        self._origins: list[str] = []
 
     def _fresh(self) -> None:
         now = self._clock.now()
         if self._at is None or now - self._at >= CAPS_REFRESH_S:
             self._uploads, self._rate = max_uploads(self._groups), bandwidth(self._groups)
+            self._origins = proof_origins(self._groups)
             self._at = now
 
     def uploads(self) -> int:
@@ -107,6 +123,10 @@ class Caps:
     def rate(self) -> int | None:
         self._fresh()
         return self._rate
+
+    def origins(self) -> list[str]:
+        self._fresh()
+        return self._origins
 
 
 class PeerServing:
@@ -139,6 +159,9 @@ class PeerServing:
             metrics=self._metrics.peer(),
             on_refusal=lambda reason, key: log.info(
                 "peer_request_refused", reason=reason, storage_key=key
+            ),
+            prover=proofs.Prover(
+                book=proofs.ProofBook(self._clock), origins=caps.origins, wall=time.time
             ),
         )
         await srv.start(self._host, self._port, reloadable.context)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import urllib.parse
 from collections.abc import Iterable
 from typing import Final, Literal
 
@@ -59,6 +60,13 @@ first complete manifest a source serves decides the content."""
 PART_SUFFIX: Final = ".localcache-part"
 """A file a peer-mode download pod is still writing: `<path>.localcache-part`, renamed to
 `<path>` once verified (so a complete name in its staging folder is a verified file)."""
+MAX_PROOF_ORIGINS: Final = 8
+PROOF_EXPIRES_S: Final = 60
+"""The longest validity of a presigned HEAD a proof may carry (`X-Amz-Expires`)."""
+MAX_PROOF_URL: Final = 4096
+MAX_URI: Final = 2048
+_ORIGIN_PATTERN: Final = r"^https?://[A-Za-z0-9.-]{1,253}(:[0-9]{1,5})?$"
+_ORIGIN: Final = re.compile(_ORIGIN_PATTERN)
 _SHA256_HEX: Final = r"^[0-9a-f]{64}$"
 _DIGEST: Final = r"^sha256:[0-9a-f]{64}$"
 _KEY: Final = r"^[0-9a-f]{16}$"
@@ -88,6 +96,27 @@ class PeerDistributionSpec(meta.ApiModel):
         default=None,
         description="Bytes per second one node may serve to peers in all; unset: no cap.",
     )
+    proof_origins: list[str] = Field(
+        default_factory=list,
+        max_length=MAX_PROOF_ORIGINS,
+        json_schema_extra={
+            "items": {"type": "string", "maxLength": 272, "pattern": _ORIGIN_PATTERN}
+        },
+        description=(
+            "S3 endpoints (scheme://host[:port]) at which a download pod of another "
+            "credential scope may prove that it can read every file of an s3:// model "
+            "(presigned HEAD requests the serving node runs); it is then served by peers. "
+            "Empty: models are shared only within one credential scope."
+        ),
+    )
+
+    @field_validator("proof_origins")
+    @classmethod
+    def _origins(cls, values: list[str]) -> list[str]:
+        for value in values:
+            if _ORIGIN.fullmatch(value) is None:
+                raise ValueError(f"not an origin scheme://host[:port]: {value[:80]!r}")
+        return values
 
 
 class PeerModel(meta.ApiModel):
@@ -220,6 +249,52 @@ class FetchReport(meta.ApiModel):
         if any(len(k) > MAX_NODE_NAME or len(v) > MAX_BAD_REASON for k, v in value.items()):
             raise ValueError("a bad source's name or reason is too long")
         return value
+
+
+class ProofHead(meta.ApiModel):
+    """One file of a proof: its manifest path and a presigned HEAD of its object."""
+
+    path: str
+    url: str = Field(max_length=MAX_PROOF_URL)
+
+    @field_validator("path")
+    @classmethod
+    def _relative(cls, value: str) -> str:
+        return check_path(value)
+
+
+class ProofRequest(meta.ApiModel):
+    """`POST /p2p/v1/models/{storageKey}/proofs`: a download pod of another credential scope
+    shows that it can read every file of the model at the origin (`s3://` only)."""
+
+    uri: str = Field(max_length=MAX_URI)
+    heads: list[ProofHead] = Field(max_length=MAX_FILES)
+
+
+class ProofAnswer(meta.ApiModel):
+    """The answer to a proof: `proven` with the manifest digest the requester may fetch, or
+    the reason it was refused."""
+
+    proven: bool
+    digest: str | None = Field(default=None, pattern=_DIGEST)
+    reason: str | None = Field(default=None, max_length=MAX_BAD_REASON)
+
+
+def parse_s3(uri: str) -> tuple[str, str]:
+    """(bucket, prefix) of `s3://bucket/prefix` as KServe's storage initializer splits it (the
+    prefix is the path without its leading "/"); `ValueError` with a one-line reason."""
+    if len(uri) > MAX_URI or not uri.startswith("s3://") or not uri.isprintable():
+        raise ValueError(f"not an s3:// URI of at most {MAX_URI} characters: {uri[:80]!r}")
+    parts = urllib.parse.urlparse(uri)
+    if not parts.netloc:
+        raise ValueError(f"no bucket in {uri[:80]!r}")
+    return parts.netloc, parts.path.lstrip("/")
+
+
+def s3_folder_path(prefix: str, key: str) -> str:
+    """The folder path KServe's storage initializer writes object `key` of `prefix` to: a
+    proof names each file's object by this mapping (`POST .../proofs`)."""
+    return key.rsplit("/", 1)[-1] if prefix == key else key.replace(prefix, "", 1).lstrip("/")
 
 
 def check_path(value: str) -> str:

@@ -7,7 +7,8 @@ peer-mode Job, `localcache fetch ... <dest>`.
 - `staging`: the hidden staging directory under the destination and the atomic commit;
 - `peercommand`, `peerfetch`, `peersources`, `peerlayout`: `localcache fetch`, a model folder
   from peer nodes' agents over TLS (the command and its report, the transfer engine, the
-  sources and credentials, the manifest's tree);
+  sources and credentials, the manifest's tree); `peerproof`: the proof of access at an S3
+  origin a download pod of another credential scope gives its sources first (botocore);
 - `importcommand`, `importplace`, `importwalk`, `importlayout`: `localcache import
   prepare|progress|place`, the program of a shared-volume cache's import pod (staging on the
   claim, atomic placement with recovery, a bounded progress walk, the layout's names).

@@ -3,10 +3,16 @@
     localcache fetch --storage-key K --digest (sha256:...|follow) --source NODE=https://IP:PORT ...
         --token-file PATH (--ca-env VAR | --ca-file PATH) [--server-name localcache-peer]
         [--max-size Q] [--deadline S] [--stall-timeout S] [--concurrency N]
-        [--report /dev/termination-log] DEST
+        [--prove-s3 s3://BUCKET/PREFIX] [--report /dev/termination-log] DEST
 
 Contract:
 - `--source` is repeated in rank order (best first), at most `api.peer.MAX_SOURCES`.
+- `--prove-s3` (the model's `s3://` URI, at most `api.peer.MAX_URI` characters): before the
+  transfer, the sources are asked to run presigned HEADs of every object of the model, made
+  with this pod's S3 credentials from its environment (`download.peerproof`: a peer of
+  another credential scope serves only then); the sources that refuse are left. The proof
+  counts against `--deadline`; its failures (the origin refusing the listing, no credentials,
+  no source accepting) end the run with "use origin".
 - Exit codes: 0 the model is in DEST, verified; `api.peer.EXIT_USE_ORIGIN` (3) no peer could
   serve it (the agent's next attempt goes to the origin at once); 1 anything else (bad
   arguments, an unreadable CA or token file, a disk error); 2 argparse usage errors. Every
@@ -20,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import os
 import re
 import sys
@@ -95,6 +102,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"files in flight at once (default {peerfetch.DEFAULT_CONCURRENCY})",
     )
     parser.add_argument(
+        "--prove-s3",
+        default=None,
+        metavar="S3_URI",
+        help="the model's s3:// URI: first prove to the sources, with this pod's S3 "
+        "credentials, that it may read every object of it (presigned HEADs)",
+    )
+    parser.add_argument(
         "--report",
         default=DEFAULT_REPORT,
         help=f"where to write the JSON report (default {DEFAULT_REPORT})",
@@ -106,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
     board = peersources.Board([])
     try:
         request, board = _request(args)
-        size = asyncio.run(peerfetch.fetch(request, Path(args.dest), board))
+        size = asyncio.run(_fetch(request, Path(args.dest), board, prove_s3=args.prove_s3))
     except peersources.FetchError as exc:
         outcome: Literal["use-origin", "failed"] = "use-origin" if exc.use_origin else "failed"
         _report(args.report, outcome, board, str(exc))
@@ -132,6 +146,26 @@ def main(argv: Sequence[str]) -> int:
     )
 
 
+async def _fetch(
+    request: peerfetch.Request, dest: Path, board: peersources.Board, *, prove_s3: str | None
+) -> int:
+    """The proof (when asked for), then the transfer, within the one deadline."""
+    if prove_s3 is not None:
+        # imported only here: botocore would cost every process that imports the CLI
+        from localcache.download import peerproof
+
+        started = request.clock.now()
+        origin = await asyncio.to_thread(peerproof.S3Origin.from_env, os.environ)
+        await peerproof.prove(request, board, uri=prove_s3, origin=origin)
+        left = request.deadline - (request.clock.now() - started)
+        if left <= 0:
+            raise peersources.use_origin(
+                f"the peers did not finish within {request.deadline:g} s (--deadline)"
+            )
+        request = dataclasses.replace(request, deadline=left)
+    return await peerfetch.fetch(request, dest, board)
+
+
 def _request(args: argparse.Namespace) -> tuple[peerfetch.Request, peersources.Board]:
     bad = peersources.local_failure
     if not str(args.dest).strip():
@@ -148,6 +182,11 @@ def _request(args: argparse.Namespace) -> tuple[peerfetch.Request, peersources.B
         raise bad(str(exc)) from None
     if len({s.node for s in sources}) != len(sources):
         raise bad("a --source node is given twice")
+    if args.prove_s3 is not None:
+        try:
+            peer.parse_s3(args.prove_s3)
+        except ValueError as exc:
+            raise bad(f"invalid --prove-s3: {exc}") from None
     size = args.max_size or os.environ.get(MAX_SIZE_ENV) or str(http.DEFAULT_MAX_BYTES)
     try:
         max_bytes = int(quantity_mod.Quantity(size))

@@ -119,8 +119,8 @@ async def fetch(request: Request, dest: Path, board: peersources.Board) -> int:
     stage: Path | None = None
     try:
         try:
-            async with asyncio.timeout(request.deadline), _session(request) as session:
-                run = _Run(request, session, board)
+            async with asyncio.timeout(request.deadline), session(request) as client:
+                run = _Run(request, client, board)
                 first = await run.manifest()
                 stage = await asyncio.to_thread(staging.new_staging, dest)
                 await asyncio.to_thread(peerlayout.make_dirs, first, stage)
@@ -144,7 +144,9 @@ async def fetch(request: Request, dest: Path, board: peersources.Board) -> int:
     return manifest.bytes
 
 
-def _session(request: Request) -> aiohttp.ClientSession:
+def session(request: Request) -> aiohttp.ClientSession:
+    """A client session for the peers of `request`: its CA and timeouts, no proxies from the
+    environment, no decompression; the caller closes it (`async with`)."""
     connector = aiohttp.TCPConnector(
         ssl=request.credentials.ssl, limit=request.concurrency + 1, enable_cleanup_closed=True
     )

@@ -16,11 +16,13 @@ then checks that a request signed with an unknown key is refused, and fails loud
 The server is moto's WSGI app behind a small guard, because moto alone lets through what a
 credentials test must not: it answers `/moto-api/*` (which can reset the auth count or every
 backend) to anyone, and it fails unsigned listings and presigned URLs with 500. The guard
-answers 403 (S3 XML error `AccessDenied`) for `/moto-api/*` and for any request without an
-`Authorization` header; it answers `GET /_objectstore/ready` itself (no action counted), and
-`GET /_objectstore/stats` with `{"requests": N, "bytesSent": M}`: the signed requests passed
-to moto and the response body bytes it sent for them (counters that only grow; the data-plane
-benchmark reads the origin's egress there).
+answers 403 (S3 XML error `AccessDenied`; no body for a HEAD) for `/moto-api/*` and for any
+request without an `Authorization` header or SigV4 query parameters; it checks presigned
+requests itself and hands them to moto header-signed by the same key (`presign`). It answers
+`GET /_objectstore/ready` itself (no action counted), and `GET /_objectstore/stats` with
+`{"requests": N, "bytesSent": M}`: the signed (or presigned) requests passed to moto and the
+response body bytes it sent for them (counters that only grow; the data-plane benchmark reads
+the origin's egress there).
 
 Contract of `ObjectStore` (the harness side):
 - `start()` returns once the server answers, the admin exists and enforcement was checked;
@@ -28,13 +30,18 @@ Contract of `ObjectStore` (the harness side):
 - Refused requests answer HTTP 403: unsigned (`AccessDenied`), unknown key
   (`InvalidAccessKeyId`), wrong secret (`SignatureDoesNotMatch`), action not allowed by the
   user's policies (`AccessDenied`).
+- SigV4 presigned URLs of IAM users' keys run as on S3, with the user's permissions, until
+  `X-Amz-Expires` s (at most a week) after `X-Amz-Date`, then 403 `AccessDenied` "Request has
+  expired"; another method, path or query, or a wrong secret: `SignatureDoesNotMatch` (the
+  rest is in `presign`). `presigned_head` and `presigned_get` make them with botocore.
 - Its own calls use boto3, signed with the admin key, path-style addressing, region
   `us-east-1`, connect/read timeouts and at most `MAX_ATTEMPTS` attempts per call.
 - `stop()` ends the process group and waits; it is idempotent. All data is in memory and is
   gone with the process.
-Not promised: presigned URLs or anonymous access of any kind (refused), bucket policies or
-ACLs granting public reads, virtual-hosted-style addressing, TLS, persistence, moto's fidelity
-to S3 beyond the calls used here.
+Not promised: anonymous access of any kind (refused), SigV2 presigned URLs (refused as
+unsigned), presigned URLs with temporary credentials, bucket policies or ACLs granting public
+reads, virtual-hosted-style addressing, TLS, persistence, moto's fidelity to S3 beyond the
+calls used here.
 
 Errors: `ObjectStoreError(modelserver.ServerError)` for start-up failures; S3 and IAM refusals
 surface as `botocore.exceptions.ClientError`.
@@ -43,6 +50,7 @@ surface as `botocore.exceptions.ClientError`.
 from __future__ import annotations
 
 import argparse
+import http
 import json
 import os
 import sys
@@ -58,6 +66,7 @@ import botocore.config
 import botocore.exceptions
 
 from localcache.devenv import modelserver, processes
+from tests.support import presign
 
 if TYPE_CHECKING:
     from wsgiref.types import StartResponse, WSGIApplication, WSGIEnvironment
@@ -95,16 +104,22 @@ class AccessKey(NamedTuple):
 # ---- the server (runs in the subprocess) ------------------------------------------------
 
 
-def _forbidden(start_response: StartResponse, message: str) -> list[bytes]:
+_CONTROL_API = presign.Refusal(403, "AccessDenied", "The moto control API is disabled.")
+_UNSIGNED = presign.Refusal(403, "AccessDenied", "Requests must be signed (no anonymous access).")
+
+
+def _refuse(start: StartResponse, refusal: presign.Refusal, *, head: bool) -> list[bytes]:
+    """`refusal` as an S3 XML error (its message is ours, never the request's); no body for
+    a HEAD."""
     body = (
         '<?xml version="1.0" encoding="UTF-8"?>\n'
-        f"<Error><Code>AccessDenied</Code><Message>{message}</Message></Error>"
+        f"<Error><Code>{refusal.code}</Code><Message>{refusal.message}</Message></Error>"
     ).encode()
-    start_response(
-        "403 Forbidden",
+    start(
+        f"{refusal.status} {http.HTTPStatus(refusal.status).phrase}",
         [("Content-Type", "application/xml"), ("Content-Length", str(len(body)))],
     )
-    return [body]
+    return [] if head else [body]
 
 
 class _Sent:
@@ -133,9 +148,10 @@ class _Sent:
             return json.dumps({"requests": self.requests, "bytesSent": self.bytes}).encode()
 
 
-def guard(app: WSGIApplication) -> WSGIApplication:
-    """Wrap moto's app: refuse `/moto-api/*` and unsigned requests, answer READY_PATH and
-    STATS_PATH, count what moto sends."""
+def guard(app: WSGIApplication, *, secret_of: presign.Secrets) -> WSGIApplication:
+    """Wrap moto's app: refuse `/moto-api/*` and unsigned requests, check presigned ones
+    (finding keys' secrets with `secret_of`), answer READY_PATH and STATS_PATH, count what
+    moto sends."""
     sent = _Sent()
 
     def guarded(environ: WSGIEnvironment, start_response: StartResponse) -> Any:
@@ -150,10 +166,16 @@ def guard(app: WSGIApplication) -> WSGIApplication:
                 [("Content-Type", "application/json"), ("Content-Length", str(len(body)))],
             )
             return [body]
+        head = environ.get("REQUEST_METHOD") == "HEAD"
         if path.startswith("/moto-api"):
-            return _forbidden(start_response, "The moto control API is disabled.")
-        if not environ.get("HTTP_AUTHORIZATION"):
-            return _forbidden(start_response, "Requests must be signed (no anonymous access).")
+            return _refuse(start_response, _CONTROL_API, head=head)
+        if presign.is_presigned(environ):
+            try:
+                presign.authenticate(environ, secret_of=secret_of)
+            except presign.Refusal as refusal:
+                return _refuse(start_response, refusal, head=head)
+        elif not environ.get("HTTP_AUTHORIZATION"):
+            return _refuse(start_response, _UNSIGNED, head=head)
         return sent.counted(app(environ, start_response))
 
     return guarded
@@ -172,7 +194,7 @@ def serve(host: str, port: int) -> None:
     run_simple(
         host,
         port,
-        guard(app),
+        guard(app, secret_of=presign.moto_secret),
         threaded=True,
         request_handler=werkzeug_app.MotoRequestHandler,
     )
@@ -264,16 +286,45 @@ class ObjectStore(modelserver.ServerProcess):
         """The S3 (and IAM) endpoint URL this process uses, e.g. `http://127.0.0.1:40123`."""
         return self._own_url
 
-    def client(self, service: str = "s3", key: AccessKey | None = None) -> Any:
+    def client(
+        self, service: str = "s3", key: AccessKey | None = None, *, config: Any = None
+    ) -> Any:
         """A boto3 client of `service` signed with `key` (default: the admin's), configured
-        by `client_config()`. Ignores the environment's and ~/.aws's credentials."""
+        by `config` (default: `client_config()`). Ignores the environment's and ~/.aws's
+        credentials."""
         key = key or self._admin()
         session = boto3.session.Session(
             aws_access_key_id=key.access_key_id,
             aws_secret_access_key=key.secret_access_key,
             region_name=self.region,
         )
-        return session.client(service, endpoint_url=self.endpoint, config=client_config())
+        return session.client(service, endpoint_url=self.endpoint, config=config or client_config())
+
+    def presigned_head(
+        self,
+        bucket: str,
+        key: str,
+        *,
+        key_id: str,
+        secret: str,
+        expires_s: int = 60,
+        endpoint: str | None = None,
+    ) -> str:
+        """A SigV4 presigned `HeadObject` URL of bucket/key, made by botocore with that access
+        key (path style, `region`, `endpoint`, or the `endpoint` URL others reach this store
+        at: the host is signed), valid for `expires_s` seconds."""
+        return self._presign(
+            "head_object", bucket, key, access=AccessKey(key_id, secret), expires_s=expires_s,
+            endpoint=endpoint,
+        )  # fmt: skip
+
+    def presigned_get(
+        self, bucket: str, key: str, *, key_id: str, secret: str, expires_s: int = 60
+    ) -> str:
+        """As `presigned_head`, for `GetObject`."""
+        return self._presign(
+            "get_object", bucket, key, access=AccessKey(key_id, secret), expires_s=expires_s
+        )
 
     def create_user(self, name: str, *, policy: Mapping[str, Any] | None = None) -> AccessKey:
         """A new IAM user with `policy` (default: `s3:*` on `*`) and a fresh access key."""
@@ -290,8 +341,11 @@ class ObjectStore(modelserver.ServerProcess):
     def create_bucket(self, bucket: str) -> None:
         self.client().create_bucket(Bucket=bucket)
 
-    def put_object(self, bucket: str, key: str, data: bytes) -> None:
-        self.client().put_object(Bucket=bucket, Key=key, Body=data)
+    def put_object(self, bucket: str, key: str, data: bytes, *, sha256: bool = False) -> None:
+        """Store `data`; with `sha256`, with its SHA-256 checksum (S3 then answers it to a
+        HEAD in checksum mode, `x-amz-checksum-sha256`)."""
+        extra = {"ChecksumAlgorithm": "SHA256"} if sha256 else {}
+        self.client().put_object(Bucket=bucket, Key=key, Body=data, **extra)
 
     def get_object(self, bucket: str, key: str) -> bytes:
         body: bytes = self.client().get_object(Bucket=bucket, Key=key)["Body"].read()
@@ -327,6 +381,28 @@ class ObjectStore(modelserver.ServerProcess):
             "S3_VERIFY_SSL": "0",
             "S3_USER_VIRTUAL_BUCKET": "false",
         }
+
+    def _presign(
+        self,
+        operation: str,
+        bucket: str,
+        key: str,
+        *,
+        access: AccessKey,
+        expires_s: int,
+        endpoint: str | None = None,
+    ) -> str:
+        sigv4 = client_config().merge(botocore.config.Config(signature_version="s3v4"))
+        session = boto3.session.Session(
+            aws_access_key_id=access.access_key_id,
+            aws_secret_access_key=access.secret_access_key,
+            region_name=self.region,
+        )
+        client = session.client("s3", endpoint_url=endpoint or self.endpoint, config=sigv4)
+        url: str = client.generate_presigned_url(
+            operation, Params={"Bucket": bucket, "Key": key}, ExpiresIn=expires_s
+        )
+        return url
 
     def _admin(self) -> AccessKey:
         if self.admin is None:

@@ -15,7 +15,10 @@ limit, and changes only:
   600 s) at `/var/run/secrets/localcache/peer`;
 - `automountServiceAccountToken: false` (the audience-bound token is the only one mounted);
 - no credential env, volumes or mounts (the `credentials.Injection` the origin Job carried
-  is taken out again by name), no resources of the storage initializer's beyond its own.
+  is taken out again by name), no resources of the storage initializer's beyond its own;
+  except with `prove_uri` (its sources hold the model for other scopes): the pod keeps the
+  origin Job's credentials (env, `envFrom`, volumes), which sign the presigned HEADs of its
+  proof at the origin, and gets `--prove-s3 <uri>`.
 
 `is_peer(job)` says whether a Job carries the peer-fetch label (the agent's own Jobs only are
 read this way: they are matched by uid first, `agent.jobs.trust`).
@@ -55,7 +58,12 @@ def is_peer(job: Mapping[str, Any]) -> bool:
 
 
 def fetch_args(
-    *, storage_key: str, digest: str, sources: Sequence[tuple[str, str]], max_size: int
+    *,
+    storage_key: str,
+    digest: str,
+    sources: Sequence[tuple[str, str]],
+    max_size: int,
+    prove_uri: str | None = None,
 ) -> list[str]:
     """The `localcache fetch` arguments: key, digest, ranked sources, token, CA, bound,
     report and destination."""
@@ -64,6 +72,8 @@ def fetch_args(
     args = ["--storage-key", storage_key, "--digest", digest]
     for node, endpoint in sources[: peer.MAX_SOURCES]:
         args += ["--source", f"{node}={endpoint}"]
+    if prove_uri is not None:
+        args += ["--prove-s3", prove_uri]
     return [
         *args,
         "--token-file", TOKEN_PATH,
@@ -84,9 +94,11 @@ def peer_job(
     ca_pem: str,
     max_size: int,
     injection: credentials.Injection,
+    prove_uri: str | None = None,
 ) -> Obj:
     """The peer-mode Job of `origin` (see the module docstring); `injection` is what
-    `build_job` injected into it (taken out here)."""
+    `build_job` injected into it (taken out here, kept when the pod proves access to
+    `prove_uri` at the origin)."""
     if not image:
         raise ValueError("a peer-mode Job needs the agent's --peer-image")
     job = copy.deepcopy(origin)
@@ -98,6 +110,8 @@ def peer_job(
     # explicit); the pod needs no other token than the audience-bound one.
     pod.setdefault("serviceAccountName", DEFAULT_SERVICE_ACCOUNT)
     pod["automountServiceAccountToken"] = False
+    if prove_uri is not None:  # its credentials sign the proof's HEADs
+        injection = credentials.Injection(uri=injection.uri)
     secret_volumes = {str(v.get("name")) for v in injection.volumes}
     pod["volumes"] = [
         *(v for v in pod.get("volumes") or [] if v.get("name") not in secret_volumes),
@@ -108,10 +122,12 @@ def peer_job(
     env = [
         e
         for e in main.get("env") or []
-        if e.get("name") not in secret_env | {CA_ENV} and "valueFrom" not in e
+        if e.get("name") not in secret_env | {CA_ENV}
+        and ("valueFrom" not in e or prove_uri is not None)
     ]
     main["env"] = [*env, {"name": CA_ENV, "value": ca_pem}]
-    main.pop("envFrom", None)
+    if prove_uri is None:
+        main.pop("envFrom", None)
     secret_mounts = {str(m.get("name")) for m in injection.volume_mounts} | secret_volumes
     main["volumeMounts"] = [
         *(m for m in main.get("volumeMounts") or [] if m.get("name") not in secret_mounts),
@@ -120,7 +136,11 @@ def peer_job(
     main["image"] = image
     main["command"] = list(COMMAND)
     main["args"] = fetch_args(
-        storage_key=storage_key, digest=digest, sources=sources, max_size=max_size
+        storage_key=storage_key,
+        digest=digest,
+        sources=sources,
+        max_size=max_size,
+        prove_uri=prove_uri,
     )
     return job
 

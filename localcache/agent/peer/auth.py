@@ -1,6 +1,8 @@
 """Who may fetch a model folder from this node's peer server: a download pod of a trusted Job.
 
-`Authorizer.authorize(token, storage_key, scopes)` answers `Requester` or `Refusal`:
+`Authorizer.authorize(token, storage_key, scopes)` answers `Requester` or `Refusal`
+(`identify(token, storage_key)`: steps 1-3 only, for the peer server, which also serves a
+requester of another scope that proved access at the origin, `agent.peer.proofs`):
 
 1. TokenReview (audience `localcache-peer`): authenticated, the audience in
    `status.audiences`, user `system:serviceaccount:<ns>:<sa>`, extras
@@ -283,14 +285,18 @@ class Authorizer:
     async def authorize(
         self, token: str | None, storage_key: str, scopes: frozenset[str]
     ) -> Requester | Refusal:
+        decision = await self.identify(token, storage_key)
+        if isinstance(decision, Requester) and decision.scope not in scopes:
+            return refusal("other-scope")
+        return decision
+
+    async def identify(self, token: str | None, storage_key: str) -> Requester | Refusal:
+        """Steps 1-3: the download pod and its record's scope, whatever the folder's."""
         if not token:
             return refusal("no-token")
         if len(token) > MAX_TOKEN_BYTES or _JWT.fullmatch(token) is None:
             return refusal("bad-token")
-        decision = await self._lookup(token, storage_key)
-        if isinstance(decision, Requester) and decision.scope not in scopes:
-            return refusal("other-scope")
-        return decision
+        return await self._lookup(token, storage_key)
 
     async def _lookup(self, token: str, storage_key: str) -> Requester | Refusal:
         key = (hashlib.sha256(token.encode()).hexdigest(), storage_key)

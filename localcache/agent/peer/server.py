@@ -5,6 +5,12 @@ Wire (`peer.WIRE_PREFIX` = /p2p/v1), `Authorization: Bearer <token>` on every re
 - `GET /p2p/v1/models/{storageKey}/manifest`: the folder's `PeerManifest` (JSON, camelCase).
 - `GET /p2p/v1/models/{storageKey}/files/{path}`: one file listed in that manifest, whole
   (200) or one range (`Range: bytes=N-` or `bytes=N-M`: 206 with `Content-Range`).
+- `POST /p2p/v1/models/{storageKey}/proofs` (`peer.ProofRequest`): a download pod of a scope
+  this node's folder does not list proves at the origin that it may read the model
+  (`agent.peer.proofs`; answer `peer.ProofAnswer`, 200 proven, else its status and reason,
+  400 `proof-malformed` for a body that is not one); a scope that needs no proof is answered
+  proven at once. A proven scope is then served that folder (same digest) like its own,
+  until the proof expires; without `prover` every proof gets 403 `proof-disabled`.
 Answers: 401 no/bad token, 403 not entitled, 404 unknown key/folder/file or a file on disk
 that is not what the manifest lists (counted `stale`; 503 `moving` + `Retry-After` for a
 download in progress, whose files move into place when it completes; 503 `nothing-yet` for
@@ -21,7 +27,8 @@ in `chunk_size` pieces through the shared `TokenBucket`; each write must drain w
 
 `FolderSource` is the agent's: `scopes(key)` (in memory) to authorize against, then
 `lookup(key, scope)`: the `ServedFolder` (folder path, manifest, scope digests) that the
-requester's scope proved, or None. `PeerServer.start(host, port, ssl_context)` binds (port
+requester's scope proved, or None; `complete(key)`: the complete folder proofs are checked
+against. `PeerServer.start(host, port, ssl_context)` binds (port
 0: any; the bound port is returned and in `port`); `stop(grace_s=0)` refuses new requests
 with 503, lets in-flight streams run for up to `grace_s`, then cancels and awaits them, then
 closes the listener. Metrics: `metrics.PeerMetrics` (sent bytes by receiving node, refusals
@@ -44,7 +51,7 @@ from typing import Final, NoReturn, Protocol
 import structlog
 from aiohttp import web
 
-from localcache.agent.peer import auth, files, throttle
+from localcache.agent.peer import auth, files, proofs, throttle
 from localcache.api import peer
 from localcache.runtime import metrics as metrics_mod
 from localcache.runtime.serving import httpserver
@@ -74,10 +81,14 @@ class FolderSource(Protocol):
         """The folder `scope` is entitled to (its manifest may be read from disk)."""
         ...
 
+    def complete(self, storage_key: str) -> ServedFolder | None:
+        """The storage key's complete folder a proof is checked against (its own first)."""
+        ...
+
 
 class Authorize(Protocol):
-    async def authorize(
-        self, token: str | None, storage_key: str, scopes: frozenset[str]
+    async def identify(
+        self, token: str | None, storage_key: str
     ) -> auth.Requester | auth.Refusal: ...
 
 
@@ -108,6 +119,7 @@ class PeerServer:
         bucket: throttle.TokenBucket,
         metrics: metrics_mod.PeerMetrics,
         on_refusal: Callable[[str, str], None] | None = None,
+        prover: proofs.Prover | None = None,
         chunk_size: int = CHUNK_SIZE,
         stall_timeout_s: float = STALL_TIMEOUT_S,
         limits: httpserver.ServerLimits = httpserver.DEFAULT_LIMITS,
@@ -118,6 +130,7 @@ class PeerServer:
         self._bucket = bucket
         self._metrics = metrics
         self._on_refusal = on_refusal
+        self._prover = prover
         self._chunk = chunk_size
         self._stall_s = stall_timeout_s
         self._limits = limits
@@ -135,6 +148,7 @@ class PeerServer:
         base = f"{peer.WIRE_PREFIX}/models/{{key}}"
         app.router.add_get(f"{base}/manifest", self._manifest, allow_head=False)
         app.router.add_get(f"{base}/files/{{path:.+}}", self._file, allow_head=False)
+        app.router.add_post(f"{base}/proofs", self._proof)
         return app
 
     @property
@@ -177,6 +191,8 @@ class PeerServer:
             task.cancel()
         if streams:
             await asyncio.wait(streams)
+        if self._prover is not None:
+            await self._prover.close()
         runner, self._runner = self._runner, None
         if runner is not None:
             await runner.cleanup()
@@ -191,6 +207,31 @@ class PeerServer:
             return self._refused(refused)
         body = served.manifest.model_dump_json(by_alias=True)
         return web.Response(text=body, content_type="application/json")
+
+    async def _proof(self, request: web.Request) -> web.StreamResponse:
+        try:
+            requester, _ = await self._identify(request)
+            key = request.match_info["key"]
+            folder = self._folders.complete(key)
+            if folder is None:
+                raise _Refused(404, "not-here")
+            if requester.scope in folder.scopes:  # nothing to prove
+                answer = peer.ProofAnswer(proven=True, digest=folder.manifest.digest)
+                return web.json_response(text=answer.model_dump_json(by_alias=True))
+            if self._prover is None or not folder.scopes:
+                raise _Refused(403, "proof-disabled")
+        except _Refused as refused:
+            return self._refused(refused)
+        timeout_s = self._limits.body_timeout_s
+        status, answer = await self._prover.prove(
+            proofs.Folder(folder.path, folder.manifest, min(folder.scopes)),
+            requester.scope,
+            lambda limit: proofs.read_request(request, limit, timeout_s=timeout_s),
+        )
+        if not answer.proven:
+            self._metrics.refusals.inc(reason=answer.reason or "proof")
+        text = answer.model_dump_json(by_alias=True, exclude_none=True)
+        return web.json_response(text=text, status=status)
 
     async def _file(self, request: web.Request) -> web.StreamResponse:
         try:
@@ -215,7 +256,7 @@ class PeerServer:
             if not self._streams:
                 self._idle.set()
 
-    async def _admit(self, request: web.Request) -> tuple[ServedFolder, auth.Requester]:
+    async def _identify(self, request: web.Request) -> tuple[auth.Requester, frozenset[str]]:
         if self._closing:
             raise _Refused(503, "shutting-down", retry_after=self._slots.retry_after())
         key = request.match_info["key"]
@@ -230,18 +271,33 @@ class PeerServer:
         if not scopes:
             raise _Refused(404, "not-here")
         try:
-            decision = await self._authorizer.authorize(token, key, scopes)
+            decision = await self._authorizer.identify(token, key)
         except auth.Unavailable as exc:
             log.warning("peer.authorization_unavailable", storage_key=key, error=str(exc))
             raise _Refused(503, "unavailable", retry_after=self._slots.retry_after()) from None
         if isinstance(decision, auth.Refusal):
             self._refusal(decision, key)
-        served = self._folders.lookup(key, decision.scope)
+        return decision, scopes
+
+    async def _admit(self, request: web.Request) -> tuple[ServedFolder, auth.Requester]:
+        requester, scopes = await self._identify(request)
+        key = request.match_info["key"]
+        own = requester.scope in scopes
+        served = self._folders.lookup(key, requester.scope) if own else None
+        if served is None or not served.manifest.complete:
+            # what its scope proved at the origin, while the proof holds: rather than its
+            # own download in progress on this node (which it would not follow)
+            proven = self._prover.book.proven(requester.scope, key) if self._prover else None
+            found = self._folders.lookup(key, proven.scope) if proven is not None else None
+            if found is not None and proven is not None and found.manifest.digest == proven.digest:
+                served = found
+            elif not own:
+                self._refusal(auth.refusal("other-scope"), key)
         if served is None or served.manifest.storage_key != key:
             raise _Refused(404, "not-here")
         if not served.manifest.complete and not served.manifest.files:
             raise _Refused(503, "nothing-yet", retry_after=1)  # its download has no file yet
-        return served, decision
+        return served, requester
 
     def _refusal(self, refusal: auth.Refusal, key: str) -> NoReturn:
         log.info("peer.refused", storage_key=key, reason=refusal.reason)

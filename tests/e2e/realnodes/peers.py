@@ -217,22 +217,28 @@ for name, path in (("default-audience", "/var/run/secrets/kubernetes.io/servicea
     if os.path.exists(path):
         tokens[name] = open(path).read().strip()
 tokens.update(json.loads(os.environ.get("PEER_TOKENS") or "{}"))
+proofs = json.loads(os.environ.get("PEER_PROOFS") or "{}")
 context = ssl.create_default_context(cadata=ca)
 results = []
 for target in targets:
     host, port = target["endpoint"].removeprefix("https://").rsplit(":", 1)
-    paths = {"manifest": "/p2p/v1/models/%s/manifest" % target["key"]}
+    base = "/p2p/v1/models/%s/" % target["key"]
+    # proofs first (their presigned HEADs live 60 s), then what they would open
+    paths = {"proof " + n: ("POST", base + "proofs", json.dumps(b)) for n, b in proofs.items()}
+    paths["manifest"] = ("GET", base + "manifest", None)
     for f in target["files"]:
-        paths["file " + f] = "/p2p/v1/models/%s/files/%s" % (target["key"], urllib.parse.quote(f))
+        paths["file " + f] = ("GET", base + "files/" + urllib.parse.quote(f), None)
     for token_name, token in tokens.items():
-        for what, path in paths.items():
+        for what, (method, path, data) in paths.items():
             row = {"node": target["node"], "token": token_name, "what": what}
             try:
                 raw = socket.create_connection((host, int(port)), timeout=10)
-                conn = http.client.HTTPConnection(host, int(port), timeout=10)
+                conn = http.client.HTTPConnection(host, int(port), timeout=30)
                 conn.sock = context.wrap_socket(raw, server_hostname="localcache-peer")
                 headers = {"Authorization": "Bearer " + token} if token else {}
-                conn.request("GET", path, headers=headers)
+                if data is not None:
+                    headers["Content-Type"] = "application/json"
+                conn.request(method, path, body=data, headers=headers)
                 resp = conn.getresponse()
                 body = resp.read(64 << 20)
                 row.update(status=resp.status, bytes=len(body),
@@ -247,11 +253,17 @@ print(json.dumps(results))
 
 
 def probe_pod_spec(
-    *, node: str, ca: str, targets: list[Obj], tokens: dict[str, str] | None = None
+    *,
+    node: str,
+    ca: str,
+    targets: list[Obj],
+    tokens: dict[str, str] | None = None,
+    proofs: dict[str, Obj] | None = None,
 ) -> Obj:
     """A pod spec on `node` that runs `PROBE` against `targets` ({node, endpoint, key,
     files}), holding a projected token for the peer audience, as a download pod would, and
-    trying `tokens` (name -> token) too."""
+    trying `tokens` (name -> token) too; with `proofs` (name -> `ProofRequest` body), each
+    token first POSTs each proof (rows `proof <name>`)."""
     return {
         "restartPolicy": "Never",
         "nodeSelector": {jobs_mod.HOSTNAME_LABEL: node},
@@ -267,6 +279,7 @@ def probe_pod_spec(
                     {"name": "PEER_TARGETS", "value": json.dumps(targets)},
                     {"name": "PEER_TOKEN_DIR", "value": TOKEN_DIR},
                     {"name": "PEER_TOKENS", "value": json.dumps(tokens or {})},
+                    {"name": "PEER_PROOFS", "value": json.dumps(proofs or {})},
                 ],
                 "volumeMounts": [{"name": TOKEN_VOLUME, "mountPath": TOKEN_DIR, "readOnly": True}],
             }
@@ -298,12 +311,13 @@ def probe_pod(
     ca: str,
     targets: list[Obj],
     tokens: dict[str, str] | None = None,
+    proofs: dict[str, Obj] | None = None,
 ) -> Obj:
     return {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": name, "namespace": namespace},
-        "spec": probe_pod_spec(node=node, ca=ca, targets=targets, tokens=tokens),
+        "spec": probe_pod_spec(node=node, ca=ca, targets=targets, tokens=tokens, proofs=proofs),
     }
 
 
@@ -399,3 +413,28 @@ def files_through_pod(
     found: dict[str, str] = json.loads(cluster.kubectl("logs", "-n", namespace, name).stdout)
     cluster.kubectl("delete", "pod", "-n", namespace, name, "--wait=false")
     return found
+
+
+def download_pod_token(
+    cluster: Cluster, namespace: str, storage_key: str, *, user: str
+) -> str | None:
+    """A `localcache-peer` token bound to the pod of a download Job of `storage_key` in
+    `namespace` (a Job the agent made and records), minted by the tenant `user` itself
+    (`cluster.tenant`); None when no such pod exists (any more)."""
+    for job in download_jobs(cluster, namespace, storage_key):
+        pods = cluster.items(
+            "pods", namespace=namespace, selector=f"job-name={job['metadata']['name']}"
+        )
+        for pod in pods:
+            meta = pod["metadata"]
+            minted = cluster.kubectl(
+                "create", "token", pod["spec"].get("serviceAccountName") or "default",
+                "-n", namespace, f"--audience={peer_api.TOKEN_AUDIENCE}",
+                "--bound-object-kind=Pod", f"--bound-object-name={meta['name']}",
+                f"--bound-object-uid={meta['uid']}", "--duration=10m", f"--as={user}",
+                check=False,
+            )  # fmt: skip
+            if minted.returncode == 0:
+                return minted.stdout.strip()
+            assert "not found" in minted.stderr, minted.stderr
+    return None

@@ -191,6 +191,9 @@ class OneFolder:
     def lookup(self, storage_key: str, scope: str) -> server.ServedFolder | None:
         return self.served if storage_key == KEY and scope in self.served.scopes else None
 
+    def complete(self, storage_key: str) -> server.ServedFolder | None:
+        return self.served if storage_key == KEY else None
+
 
 @pytest.fixture
 async def peer_server(cluster: Cluster, tmp_path: Path) -> AsyncIterator[Peer]:

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import hashlib
+import http.client
+import urllib.parse
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+from typing import NamedTuple
+from xml.etree import ElementTree
 
 import botocore.exceptions
 import pytest
 
-from localcache.devenv import modelserver
+from localcache.devenv import modelserver, waiting
 from tests.support import objectstore
 
 BUCKET = "models"
@@ -111,3 +116,187 @@ def test_the_store_counts_the_body_bytes_it_serves(store: objectstore.ObjectStor
     assert sent_after - sent_before == len(data)
     status, _ = modelserver.http_get(store.endpoint + objectstore.STATS_PATH)
     assert status == 200  # the counters need no signature: they hold no data
+
+
+# ---- presigned (SigV4 query-authenticated) requests ---------------------------------------
+
+OBJECT = "iris/model.joblib"
+OBJECT_BYTES = b"iris weights"
+GET_ONLY = {
+    "Version": "2012-10-17",
+    "Statement": [{"Effect": "Allow", "Action": "s3:GetObject", "Resource": "*"}],
+}
+LIST_ONLY = {
+    "Version": "2012-10-17",
+    "Statement": [{"Effect": "Allow", "Action": "s3:ListBucket", "Resource": "*"}],
+}
+
+
+class Answer(NamedTuple):
+    status: int
+    headers: Mapping[str, str]
+    body: bytes
+
+    def error(self) -> tuple[int, str, str]:
+        """(status, S3 error code, message) of a refusal with a body."""
+        root = ElementTree.fromstring(self.body)
+        return self.status, root.findtext("Code") or "", root.findtext("Message") or ""
+
+
+def _send(method: str, url: str, *, headers: Mapping[str, str] | None = None) -> Answer:
+    """One request of `url` as given (no signing of its own), with a timeout."""
+    parts = urllib.parse.urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=10.0)
+    try:
+        conn.request(method, f"{parts.path}?{parts.query}", headers=dict(headers or {}))
+        response = conn.getresponse()
+        return Answer(response.status, dict(response.getheaders()), response.read())
+    finally:
+        conn.close()
+
+
+@pytest.fixture(scope="module")
+def reader(store: objectstore.ObjectStore) -> objectstore.AccessKey:
+    """A user allowed s3:GetObject (which HeadObject needs) and nothing else."""
+    return store.create_user("presign-reader", policy=GET_ONLY)
+
+
+def _head_url(
+    store: objectstore.ObjectStore, key: objectstore.AccessKey, *, expires_s: int = 60
+) -> str:
+    key_id, secret = key
+    return store.presigned_head(BUCKET, OBJECT, key_id=key_id, secret=secret, expires_s=expires_s)
+
+
+def _get_url(
+    store: objectstore.ObjectStore, key: objectstore.AccessKey, *, expires_s: int = 60
+) -> str:
+    key_id, secret = key
+    return store.presigned_get(BUCKET, OBJECT, key_id=key_id, secret=secret, expires_s=expires_s)
+
+
+def test_presigned_head_answers_the_objects_etag_and_length(
+    store: objectstore.ObjectStore, reader: objectstore.AccessKey
+) -> None:
+    answer = _send("HEAD", _head_url(store, reader))
+
+    assert answer.status == 200
+    assert answer.headers["ETag"] == f'"{hashlib.md5(OBJECT_BYTES).hexdigest()}"'
+    assert answer.headers["Content-Length"] == str(len(OBJECT_BYTES))
+    assert answer.body == b""
+
+
+def test_presigned_get_answers_the_objects_bytes_and_is_counted(
+    store: objectstore.ObjectStore, reader: objectstore.AccessKey
+) -> None:
+    requests_before, sent_before = store.bytes_sent()
+
+    answer = _send("GET", _get_url(store, reader))
+
+    assert (answer.status, answer.body) == (200, OBJECT_BYTES)
+    assert store.bytes_sent() == (requests_before + 1, sent_before + len(OBJECT_BYTES))
+
+
+def test_expired_presigned_url_is_refused_as_expired(
+    store: objectstore.ObjectStore, reader: objectstore.AccessKey
+) -> None:
+    get_url = _get_url(store, reader, expires_s=1)
+    head_url = _head_url(store, reader, expires_s=1)
+
+    def refused() -> Answer | None:
+        answer = _send("GET", get_url)
+        return answer if answer.status != 200 else None
+
+    expired = waiting.wait_until_sync(
+        refused, timeout=10.0, what="a GET presigned for 1 s is refused once past its expiry"
+    )
+
+    assert expired is not None  # wait_until_sync returns only a truthy answer
+    assert expired.error() == (403, "AccessDenied", "Request has expired")
+
+    def head_refused() -> Answer | None:  # signed a moment later: it may expire a second later
+        answer = _send("HEAD", head_url)
+        return answer if answer.status != 200 else None
+
+    head = waiting.wait_until_sync(
+        head_refused, timeout=10.0, what="a HEAD presigned for 1 s is refused past its expiry"
+    )
+    assert head is not None
+    assert (head.status, head.body) == (403, b"")
+
+
+def test_presigned_url_with_the_wrong_secret_is_refused(
+    store: objectstore.ObjectStore, reader: objectstore.AccessKey
+) -> None:
+    forged = objectstore.AccessKey(reader.access_key_id, "not-the-secret")
+
+    assert _send("GET", _get_url(store, forged)).error()[:2] == (403, "SignatureDoesNotMatch")
+    assert _send("HEAD", _head_url(store, forged)).status == 403
+
+
+def test_presigned_url_of_an_unknown_key_is_refused(store: objectstore.ObjectStore) -> None:
+    stranger = objectstore.AccessKey("AKIAMADEUPKEY0000000", "made-up")
+
+    assert _send("GET", _get_url(store, stranger)).error()[:2] == (403, "InvalidAccessKeyId")
+    assert _send("HEAD", _head_url(store, stranger)).status == 403
+
+
+def test_presign_for_one_method_is_refused_for_another(
+    store: objectstore.ObjectStore, reader: objectstore.AccessKey
+) -> None:
+    get_as_head = _send("HEAD", _get_url(store, reader))
+    head_as_get = _send("GET", _head_url(store, reader))
+
+    assert (get_as_head.status, get_as_head.body) == (403, b"")
+    assert head_as_get.error()[:2] == (403, "SignatureDoesNotMatch")
+
+
+def test_presign_for_one_object_does_not_open_another(
+    store: objectstore.ObjectStore, reader: objectstore.AccessKey
+) -> None:
+    store.put_object(BUCKET, "iris/other.bin", b"other weights")
+    other = f"/{BUCKET}/iris/other.bin?"
+
+    edited = _send("GET", _get_url(store, reader).replace(f"/{BUCKET}/{OBJECT}?", other))
+
+    assert edited.error()[:2] == (403, "SignatureDoesNotMatch")
+    assert b"other weights" not in edited.body
+    edited_head = _head_url(store, reader).replace(f"/{BUCKET}/{OBJECT}?", other)
+    assert _send("HEAD", edited_head).status == 403
+
+
+def test_presigned_url_with_an_edited_query_is_refused(
+    store: objectstore.ObjectStore, reader: objectstore.AccessKey
+) -> None:
+    url = _get_url(store, reader)
+
+    answer = _send("GET", url.replace("X-Amz-Expires=60", "X-Amz-Expires=600"))
+
+    assert answer.error()[:2] == (403, "SignatureDoesNotMatch")
+
+
+def test_presigned_head_by_a_user_without_get_object_is_denied(
+    store: objectstore.ObjectStore,
+) -> None:
+    lister = store.create_user("presign-lister", policy=LIST_ONLY)
+
+    head = _send("HEAD", _head_url(store, lister))
+
+    assert (head.status, head.body) == (403, b"")
+    assert _send("GET", _get_url(store, lister)).error()[:2] == (403, "AccessDenied")
+
+
+def test_presign_valid_for_more_than_a_week_is_malformed(
+    store: objectstore.ObjectStore, reader: objectstore.AccessKey
+) -> None:
+    answer = _send("GET", _get_url(store, reader, expires_s=604801))
+
+    assert answer.error()[:2] == (400, "AuthorizationQueryParametersError")
+
+
+def test_presigned_url_with_an_authorization_header_too_is_refused(
+    store: objectstore.ObjectStore, reader: objectstore.AccessKey
+) -> None:
+    answer = _send("GET", _get_url(store, reader), headers={"Authorization": "AWS4-HMAC-SHA256"})
+
+    assert answer.error()[:2] == (400, "InvalidArgument")

@@ -393,3 +393,46 @@ async def test_the_peer_mode_job_peerjob_builds_is_admitted_in_the_job_namespace
     )
     assert "is not labelled" in message, message
     harness.ok(create(job), "the peer-mode Job peerjob builds, as ServiceAccount default")
+
+
+async def test_a_peer_mode_job_that_proves_access_keeps_its_credentials(
+    control_plane: ControlPlane, agent_service_account: Obj, node: tuple[str, str]
+) -> None:
+    """A peer-mode Job whose sources hold the model for other scopes signs presigned HEADs
+    with its own credentials (`--prove-s3`): the policy admits its Secret env and volumes
+    then, and only then."""
+    token = harness.agent_token(control_plane, node[0])
+    secret = {"name": "AWS_SECRET_ACCESS_KEY",
+              "valueFrom": {"secretKeyRef": {"name": "s3", "key": "secret"}}}  # fmt: skip
+    origin = _origin_job(node)
+    job = peerjob.peer_job(
+        origin, image=IMAGE, storage_key=origin["metadata"]["labels"]["storageKey"],
+        digest="sha256:" + "0" * 64, sources=[("node-b", "https://10.0.0.2:8476")],
+        ca_pem=certgen.issue_bundle(
+            [peer.SERVER_NAME], now=datetime.datetime.now(datetime.UTC)
+        ).ca_cert_pem.decode(),
+        max_size=1 << 30, injection=credentials.Injection(uri="s3://bucket/bert", env=(secret,)),
+        prove_uri="s3://bucket/bert",
+    )  # fmt: skip
+    assert secret in _main(job)["env"], "the proving pod keeps its credential env"
+    assert "--prove-s3" in _main(job)["args"]
+    volumes = job["spec"]["template"]["spec"]["volumes"]
+    volumes.insert(len(volumes) - 1, {"name": "creds", "secret": {"secretName": "s3"}})
+
+    def create(body: Obj) -> Any:
+        return harness.rest_as_token(
+            control_plane, token, "POST", _jobs(harness.JOB_NAMESPACE), body
+        )
+
+    await _policies_enforced(create, job)
+    harness.ok(create(job), "a proving peer-mode Job with its credential env and Secret volume")
+    unproving = copy.deepcopy(job)
+    args = _main(unproving)["args"]
+    at = args.index("--prove-s3")
+    unproving["spec"]["template"]["spec"]["containers"][0]["args"] = args[:at] + args[at + 2 :]
+    message = await wait_until(
+        lambda: harness.denied(create(unproving), "credentials without --prove-s3"),
+        timeout=30,
+        what="a peer-mode Job with credentials but no --prove-s3 is refused",
+    )
+    assert "no credentials" in message, message

@@ -211,3 +211,19 @@ def test_a_seed_of_a_storage_container_with_its_own_container_name_is_tuned_too(
     two = copy.deepcopy(origin)
     two["spec"]["template"]["spec"]["containers"].append({"name": "sidecar", "image": "x"})
     assert peerjob.seed_job(two, _group(enabled=True), URI) == two
+
+
+def test_a_peer_job_that_proves_access_keeps_the_origin_jobs_credentials() -> None:
+    origin = _origin()
+    job = _peer(origin, prove_uri=URI)
+    main, pod = _main(job), job["spec"]["template"]["spec"]
+    env = {e["name"]: e for e in main["env"]}
+    assert env["AWS_ACCESS_KEY_ID"] == INJECTION.env[0]
+    assert env["S3_ENDPOINT"] == INJECTION.env[1]
+    assert [v["name"] for v in pod["volumes"]] == [
+        "kserve-pvc-source", "creds", "localcache-peer-token"
+    ]  # fmt: skip
+    assert {"name": "creds", "mountPath": "/var/secret", "readOnly": True} in main["volumeMounts"]
+    args = main["args"]
+    assert args[args.index("--prove-s3") + 1] == URI
+    assert "--prove-s3" not in _main(_peer(origin))["args"]

@@ -292,3 +292,42 @@ def test_a_node_still_downloading_at_max_uploads_is_skipped_and_its_children_fol
     assert isinstance(decision, peerplan.Peer)
     assert decision.digest == peer.FOLLOW
     assert [n for n, _ in decision.sources] == ["kid-1", "kid-2"]
+
+
+def test_a_provable_unit_proves_to_a_node_holding_the_model_for_another_scope() -> None:
+    other = _node("node-a", models=[_model(scopes=(OTHER_SCOPE,))], state="ModelDownloaded")
+    decision = peerplan.plan(_req(other, provable=True))
+    assert decision == peerplan.Peer((("node-a", "https://10.0.0.1:8476"),), D1, prove=True)
+
+
+def test_a_source_of_the_own_scope_needs_no_proof() -> None:
+    own = _node("node-b", models=[_model(D2)], state="ModelDownloaded")
+    other = _node("node-a", models=[_model(scopes=(OTHER_SCOPE,))], state="ModelDownloaded")
+    decision = peerplan.plan(_req(other, own, provable=True))
+    assert decision == peerplan.Peer((("node-b", "https://10.0.0.1:8476"),), D2)
+
+
+def test_a_complete_copy_of_another_scope_beats_following_the_own_download() -> None:
+    other = _node("node-a", models=[_model(scopes=(OTHER_SCOPE,))], state="ModelDownloaded")
+    partial = {"storageKey": KEY, "complete": False, "scopes": [SCOPE], "bytes": 0}
+    following = _node("node-b", models=[partial])
+    decision = peerplan.plan(_req(other, following, provable=True))
+    assert decision == peerplan.Peer((("node-a", "https://10.0.0.1:8476"),), D1, prove=True)
+    assert peerplan.plan(_req(other, following)) == peerplan.Peer(
+        (("node-b", "https://10.0.0.1:8476"),), peer.FOLLOW
+    )
+
+
+def test_a_download_in_progress_of_another_scope_is_never_proved_to() -> None:
+    partial = {"storageKey": KEY, "complete": False, "scopes": [OTHER_SCOPE], "bytes": 0}
+    decision = peerplan.plan(_req(_node("node-a", models=[partial]), provable=True))
+    assert not isinstance(decision, peerplan.Peer)
+
+
+def test_a_node_of_another_scope_at_max_uploads_is_no_proof_source() -> None:
+    other = _node("node-a", models=[_model(scopes=(OTHER_SCOPE,))], state="ModelDownloaded")
+    spec = peer.PeerDistributionSpec(enabled=True, max_uploads=1)
+    decision = peerplan.plan(
+        _req(other, _fetching_from("node-a", 1, "node-x"), provable=True, spec=spec)
+    )
+    assert not isinstance(decision, peerplan.Peer)

@@ -69,12 +69,14 @@ def _prometheus_client(i: Import) -> bool:
 
 #: Where aiohttp may be imported: the framework's serving side and its transport, the
 #: download program (`localcache download`, inside Jobs), and the agent's peer server (the
-#: data plane's serving side, design.md; its handlers are the HTTP surface itself).
+#: data plane's serving side, design.md; its handlers are the HTTP surface itself) with its
+#: proof checker (the presigned HEADs it runs at the origin, and the proof's body).
 AIOHTTP_HOMES = (
     "localcache/runtime/serving/",
     "localcache/runtime/transport.py",
     "localcache/download/",
     "localcache/agent/peer/server.py",
+    "localcache/agent/peer/proofs.py",
 )
 
 

@@ -26,8 +26,9 @@ SITE_PACKAGES = re.compile(
     r"opt/localcache/lib/python3\.\d+/site-packages/([^/]+)\.dist-info/METADATA"
 )
 PACKAGE_INIT = re.compile(r"opt/localcache/lib/python3\.\d+/site-packages/(.+)/__init__\.py")
-# Never in the image: the development environment and the test tools.
-NOT_SHIPPED = ("localcache.devenv", "tests", "pytest", "_pytest", "boto3", "botocore", "moto")
+# Never in the image: the development environment and the test tools (botocore is shipped:
+# `localcache fetch --prove-s3` needs it; boto3 is the test object store's).
+NOT_SHIPPED = ("localcache.devenv", "tests", "pytest", "_pytest", "boto3", "moto")
 # Put into every venv by `python3 -m venv` (ensurepip of the base Python), not by the recipe.
 VENV_BOOTSTRAP = frozenset({"pip", "setuptools"})
 

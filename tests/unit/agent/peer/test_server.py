@@ -31,17 +31,15 @@ REQUESTER = auth.Requester(namespace="jobs", pod="dl", job="job", node="node-b",
 
 
 class FakeAuthorizer:
-    async def authorize(
-        self, token: str | None, storage_key: str, scopes: frozenset[str]
-    ) -> auth.Requester | auth.Refusal:
+    async def identify(self, token: str | None, storage_key: str) -> auth.Requester | auth.Refusal:
         if not token:
             return auth.refusal("no-token")
         if token == "good":
             return REQUESTER
         if token == "good-other-pod":
             return dataclasses.replace(REQUESTER, pod="dl-2")
-        if token == "other-scope":
-            return auth.refusal("other-scope")
+        if token == "other-scope":  # a download pod of another scope that proved nothing
+            return dataclasses.replace(REQUESTER, scope="c" * 64)
         return auth.refusal("bad-token")
 
 
@@ -54,6 +52,9 @@ class Folders:
 
     def lookup(self, storage_key: str, scope: str) -> server.ServedFolder | None:
         return self.served if storage_key == KEY and scope in self.served.scopes else None
+
+    def complete(self, storage_key: str) -> server.ServedFolder | None:
+        return self.served if storage_key == KEY and self.served.manifest.complete else None
 
 
 def _file(path: str, data: bytes) -> peer.ManifestFile:

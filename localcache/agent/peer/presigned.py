@@ -1,0 +1,230 @@
+"""What a cross-scope proof's presigned HEAD may be, and whether an origin's ETag is this
+node's bytes: the pure checks of `agent.peer.proofs`.
+
+`check_head(url, path, origin, now=)` accepts a URL only when it is a SigV4 presigned request
+(query auth) for exactly the object of `path` in `origin.bucket` at one of `origin.endpoints`
+(path-style `scheme://host[:port]/<bucket>/<key>` or virtual-hosted
+`scheme://<bucket>.host[:port]/<key>`), carrying only `X-Amz-*` parameters (and botocore's
+`x-id`), each once, `X-Amz-Expires` at most `peer.PROOF_EXPIRES_S`, not yet expired at `now`
+and dated at most `CLOCK_SKEW_S` ahead, signing the `host` header and at most
+`x-amz-checksum-mode` (then `Head.checksum`: the HEAD sends `CHECKSUM_HEADERS`, and S3 answers
+the object's stored checksum). It answers the URL to run (`Head`), or a `Bad` with
+a reason from a fixed vocabulary: `proof-origin` (an endpoint the node group does not name),
+`proof-object` (another bucket or object), `proof-expired`, `proof-malformed`. Signatures
+are not checked here: the origin checks them when the HEAD runs.
+
+`checksum_sha256(value, type)`: the object's SHA-256 from S3's full-object checksum, which
+is compared with the manifest's directly (no hashing). `etag_matches(fd, size, etag)`:
+whether an S3 ETag is the MD5 of the open file's bytes: `"<md5>"` for a single-part upload,
+`"<md5 of the parts' md5s>-<n>"` for a multipart one, tried with the part sizes in
+`PART_SIZES` (and the size the part count implies, rounded to MiB) that give `n` parts, at
+most `MAX_PART_TRIES`. False also when the ETag cannot be checked (not an MD5 shape, such as
+SSE-KMS's, or no part size fits): the copy is then not provably the origin's. Blocking:
+run it in a thread.
+
+Object keys map to folder paths as KServe's storage initializer writes them
+(`peer.s3_folder_path`).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import datetime
+import hashlib
+import os
+import re
+import urllib.parse
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Final, Literal
+
+from localcache.api import peer
+
+CLOCK_SKEW_S: Final = 15
+MIB: Final = 1024 * 1024
+PART_SIZES: Final = (8 * MIB, 5 * MIB, 16 * MIB, 64 * MIB, 100 * MIB)
+MAX_PART_TRIES: Final = 3
+READ_BYTES: Final = 1024 * 1024
+ALLOWED_PARAMS: Final = frozenset(
+    {
+        "X-Amz-Algorithm",
+        "X-Amz-Credential",
+        "X-Amz-Date",
+        "X-Amz-Expires",
+        "X-Amz-SignedHeaders",
+        "X-Amz-Signature",
+        "X-Amz-Security-Token",
+        "x-id",
+    }
+)
+CHECKSUM_SIGNED: Final = "host;x-amz-checksum-mode"
+SIGNED_HEADERS: Final = frozenset({"host", CHECKSUM_SIGNED})
+CHECKSUM_HEADERS: Final = {"x-amz-checksum-mode": "ENABLED"}
+REQUIRED_PARAMS: Final = ALLOWED_PARAMS - {"X-Amz-Security-Token", "x-id"}
+BadReason = Literal["proof-origin", "proof-object", "proof-expired", "proof-malformed"]
+_ETAG: Final = re.compile(r'"?([0-9a-f]{32})(?:-([0-9]{1,5}))?"?')
+_DEFAULT_PORTS: Final = {"http": 80, "https": 443}
+
+
+@dataclass(frozen=True, slots=True)
+class Origin:
+    """The model's object store as the node group trusts it."""
+
+    endpoints: Sequence[str]
+    """`scheme://host[:port]` the node group names (`proofOrigins`)."""
+    bucket: str
+    prefix: str
+
+
+@dataclass(frozen=True, slots=True)
+class Head:
+    url: str
+    expires: float
+    """When its signature stops being valid (epoch seconds)."""
+    checksum: bool = False
+    """The presign signed `x-amz-checksum-mode: ENABLED`: the HEAD must send it, and the
+    origin then answers the object's own checksum (`x-amz-checksum-sha256`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Bad:
+    reason: BadReason
+
+
+def check_head(url: str, path: str, origin: Origin, *, now: float) -> Head | Bad:
+    """See the module docstring."""
+    if not (url.isascii() and url.isprintable()) or " " in url:
+        return Bad("proof-malformed")
+    try:
+        parts = urllib.parse.urlsplit(url)
+        port = parts.port or _DEFAULT_PORTS.get(parts.scheme)
+    except ValueError:
+        return Bad("proof-malformed")
+    host = (parts.hostname or "").lower()
+    if parts.fragment or parts.username or parts.password or port is None:
+        return Bad("proof-malformed")
+    located = _locate(parts.scheme, host, port, parts.path, origin)
+    if isinstance(located, Bad):
+        return located
+    bucket, key = located
+    if bucket != origin.bucket or not key.startswith(origin.prefix):
+        return Bad("proof-object")
+    if key.endswith("/") or peer.s3_folder_path(origin.prefix, key) != path:
+        return Bad("proof-object")
+    query = _check_query(parts.query, now)
+    return query if isinstance(query, Bad) else Head(url, *query)
+
+
+def _locate(
+    scheme: str, host: str, port: int, raw_path: str, origin: Origin
+) -> tuple[str, str] | Bad:
+    """(bucket, object key) of a URL at one of the origin's endpoints."""
+    path = urllib.parse.unquote(raw_path)
+    for endpoint in origin.endpoints:
+        allowed = urllib.parse.urlsplit(endpoint)
+        allowed_port = allowed.port or _DEFAULT_PORTS.get(allowed.scheme)
+        allowed_host = (allowed.hostname or "").lower()
+        if (scheme, port) != (allowed.scheme, allowed_port):
+            continue
+        if not path.startswith("/"):
+            return Bad("proof-malformed")
+        if host == allowed_host:  # path-style
+            bucket, _, key = path[1:].partition("/")
+            return bucket, key
+        if host == f"{origin.bucket.lower()}.{allowed_host}":  # virtual-hosted
+            return origin.bucket, path[1:]
+    return Bad("proof-origin")
+
+
+def _check_query(query: str, now: float) -> Bad | tuple[float, bool]:
+    """A `Bad`, else when the presign expires and whether it signed the checksum mode."""
+    try:
+        pairs = urllib.parse.parse_qsl(query, keep_blank_values=True, strict_parsing=True)
+    except ValueError:
+        return Bad("proof-malformed")
+    names = [name for name, _ in pairs]
+    params = dict(pairs)
+    if len(names) != len(params) or not set(names) <= ALLOWED_PARAMS:
+        return Bad("proof-malformed")
+    if not set(names) >= REQUIRED_PARAMS or params["X-Amz-Algorithm"] != "AWS4-HMAC-SHA256":
+        return Bad("proof-malformed")
+    if params.get("x-id", "HeadObject") != "HeadObject":
+        return Bad("proof-malformed")
+    expires = params["X-Amz-Expires"]
+    if not expires.isdigit() or not 1 <= int(expires) <= peer.PROOF_EXPIRES_S:
+        return Bad("proof-malformed")
+    try:
+        signed = datetime.datetime.strptime(params["X-Amz-Date"], "%Y%m%dT%H%M%SZ")
+    except ValueError:
+        return Bad("proof-malformed")
+    start = signed.replace(tzinfo=datetime.UTC).timestamp()
+    if start > now + CLOCK_SKEW_S:
+        return Bad("proof-malformed")
+    if start + int(expires) <= now:
+        return Bad("proof-expired")
+    signed_headers = params["X-Amz-SignedHeaders"]
+    if signed_headers not in SIGNED_HEADERS:  # headers the HEAD could not send
+        return Bad("proof-malformed")
+    return start + int(expires), signed_headers == CHECKSUM_SIGNED
+
+
+def checksum_sha256(value: str | None, checksum_type: str | None) -> str | None:
+    """The hex SHA-256 of a whole object from S3's `x-amz-checksum-sha256` (base64), when it is
+    a full-object checksum (not a composite of parts); else None."""
+    if not value or checksum_type not in (None, "FULL_OBJECT") or len(value) > 64:
+        return None
+    try:
+        raw = base64.b64decode(value, validate=True)
+    except binascii.Error:
+        return None
+    return raw.hex() if len(raw) == 32 else None
+
+
+def etag_matches(fd: int, size: int, etag: str) -> bool:
+    """See the module docstring."""
+    match = _ETAG.fullmatch(etag.strip())
+    if match is None:
+        return False
+    want, count = match.group(1), match.group(2)
+    if count is None:
+        return _md5s(fd, size, max(size, 1)) == [want]
+    for part_size in _part_sizes(size, int(count)):
+        digests = _md5s(fd, size, part_size)
+        combined = hashlib.md5(b"".join(bytes.fromhex(d) for d in digests), usedforsecurity=False)
+        if combined.hexdigest() == want:
+            return True
+    return False
+
+
+def _part_sizes(size: int, parts: int) -> list[int]:
+    if parts < 1 or size < parts:
+        return []
+    if parts == 1:  # any part size from the file's on gives the one part
+        return [max(size, 1)]
+    per_part = -(-size // parts)  # ceil
+    implied = -(-per_part // MIB) * MIB  # rounded up to MiB
+    found: list[int] = []
+    for part_size in (*PART_SIZES, implied):
+        if part_size not in found and -(-size // part_size) == parts:
+            found.append(part_size)
+    return found[:MAX_PART_TRIES]
+
+
+def _md5s(fd: int, size: int, part_size: int) -> list[str]:
+    """The MD5 of each `part_size` piece of the file (one piece for a single part)."""
+    digests: list[str] = []
+    offset = 0
+    if size == 0:
+        return [hashlib.md5(usedforsecurity=False).hexdigest()]
+    while offset < size:
+        md5 = hashlib.md5(usedforsecurity=False)
+        end = min(size, offset + part_size)
+        while offset < end:
+            chunk = os.pread(fd, min(READ_BYTES, end - offset), offset)
+            if not chunk:
+                raise OSError("the file shrank while hashed")
+            md5.update(chunk)
+            offset += len(chunk)
+        digests.append(md5.hexdigest())
+    return digests
