@@ -1,17 +1,18 @@
 """What a cross-scope proof's presigned HEAD may be, and whether an origin's ETag is this
 node's bytes: the pure checks of `agent.peer.proofs`.
 
-`check_head(url, path, origin, now=)` accepts a URL only when it is a SigV4 presigned request
-(query auth) for exactly the object of `path` in `origin.bucket` at one of `origin.endpoints`
-(path-style `scheme://host[:port]/<bucket>/<key>` or virtual-hosted
-`scheme://<bucket>.host[:port]/<key>`), carrying only `X-Amz-*` parameters (and botocore's
-`x-id`), each once, `X-Amz-Expires` at most `peer.PROOF_EXPIRES_S`, not yet expired at `now`
-and dated at most `CLOCK_SKEW_S` ahead, signing the `host` header and at most
-`x-amz-checksum-mode` (then `Head.checksum`: the HEAD sends `CHECKSUM_HEADERS`, and S3 answers
-the object's stored checksum). It answers the URL to run (`Head`), or a `Bad` with
-a reason from a fixed vocabulary: `proof-origin` (an endpoint the node group does not name),
-`proof-object` (another bucket or object), `proof-expired`, `proof-malformed`. Signatures
-are not checked here: the origin checks them when the HEAD runs.
+`check_head(url, path, origin, now=)` accepts a URL only when it is a SigV4 presigned
+request (query auth) for exactly the object of `path` in `origin.bucket` at one of
+`origin.endpoints` (path-style `scheme://host[:port]/<bucket>/<key>`, or virtual-hosted
+`scheme://<bucket>.host[:port]/<key>` for an endpoint named by a DNS name), printable ASCII,
+carrying only `X-Amz-*` parameters (and botocore's `x-id`, `HeadObject`), each once,
+`X-Amz-Expires` at most `peer.PROOF_EXPIRES_S`, not yet expired at `now` and dated at most
+`CLOCK_SKEW_S` ahead, signing the `host` header and at most `x-amz-checksum-mode` (then
+`Head.checksum`: the HEAD sends `CHECKSUM_HEADERS`, and S3 answers the object's stored
+checksum). It answers the URL to run (`Head`), or a `Bad` with a reason from a fixed
+vocabulary: `proof-origin` (an endpoint the node group does not name), `proof-object`
+(another bucket or object), `proof-expired`, `proof-malformed`. Signatures are not checked
+here: the origin checks them when the HEAD runs.
 
 `checksum_sha256(value, type)`: the object's SHA-256 from S3's full-object checksum, which
 is compared with the manifest's directly (no hashing). `etag_matches(fd, size, etag)`:
@@ -32,6 +33,7 @@ import base64
 import binascii
 import datetime
 import hashlib
+import ipaddress
 import os
 import re
 import urllib.parse
@@ -132,9 +134,18 @@ def _locate(
         if host == allowed_host:  # path-style
             bucket, _, key = path[1:].partition("/")
             return bucket, key
-        if host == f"{origin.bucket.lower()}.{allowed_host}":  # virtual-hosted
+        if not _is_ip(allowed_host) and host == f"{origin.bucket.lower()}.{allowed_host}":
             return origin.bucket, path[1:]
     return Bad("proof-origin")
+
+
+def _is_ip(host: str) -> bool:
+    """An IP address names no bucket by its subdomains (and may route them elsewhere)."""
+    try:
+        ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return False
+    return True
 
 
 def _check_query(query: str, now: float) -> Bad | tuple[float, bool]:

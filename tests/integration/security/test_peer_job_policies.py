@@ -354,6 +354,25 @@ def job_namespace_accounts(control_plane: ControlPlane) -> Iterator[str]:
         control_plane.rest("DELETE", f"{path}/{name}")
 
 
+SECRET_ENV = {"name": "AWS_SECRET_ACCESS_KEY",
+              "valueFrom": {"secretKeyRef": {"name": "s3", "key": "secret"}}}  # fmt: skip
+
+
+def _built_peer_job(node: tuple[str, str], prove_uri: str | None = None) -> Obj:
+    """The peer-mode Job agent/jobs/peerjob.py builds from a cluster cache's origin Job."""
+    origin = _origin_job(node)
+    return peerjob.peer_job(
+        origin, image=IMAGE, storage_key=origin["metadata"]["labels"]["storageKey"],
+        digest="sha256:" + "0" * 64, sources=[("node-b", "https://10.0.0.2:8476")],
+        ca_pem=certgen.issue_bundle(
+            [peer.SERVER_NAME], now=datetime.datetime.now(datetime.UTC)
+        ).ca_cert_pem.decode(),
+        max_size=1 << 30,
+        injection=credentials.Injection(uri="s3://bucket/bert", env=(SECRET_ENV,)),
+        prove_uri=prove_uri,
+    )  # fmt: skip
+
+
 async def test_the_peer_mode_job_peerjob_builds_is_admitted_in_the_job_namespace(
     control_plane: ControlPlane,
     agent_service_account: Obj,
@@ -365,17 +384,7 @@ async def test_the_peer_mode_job_peerjob_builds_is_admitted_in_the_job_namespace
     localmodel.kserve.io/download=true, also when named (the e2e test found every cluster
     cache's peer-mode Job refused)."""
     token = harness.agent_token(control_plane, node[0])
-    secret = {"name": "AWS_SECRET_ACCESS_KEY",
-              "valueFrom": {"secretKeyRef": {"name": "s3", "key": "secret"}}}  # fmt: skip
-    origin = _origin_job(node)
-    job = peerjob.peer_job(
-        origin, image=IMAGE, storage_key=origin["metadata"]["labels"]["storageKey"],
-        digest="sha256:" + "0" * 64, sources=[("node-b", "https://10.0.0.2:8476")],
-        ca_pem=certgen.issue_bundle(
-            [peer.SERVER_NAME], now=datetime.datetime.now(datetime.UTC)
-        ).ca_cert_pem.decode(),
-        max_size=1 << 30, injection=credentials.Injection(uri="s3://bucket/bert", env=(secret,)),
-    )  # fmt: skip
+    job = _built_peer_job(node)
     assert _pod(job)["serviceAccountName"] == "default"
 
     def create(body: Obj) -> Any:
@@ -402,19 +411,8 @@ async def test_a_peer_mode_job_that_proves_access_keeps_its_credentials(
     with its own credentials (`--prove-s3`): the policy admits its Secret env and volumes
     then, and only then."""
     token = harness.agent_token(control_plane, node[0])
-    secret = {"name": "AWS_SECRET_ACCESS_KEY",
-              "valueFrom": {"secretKeyRef": {"name": "s3", "key": "secret"}}}  # fmt: skip
-    origin = _origin_job(node)
-    job = peerjob.peer_job(
-        origin, image=IMAGE, storage_key=origin["metadata"]["labels"]["storageKey"],
-        digest="sha256:" + "0" * 64, sources=[("node-b", "https://10.0.0.2:8476")],
-        ca_pem=certgen.issue_bundle(
-            [peer.SERVER_NAME], now=datetime.datetime.now(datetime.UTC)
-        ).ca_cert_pem.decode(),
-        max_size=1 << 30, injection=credentials.Injection(uri="s3://bucket/bert", env=(secret,)),
-        prove_uri="s3://bucket/bert",
-    )  # fmt: skip
-    assert secret in _main(job)["env"], "the proving pod keeps its credential env"
+    job = _built_peer_job(node, prove_uri="s3://bucket/bert")
+    assert SECRET_ENV in _main(job)["env"], "the proving pod keeps its credential env"
     assert "--prove-s3" in _main(job)["args"]
     volumes = job["spec"]["template"]["spec"]["volumes"]
     volumes.insert(len(volumes) - 1, {"name": "creds", "secret": {"secretName": "s3"}})

@@ -86,6 +86,7 @@ def test_a_single_object_model_maps_to_its_base_name() -> None:
         (_url("http://10.0.0.9:9001/models/bert/model.bin"), "model.bin", "proof-origin"),
         (_url("https://evil.example.com/models/bert/model.bin"), "model.bin", "proof-origin"),
         (_url("https://other.s3.example.com/bert/model.bin"), "model.bin", "proof-origin"),
+        (_url("http://models.10.0.0.9:9000/bert/model.bin"), "model.bin", "proof-origin"),
         (_url("http://10.0.0.9:9000/other/bert/model.bin"), "model.bin", "proof-object"),
         (_url("http://10.0.0.9:9000/models/bert/other.bin"), "model.bin", "proof-object"),
         (_url("http://10.0.0.9:9000/models/bert2/model.bin"), "model.bin", "proof-object"),
