@@ -65,6 +65,7 @@ PROOF_EXPIRES_S: Final = 60
 """The longest validity of a presigned HEAD a proof may carry (`X-Amz-Expires`)."""
 MAX_PROOF_URL: Final = 4096
 MAX_URI: Final = 2048
+NONCE_PATTERN: Final = r"^lc-[0-9a-f]{32}$"
 _ORIGIN_PATTERN: Final = r"^https?://[A-Za-z0-9.-]{1,253}(:[0-9]{1,5})?$"
 _ORIGIN: Final = re.compile(_ORIGIN_PATTERN)
 _SHA256_HEX: Final = r"^[0-9a-f]{64}$"
@@ -263,12 +264,27 @@ class ProofHead(meta.ApiModel):
         return check_path(value)
 
 
+class ProofNonce(meta.ApiModel):
+    """`GET /p2p/v1/models/{storageKey}/proofs/nonce`: a single-use value the serving node
+    issues to one requester; the proof's presigned HEADs sign it as their `If-None-Match`
+    header (`nonce_header`), so they prove nothing to another node, or twice."""
+
+    nonce: str = Field(pattern=NONCE_PATTERN)
+
+
 class ProofRequest(meta.ApiModel):
     """`POST /p2p/v1/models/{storageKey}/proofs`: a download pod of another credential scope
     shows that it can read every file of the model at the origin (`s3://` only)."""
 
     uri: str = Field(max_length=MAX_URI)
+    nonce: str = Field(pattern=NONCE_PATTERN)
     heads: list[ProofHead] = Field(max_length=MAX_FILES)
+
+
+def nonce_header(nonce: str) -> str:
+    """The `If-None-Match` value a proof's HEADs sign and the serving node sends: an entity
+    tag no object has (S3 ETags are hex MD5s), so the origin answers the object."""
+    return f'"{nonce}"'
 
 
 class ProofAnswer(meta.ApiModel):

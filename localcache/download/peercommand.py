@@ -152,10 +152,10 @@ async def _fetch(
     """The proof (when asked for), then the transfer, within the one deadline."""
     if prove_s3 is not None:
         # imported only here: botocore would cost every process that imports the CLI
-        from localcache.download import peerproof
+        from localcache.download import peerproof, s3origin
 
         started = request.clock.now()
-        origin = await asyncio.to_thread(peerproof.S3Origin.from_env, os.environ)
+        origin = await asyncio.to_thread(s3origin.S3Origin.from_env, os.environ)
         await peerproof.prove(request, board, uri=prove_s3, origin=origin)
         left = request.deadline - (request.clock.now() - started)
         if left <= 0:

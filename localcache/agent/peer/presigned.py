@@ -7,12 +7,13 @@ request (query auth) for exactly the object of `path` in `origin.bucket` at one 
 `scheme://<bucket>.host[:port]/<key>` for an endpoint named by a DNS name), printable ASCII,
 carrying only `X-Amz-*` parameters (and botocore's `x-id`, `HeadObject`), each once,
 `X-Amz-Expires` at most `peer.PROOF_EXPIRES_S`, not yet expired at `now` and dated at most
-`CLOCK_SKEW_S` ahead, signing the `host` header and at most `x-amz-checksum-mode` (then
-`Head.checksum`: the HEAD sends `CHECKSUM_HEADERS`, and S3 answers the object's stored
-checksum). It answers the URL to run (`Head`), or a `Bad` with a reason from a fixed
-vocabulary: `proof-origin` (an endpoint the node group does not name), `proof-object`
-(another bucket or object), `proof-expired`, `proof-malformed`. Signatures are not checked
-here: the origin checks them when the HEAD runs.
+`CLOCK_SKEW_S` ahead, signing the `host` and `if-none-match` headers (the proof's nonce: the
+HEAD sends it, so the presign is good for this node's one proof) and at most
+`x-amz-checksum-mode` (then `Head.checksum`: the HEAD sends `CHECKSUM_HEADERS`, and S3
+answers the object's stored checksum). It answers the URL to run (`Head`), or a `Bad` with a
+reason from a fixed vocabulary: `proof-origin` (an endpoint the node group does not name),
+`proof-object` (another bucket or object), `proof-expired`, `proof-malformed`. Signatures
+are not checked here: the origin checks them when the HEAD runs.
 
 `checksum_sha256(value, type)`: the object's SHA-256 from S3's full-object checksum, which
 is compared with the manifest's directly (no hashing). `etag_matches(fd, size, etag)`:
@@ -60,8 +61,9 @@ ALLOWED_PARAMS: Final = frozenset(
         "x-id",
     }
 )
-CHECKSUM_SIGNED: Final = "host;x-amz-checksum-mode"
-SIGNED_HEADERS: Final = frozenset({"host", CHECKSUM_SIGNED})
+NONCE_SIGNED: Final = "host;if-none-match"
+CHECKSUM_SIGNED: Final = "host;if-none-match;x-amz-checksum-mode"
+SIGNED_HEADERS: Final = frozenset({NONCE_SIGNED, CHECKSUM_SIGNED})
 CHECKSUM_HEADERS: Final = {"x-amz-checksum-mode": "ENABLED"}
 REQUIRED_PARAMS: Final = ALLOWED_PARAMS - {"X-Amz-Security-Token", "x-id"}
 BadReason = Literal["proof-origin", "proof-object", "proof-expired", "proof-malformed"]
@@ -175,7 +177,7 @@ def _check_query(query: str, now: float) -> Bad | tuple[float, bool]:
     if start + int(expires) <= now:
         return Bad("proof-expired")
     signed_headers = params["X-Amz-SignedHeaders"]
-    if signed_headers not in SIGNED_HEADERS:  # headers the HEAD could not send
+    if signed_headers not in SIGNED_HEADERS:  # no nonce, or headers the HEAD would not send
         return Bad("proof-malformed")
     return start + int(expires), signed_headers == CHECKSUM_SIGNED
 

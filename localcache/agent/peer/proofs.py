@@ -9,6 +9,9 @@ folder does not list; `read(limit)` reads and parses the body, `read_request`) a
   runs, or `PROOFS_AT_ONCE` proofs run on this node;
 - 400 `proof-malformed`: a body over `body_limit(files)` (a bound by the folder's file count,
   at most `MAX_BODY_BYTES`), not read within the server's body timeout, or no `ProofRequest`;
+- 403 `proof-nonce`: its `nonce` is not one this node issued to that requester scope for that
+  storage key (`Nonces.issue`, `GET .../proofs/nonce`), unused, within `NONCE_TTL_S`; it is
+  used up by the attempt, whatever its outcome;
 - 403 `proof-disabled`: the node groups name no `proofOrigins`; 403 `proof-scheme`: the
   request's `uri` is not `s3://`, or its storage key is not the folder's;
 - 409 `proof-files`: the folder holds links or other entries, or directories no file implies
@@ -44,6 +47,7 @@ import collections
 import contextlib
 import dataclasses
 import os
+import secrets
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,6 +69,9 @@ log = structlog.get_logger(__name__)
 PROOF_TTL_S: Final = 600.0
 MAX_PROOF_LIFE_S: Final = 6 * 3600.0
 PROOFS_AT_ONCE: Final = 4
+NONCE_TTL_S: Final = 120.0
+NONCES_PER_REQUESTER: Final = 8
+MAX_NONCES: Final = 4096
 MAX_PROOFS: Final = 4096
 HEAD_TIMEOUT_S: Final = 10.0
 HEADS_AT_ONCE: Final = 4
@@ -97,7 +104,8 @@ class ProofBook:
     """Proofs that passed, per (requester scope, storage key), bounded and expiring."""
 
     def __init__(self, clock: clock_mod.Clock, *, ttl_s: float = PROOF_TTL_S) -> None:
-        self._clock, self._ttl = clock, ttl_s
+        self.clock = self._clock = clock
+        self._ttl = ttl_s
         self._proofs: collections.OrderedDict[tuple[str, str], Proven] = collections.OrderedDict()
 
     def proven(self, scope: str, storage_key: str) -> Proven | None:
@@ -120,6 +128,35 @@ class ProofBook:
             self._proofs.popitem(last=False)
 
 
+class Nonces:
+    """Single-use proof nonces: at most `NONCES_PER_REQUESTER` outstanding per (requester
+    scope, storage key) (the oldest dropped), `MAX_NONCES` in all, each for `NONCE_TTL_S`."""
+
+    def __init__(self, clock: clock_mod.Clock) -> None:
+        self._clock = clock
+        self._issued: collections.OrderedDict[str, tuple[str, str, float]] = (
+            collections.OrderedDict()
+        )
+
+    def issue(self, scope: str, storage_key: str) -> str:
+        mine = [n for n, (sc, k, _) in self._issued.items() if (sc, k) == (scope, storage_key)]
+        for stale in mine[: max(0, len(mine) - NONCES_PER_REQUESTER + 1)]:
+            del self._issued[stale]
+        nonce = "lc-" + secrets.token_hex(16)
+        self._issued[nonce] = (scope, storage_key, self._clock.now() + NONCE_TTL_S)
+        while len(self._issued) > MAX_NONCES:
+            self._issued.popitem(last=False)
+        return nonce
+
+    def take(self, nonce: str, scope: str, storage_key: str) -> bool:
+        issued = self._issued.pop(nonce, None)
+        return (
+            issued is not None
+            and issued[:2] == (scope, storage_key)
+            and issued[2] > self._clock.now()
+        )
+
+
 class _Failed(Exception):
     def __init__(self, status: int, reason: str) -> None:
         super().__init__(reason)
@@ -138,6 +175,7 @@ class Prover:
         session: Callable[[], aiohttp.ClientSession] | None = None,
     ) -> None:
         self.book = book
+        self.nonces = Nonces(book.clock)
         self._origins, self._wall = origins, wall
         self._session_factory = session or _default_session
         self._heads = asyncio.Semaphore(MAX_HEADS)
@@ -163,6 +201,8 @@ class Prover:
             if request is None:
                 raise _Failed(400, "proof-malformed")
             files = len(request.heads)
+            if not self.nonces.take(request.nonce, requester_scope, key):
+                raise _Failed(403, "proof-nonce")
             await self._check(folder, request)
         except _Failed as failed:
             log.info("peer.proof_refused", storage_key=key, reason=failed.reason, files=files)
@@ -214,7 +254,7 @@ class Prover:
                 async with gate, self._heads:
                     if head.expires <= self._wall():  # waited past its life for a turn
                         raise _Failed(403, "proof-expired")
-                    answers[entry.path] = await _head(session, head, entry.size)
+                    answers[entry.path] = await _head(session, head, entry.size, request.nonce)
 
             failed: list[_Failed] = []
             try:  # every HEAD first, while the signatures live; this node's bytes after
@@ -293,9 +333,13 @@ class _Answer:
     """The object's full-object SHA-256 (hex), when the origin said it."""
 
 
-async def _head(session: aiohttp.ClientSession, head: presigned.Head, size: int) -> _Answer:
+async def _head(
+    session: aiohttp.ClientSession, head: presigned.Head, size: int, nonce: str
+) -> _Answer:
     """What a 200 answer whose length is `size` says of the object; `_Failed` otherwise."""
-    headers = presigned.CHECKSUM_HEADERS if head.checksum else {}
+    headers = {"If-None-Match": peer.nonce_header(nonce)}
+    if head.checksum:
+        headers |= presigned.CHECKSUM_HEADERS
     url = yarl.URL(head.url, encoded=True)
     try:
         async with session.head(url, headers=headers, allow_redirects=False) as resp:

@@ -5,12 +5,12 @@ Wire (`peer.WIRE_PREFIX` = /p2p/v1), `Authorization: Bearer <token>` on every re
 - `GET /p2p/v1/models/{storageKey}/manifest`: the folder's `PeerManifest` (JSON, camelCase).
 - `GET /p2p/v1/models/{storageKey}/files/{path}`: one file listed in that manifest, whole
   (200) or one range (`Range: bytes=N-` or `bytes=N-M`: 206 with `Content-Range`).
-- `POST /p2p/v1/models/{storageKey}/proofs` (`peer.ProofRequest`): a download pod of a scope
-  this node's folder does not list proves at the origin that it may read the model
-  (`agent.peer.proofs`; answer `peer.ProofAnswer`, 200 proven, else its status and reason,
-  400 `proof-malformed` for a body that is not one); a scope that needs no proof is answered
-  proven at once. A proven scope is then served that folder (same digest) like its own,
-  until the proof expires; without `prover` every proof gets 403 `proof-disabled`.
+- `GET .../proofs/nonce` (`peer.ProofNonce`): a single-use nonce for the caller's next proof;
+  `POST .../proofs` (`peer.ProofRequest`): a download pod of a scope this node's folder does
+  not list proves at the origin that it may read the model (`agent.peer.proofs`; answer
+  `peer.ProofAnswer`); a scope that needs none is answered proven at once. A proven scope is
+  then served that folder (same digest) like its own while the proof holds; without
+  `prover`, both answer 403 `proof-disabled`.
 Answers: 401 no/bad token, 403 not entitled, 404 unknown key/folder/file or a file on disk
 that is not what the manifest lists (counted `stale`; 503 `moving` + `Retry-After` for a
 download in progress, whose files move into place when it completes; 503 `nothing-yet` for
@@ -149,6 +149,7 @@ class PeerServer:
         app.router.add_get(f"{base}/manifest", self._manifest, allow_head=False)
         app.router.add_get(f"{base}/files/{{path:.+}}", self._file, allow_head=False)
         app.router.add_post(f"{base}/proofs", self._proof)
+        app.router.add_get(f"{base}/proofs/nonce", self._nonce, allow_head=False)
         return app
 
     @property
@@ -207,6 +208,16 @@ class PeerServer:
             return self._refused(refused)
         body = served.manifest.model_dump_json(by_alias=True)
         return web.Response(text=body, content_type="application/json")
+
+    async def _nonce(self, request: web.Request) -> web.StreamResponse:
+        try:
+            requester, _ = await self._identify(request)
+            if self._prover is None:
+                raise _Refused(403, "proof-disabled")
+        except _Refused as refused:
+            return self._refused(refused)
+        nonce = self._prover.nonces.issue(requester.scope, request.match_info["key"])
+        return web.json_response(text=peer.ProofNonce(nonce=nonce).model_dump_json())
 
     async def _proof(self, request: web.Request) -> web.StreamResponse:
         try:

@@ -208,7 +208,7 @@ def s3_gets(log: Path, bucket: str, *, ok: bool = True) -> Counter[str]:
 # ------------------------------------------------------------------------- callers
 
 PROBE = r"""
-import hashlib, http.client, json, os, socket, ssl, urllib.parse
+import hashlib, http.client, json, os, socket, ssl, time, urllib.parse
 ca = os.environ["PEER_CA"]
 targets = json.loads(os.environ["PEER_TARGETS"])
 tokens = {"none": None, "garbage": "not-a-token"}
@@ -220,31 +220,76 @@ tokens.update(json.loads(os.environ.get("PEER_TOKENS") or "{}"))
 proofs = json.loads(os.environ.get("PEER_PROOFS") or "{}")
 context = ssl.create_default_context(cadata=ca)
 results = []
+
+def call(endpoint, method, path, token, data=None):
+    host, port = endpoint.removeprefix("https://").rsplit(":", 1)
+    raw = socket.create_connection((host, int(port)), timeout=10)
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    conn.sock = context.wrap_socket(raw, server_hostname="localcache-peer")
+    headers = {"Authorization": "Bearer " + token} if token else {}
+    if data is not None:
+        headers["Content-Type"] = "application/json"
+    conn.request(method, path, body=data, headers=headers)
+    resp = conn.getresponse()
+    body = resp.read(64 << 20)
+    conn.close()
+    return resp.status, body
+
+def nonce_of(target, token):
+    try:
+        status, body = call(target["endpoint"], "GET",
+                            "/p2p/v1/models/%s/proofs/nonce" % target["key"], token)
+        return json.loads(body)["nonce"] if status == 200 else "lc-" + "0" * 32
+    except Exception:
+        return "lc-" + "0" * 32
+
+def presigned(spec, nonce):
+    import botocore.config, botocore.session  # the localcache image's
+    client = botocore.session.get_session().create_client(
+        "s3", region_name="us-east-1", endpoint_url=spec["endpoint"],
+        aws_access_key_id=spec["key_id"], aws_secret_access_key=spec["secret"],
+        config=botocore.config.Config(signature_version="s3v4",
+                                      s3={"addressing_style": "path"}))
+    heads = [{"path": p, "url": client.generate_presigned_url(
+        "head_object", Params={"Bucket": spec["bucket"], "Key": k, "IfNoneMatch": '"%s"' % nonce,
+                               "ChecksumMode": "ENABLED"}, ExpiresIn=spec["expires_s"])}
+             for p, k in spec["keys"].items()]
+    if spec.get("expire_first"):  # a leaked signature that has expired since
+        until = time.time() + spec["expires_s"] + 2
+        while time.time() < until:
+            time.sleep(0.2)
+    return json.dumps({"uri": spec["uri"], "nonce": nonce, "heads": heads})
+
 for target in targets:
-    host, port = target["endpoint"].removeprefix("https://").rsplit(":", 1)
     base = "/p2p/v1/models/%s/" % target["key"]
-    # proofs first (their presigned HEADs live 60 s), then what they would open
-    paths = {"proof " + n: ("POST", base + "proofs", json.dumps(b)) for n, b in proofs.items()}
-    paths["manifest"] = ("GET", base + "manifest", None)
+    other = next((t for t in targets if t is not target), target)
+    paths = {"manifest": ("GET", base + "manifest")}
     for f in target["files"]:
-        paths["file " + f] = ("GET", base + "files/" + urllib.parse.quote(f), None)
+        paths["file " + f] = ("GET", base + "files/" + urllib.parse.quote(f))
     for token_name, token in tokens.items():
-        for what, (method, path, data) in paths.items():
+        # proofs first (each presigned in this pod with the nonce it was given), then what
+        # they would open
+        for name, spec in proofs.items():
+            row = {"node": target["node"], "token": token_name, "what": "proof " + name}
+            try:
+                nonce = nonce_of(other if spec.get("nonce_from") == "other-node" else target,
+                                 token)
+                data = presigned(spec, nonce)
+                sends = 2 if spec.get("nonce_from") == "replay" else 1
+                for _ in range(sends):  # a replay: the same proof, the same nonce, again
+                    status, body = call(target["endpoint"], "POST", base + "proofs", token, data)
+                text = body[:160].decode("utf-8", "replace")
+                row.update(status=status, bytes=len(body), text=text)
+            except Exception as e:
+                row.update(status=0, error=repr(e)[:200])
+            results.append(row)
+        for what, (method, path) in paths.items():
             row = {"node": target["node"], "token": token_name, "what": what}
             try:
-                raw = socket.create_connection((host, int(port)), timeout=10)
-                conn = http.client.HTTPConnection(host, int(port), timeout=30)
-                conn.sock = context.wrap_socket(raw, server_hostname="localcache-peer")
-                headers = {"Authorization": "Bearer " + token} if token else {}
-                if data is not None:
-                    headers["Content-Type"] = "application/json"
-                conn.request(method, path, body=data, headers=headers)
-                resp = conn.getresponse()
-                body = resp.read(64 << 20)
-                row.update(status=resp.status, bytes=len(body),
+                status, body = call(target["endpoint"], method, path, token)
+                row.update(status=status, bytes=len(body),
                            sha256=hashlib.sha256(body).hexdigest(),
                            text=body[:160].decode("utf-8", "replace"))
-                conn.close()
             except Exception as e:
                 row.update(status=0, error=repr(e)[:200])
             results.append(row)
@@ -262,8 +307,11 @@ def probe_pod_spec(
 ) -> Obj:
     """A pod spec on `node` that runs `PROBE` against `targets` ({node, endpoint, key,
     files}), holding a projected token for the peer audience, as a download pod would, and
-    trying `tokens` (name -> token) too; with `proofs` (name -> `ProofRequest` body), each
-    token first POSTs each proof (rows `proof <name>`)."""
+    trying `tokens` (name -> token) too; with `proofs` (name -> {uri, bucket, keys: {path:
+    object key}, key_id, secret, expires_s, endpoint, optional expire_first, nonce_from
+    "other-node"|"replay"}), each token first asks the target for a nonce (or the other
+    target, `other-node`), presigns the HEADs with it in the pod and POSTs the proof (twice,
+    `replay`: the row is the second answer): rows `proof <name>`."""
     return {
         "restartPolicy": "Never",
         "nodeSelector": {jobs_mod.HOSTNAME_LABEL: node},

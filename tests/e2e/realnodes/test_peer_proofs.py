@@ -10,9 +10,10 @@ as its users and its attackers meet it:
   not one object byte, and B's pods read the model;
 - tenant C, whose credentials read only a bucket of its own, forges proofs with the identity
   of its own download pod: HEADs signed with a wrong secret, its own valid signatures of the
-  model's objects (which the store refuses it), valid signatures of its own objects, and a
-  leaked signature of a reader that has expired: each is refused with its reason, C gets no
-  byte from any peer, and its cache reports the store's refusal.
+  model's objects (which the store refuses it), valid signatures of its own objects, a
+  reader's signatures that have expired, a reader's valid signatures made for the other
+  node's nonce (relayed), and one proof sent twice: each is refused with its reason, C gets
+  no byte from any peer, and its cache reports the store's refusal.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -44,6 +44,8 @@ PROOF_REASONS = {
     "not-readable": "proof-denied",
     "another-object": "proof-object",
     "expired": "proof-expired",
+    "other-node": "proof-nonce",
+    "replay": "proof-nonce",
 }
 
 
@@ -196,25 +198,26 @@ def test_a_tenant_forging_its_proof_gets_nothing(cluster: Cluster, proofed: Proo
         token = peers.download_pod_token(cluster, tenant, proofed.key, user=user)
         assert token, f"no download pod of {proofed.key} left in {tenant} to mint a token for"
 
-        def heads(bucket: str, key: Any, **kw: Any) -> Obj:
-            urls = [
-                {"path": p, "url": store.presigned_head(
-                    bucket, f"bert/{p}", key_id=key.access_key_id, secret=kw.get(
-                        "secret", key.secret_access_key), expires_s=kw.get("expires_s", 60),
-                    endpoint=proofed.origin)}
-                for p in proofed.files
-            ]  # fmt: skip
-            return {"uri": proofed.uri, "heads": urls}
+        def spec(bucket: str, key: Any, **kw: Any) -> Obj:
+            """A proof the probe presigns in C's pod with `key` (secret overridable), for
+            the model's paths in `bucket`, with the nonce the target issues it."""
+            return {
+                "uri": proofed.uri, "bucket": bucket, "endpoint": proofed.origin,
+                "keys": {p: f"bert/{p}" for p in proofed.files},
+                "key_id": key.access_key_id, "secret": key.secret_access_key,
+                "expires_s": 60, **kw,
+            }  # fmt: skip
 
-        signed_at = time.time()
-        proofs = {"expired": heads(proofed.bucket, reader, expires_s=1)}
-        cluster.wait(
-            lambda: time.time() > signed_at + 3, timeout=10, what="the leaked signature expired"
-        )
-        proofs |= {
-            "wrong-secret": heads(proofed.bucket, forger, secret="x" * 40),
-            "not-readable": heads(proofed.bucket, forger),
-            "another-object": heads(own_bucket, forger),
+        proofs = {
+            "wrong-secret": spec(proofed.bucket, forger, secret="x" * 40),
+            "not-readable": spec(proofed.bucket, forger),
+            "another-object": spec(own_bucket, forger),
+            # a reader's signatures (valid ones: its keys leaked) that expired meanwhile
+            "expired": spec(proofed.bucket, reader, expires_s=1, expire_first=True),
+            # a reader's valid signatures, made for the other node's nonce, relayed here
+            "other-node": spec(proofed.bucket, reader, nonce_from="other-node"),
+            # the same proof twice: its nonce is spent by the first
+            "replay": spec(proofed.bucket, forger, nonce_from="replay"),
         }
         probe = peers.probe_pod(
             "proof-probe", tenant, node=cluster.node_names[0], ca=peers.peer_ca(cluster),

@@ -22,7 +22,7 @@ from aiohttp import web
 
 from localcache import cli
 from localcache.api import peer
-from localcache.download import peerfetch, peerproof, peersources
+from localcache.download import peerfetch, peerproof, peersources, s3origin
 from tests.support import objectstore, peerwire
 from tests.support.peerwire import Peer
 
@@ -58,8 +58,8 @@ def reader(store: objectstore.ObjectStore) -> objectstore.AccessKey:
 
 
 @pytest.fixture(scope="module")
-def origin(store: objectstore.ObjectStore, reader: objectstore.AccessKey) -> peerproof.S3Origin:
-    return peerproof.S3Origin.from_env(store.s3_env(reader))
+def origin(store: objectstore.ObjectStore, reader: objectstore.AccessKey) -> s3origin.S3Origin:
+    return s3origin.S3Origin.from_env(store.s3_env(reader))
 
 
 @pytest.fixture
@@ -91,6 +91,8 @@ class Proofs:
     got: list[tuple[str | None, str | None, peer.ProofRequest]] = dataclasses.field(
         default_factory=list
     )
+    nonces: list[str] = dataclasses.field(default_factory=list)
+    """The nonces it issued, in order: each proof must carry the last one."""
 
 
 def answering(peer_: Peer, *answers: Answer) -> Proofs:
@@ -99,6 +101,8 @@ def answering(peer_: Peer, *answers: Answer) -> Proofs:
 
     async def handle(request: web.Request) -> web.Response:
         body = peer.ProofRequest.model_validate_json(await request.read())
+        assert body.nonce == proofs.nonces[-1], "a proof without the nonce just issued"
+        assert all("if-none-match" in h.url for h in body.heads), "the nonce is not signed"
         headers = request.headers
         proofs.got.append((headers.get("Authorization"), headers.get("Content-Type"), body))
         status, answer, extra = proofs.answers[min(len(proofs.got), len(proofs.answers)) - 1]
@@ -107,7 +111,12 @@ def answering(peer_: Peer, *answers: Answer) -> Proofs:
         text = answer.model_dump_json(by_alias=True, exclude_none=True)
         return web.json_response(text=text, status=status, headers=extra)
 
+    async def nonce(request: web.Request) -> web.Response:
+        proofs.nonces.append(f"lc-{len(proofs.nonces):032x}")
+        return web.json_response(text=peer.ProofNonce(nonce=proofs.nonces[-1]).model_dump_json())
+
     peer_.app.router.add_post(f"{peer.WIRE_PREFIX}/models/{{key}}/proofs", handle)
+    peer_.app.router.add_get(f"{peer.WIRE_PREFIX}/models/{{key}}/proofs/nonce", nonce)
     return proofs
 
 
@@ -138,7 +147,7 @@ def _free_port() -> int:
 
 
 async def test_a_refusing_source_is_banned_and_an_accepting_one_kept(
-    tls: peerwire.Tls, token_file: Path, origin: peerproof.S3Origin
+    tls: peerwire.Tls, token_file: Path, origin: s3origin.S3Origin
 ) -> None:
     refusing, accepting = Peer("node-a", FILES, tls), Peer("node-b", FILES, tls)
     refused, accepted = answering(refusing, DENIED), answering(accepting, PROVEN)
@@ -161,7 +170,7 @@ async def test_a_refusing_source_is_banned_and_an_accepting_one_kept(
 
 
 async def test_no_source_accepting_uses_the_origin_with_their_reasons(
-    tls: peerwire.Tls, token_file: Path, origin: peerproof.S3Origin
+    tls: peerwire.Tls, token_file: Path, origin: s3origin.S3Origin
 ) -> None:
     peers = [Peer(f"node-{n}", FILES, tls) for n in "abc"]
     answering(peers[0], DENIED)
@@ -181,6 +190,23 @@ async def test_no_source_accepting_uses_the_origin_with_their_reasons(
     )
 
 
+async def test_a_source_that_issues_no_nonce_is_refused_and_gets_no_proof(
+    tls: peerwire.Tls, token_file: Path, origin: s3origin.S3Origin
+) -> None:
+    """An agent without the nonce route (an older one): no presign is made for it."""
+    old, current = Peer("node-a", FILES, tls), Peer("node-b", FILES, tls)
+    proofs = answering(current, PROVEN)
+    async with old.running(), current.running():
+        board = _board(old, current)
+        await peerproof.prove(_request(tls, token_file, Sleeps()), board, uri=URI, origin=origin)
+
+    assert [s.node for s in board.live()] == ["node-b"]
+    assert board.why_banned().startswith("node-a: proof refused: HTTP 404 (no nonce"), (
+        board.why_banned()
+    )
+    assert len(proofs.got) == 1
+
+
 @pytest.mark.parametrize(
     ("answers", "kept", "asked", "slept"),
     [
@@ -192,7 +218,7 @@ async def test_no_source_accepting_uses_the_origin_with_their_reasons(
 async def test_a_busy_source_is_asked_again_after_its_retry_after_at_most_5_s(
     tls: peerwire.Tls,
     token_file: Path,
-    origin: peerproof.S3Origin,
+    origin: s3origin.S3Origin,
     answers: list[Answer],
     kept: bool,
     asked: int,
@@ -230,7 +256,7 @@ async def test_a_busy_source_is_asked_again_after_its_retry_after_at_most_5_s(
 async def test_any_answer_but_proven_bans_the_source(
     tls: peerwire.Tls,
     token_file: Path,
-    origin: peerproof.S3Origin,
+    origin: s3origin.S3Origin,
     answer: Answer | None,
     reason: str,
 ) -> None:
@@ -253,7 +279,7 @@ async def test_a_listing_the_origin_refuses_uses_the_origin_and_asks_no_peer(
     tls: peerwire.Tls, token_file: Path, store: objectstore.ObjectStore
 ) -> None:
     key = await asyncio.to_thread(store.create_user, "no-s3", policy=NO_S3)
-    refused = await asyncio.to_thread(peerproof.S3Origin.from_env, store.s3_env(key))
+    refused = await asyncio.to_thread(s3origin.S3Origin.from_env, store.s3_env(key))
     peer_ = Peer("node-a", FILES, tls)
     proofs = answering(peer_, PROVEN)
     async with peer_.running():

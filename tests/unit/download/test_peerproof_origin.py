@@ -1,4 +1,4 @@
-"""The origin side of a cross-scope proof (`download.peerproof`): how the pod's environment
+"""The origin side of a cross-scope proof (`download.s3origin`): how the pod's environment
 becomes an S3 client (as KServe's storage initializer reads it), how a model's objects map to
 its folder paths, and what the presigned proof carries.
 
@@ -17,8 +17,10 @@ from pathlib import Path
 import pytest
 
 from localcache.api import peer
-from localcache.download import peerproof, peersources
+from localcache.download import peersources, s3origin
 from tests.support import objectstore
+
+NONCE = "lc-" + "5" * 32
 
 BUCKET = "models"
 ROOT_BUCKET = "flat"
@@ -54,8 +56,8 @@ def reader(store: objectstore.ObjectStore) -> objectstore.AccessKey:
     return store.create_user("reader")
 
 
-def _origin(store: objectstore.ObjectStore, key: objectstore.AccessKey) -> peerproof.S3Origin:
-    return peerproof.S3Origin.from_env(store.s3_env(key))
+def _origin(store: objectstore.ObjectStore, key: objectstore.AccessKey) -> s3origin.S3Origin:
+    return s3origin.S3Origin.from_env(store.s3_env(key))
 
 
 def _use_origin(error: pytest.ExceptionInfo[peersources.FetchError]) -> str:
@@ -99,7 +101,7 @@ def _use_origin(error: pytest.ExceptionInfo[peersources.FetchError]) -> str:
 def test_settings_follow_the_storage_initializers_environment(
     env: dict[str, str], expected: tuple[str | None, str, bool, bool]
 ) -> None:
-    settings = peerproof.S3Settings.from_env(env)
+    settings = s3origin.S3Settings.from_env(env)
 
     assert (
         settings.endpoint_url,
@@ -126,7 +128,7 @@ def test_a_storage_config_entry_supplies_the_origin_over_the_environment() -> No
         "AWS_ENDPOINT_URL": "http://elsewhere:9000",
     }
 
-    settings = peerproof.S3Settings.from_env(env)
+    settings = s3origin.S3Settings.from_env(env)
 
     assert settings.access_key_id == "AKIACONFIG"
     assert settings.secret_access_key == "config-secret"
@@ -139,7 +141,7 @@ def test_a_storage_config_entry_supplies_the_origin_over_the_environment() -> No
 def test_a_storage_config_entry_of_another_type_leaves_the_environment() -> None:
     env = {"STORAGE_CONFIG": json.dumps({"type": "hdfs", "endpoint_url": "http://x:1"})}
 
-    assert peerproof.S3Settings.from_env(env).endpoint_url is None
+    assert s3origin.S3Settings.from_env(env).endpoint_url is None
 
 
 @pytest.mark.parametrize(
@@ -155,14 +157,14 @@ def test_a_storage_config_entry_of_another_type_leaves_the_environment() -> None
 )
 def test_settings_that_cannot_prove_use_the_origin(env: dict[str, str]) -> None:
     with pytest.raises(peersources.FetchError) as error:
-        peerproof.S3Origin.from_env(env)
+        s3origin.S3Origin.from_env(env)
 
     _use_origin(error)
 
 
 def test_the_client_signs_sigv4_path_style_with_bounded_timeouts_and_retries() -> None:
     env = {"AWS_ENDPOINT_URL": "http://minio:9000", "AWS_ACCESS_KEY_ID": "AKIA"}
-    settings = peerproof.S3Settings.from_env({**env, "AWS_SECRET_ACCESS_KEY": "s"})
+    settings = s3origin.S3Settings.from_env({**env, "AWS_SECRET_ACCESS_KEY": "s"})
 
     meta = settings.client().meta
 
@@ -260,7 +262,7 @@ def test_no_credentials_at_all_use_the_origin(
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "config"))
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "credentials"))
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    origin = peerproof.S3Origin.from_env({"AWS_ENDPOINT_URL": store.endpoint})
+    origin = s3origin.S3Origin.from_env({"AWS_ENDPOINT_URL": store.endpoint})
 
     with pytest.raises(peersources.FetchError) as error:
         origin.objects(f"s3://{BUCKET}/iris")
@@ -278,9 +280,9 @@ def test_the_proof_has_one_presigned_head_per_object_valid_60_s_without_the_secr
     origin = _origin(store, reader)
     objects = origin.objects(uri)
 
-    proof = origin.proof(uri, objects)
+    proof = origin.proof(uri, objects, NONCE)
 
-    assert proof.uri == uri
+    assert (proof.uri, proof.nonce) == (uri, NONCE)
     assert sorted(h.path for h in proof.heads) == ["meta/config.json", "model.joblib"]
     for head in proof.heads:
         url = urllib.parse.urlsplit(head.url)
@@ -290,6 +292,8 @@ def test_the_proof_has_one_presigned_head_per_object_valid_60_s_without_the_secr
         assert query["X-Amz-Expires"] == [str(peer.PROOF_EXPIRES_S)] == ["60"]
         assert query["X-Amz-Algorithm"] == ["AWS4-HMAC-SHA256"]
         assert query["X-Amz-Credential"][0].startswith(reader.access_key_id + "/")
+        # the serving node's nonce is signed: the presign proves nothing to another node
+        assert query["X-Amz-SignedHeaders"] == ["host;if-none-match;x-amz-checksum-mode"]
     wire = proof.model_dump_json(by_alias=True)
     assert reader.secret_access_key not in wire
     assert peer.ProofRequest.model_validate_json(wire) == proof

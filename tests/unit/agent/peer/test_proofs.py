@@ -26,6 +26,7 @@ URI = "s3://models/bert"
 KEY = keys.storage_key(URI)
 OWNER, OTHER = "a" * 64, "b" * 64
 FILES = {"config.json": b'{"arch": "bert"}', "tok/vocab.txt": b"hello\nworld\n" * 100}
+NONCE_SIGNED = "host%3Bif-none-match"
 REQUESTER = auth.Requester(namespace="t2", pod="dl", job="job", node="node-b", scope=OTHER)
 
 
@@ -64,6 +65,8 @@ class Origin:
 
     objects: dict[str, bytes] = field(default_factory=dict)
     heads: list[str] = field(default_factory=list)
+    matches: list[str | None] = field(default_factory=list)
+    """The `If-None-Match` of every HEAD (the proof's nonce)."""
     endpoint: str = ""
     checksums: dict[str, str] = field(default_factory=dict)
     """x-amz-checksum-sha256 of objects stored with one (answered in checksum mode)."""
@@ -72,6 +75,7 @@ class Origin:
 
     async def head(self, request: web.Request) -> web.StreamResponse:
         self.heads.append(request.path)
+        self.matches.append(request.headers.get("If-None-Match"))
         if request.query.get("X-Amz-Signature") == "deny":
             return web.Response(status=403)
         data = self.objects.get(request.path.removeprefix("/models/"))
@@ -95,7 +99,7 @@ class Bed:
 
     def presign(
         self, path: str, *, signature: str = "ab" * 32, at: float | None = None,
-        signed: str = "host",
+        signed: str = NONCE_SIGNED,
     ) -> str:  # fmt: skip
         date = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(time.time() if at is None else at))
         return (
@@ -108,7 +112,16 @@ class Bed:
         heads = [{"path": p, "url": self.presign(p, **kw)} for p in FILES]  # type: ignore[arg-type]
         return {"uri": URI, "heads": heads}
 
+    async def nonce(self, token: str = "other") -> str:
+        headers = {"Authorization": f"Bearer {token}"}
+        async with self.session.get(f"{self.url}{KEY}/proofs/nonce", headers=headers) as resp:
+            assert resp.status == 200, await resp.text()
+            return peer.ProofNonce.model_validate_json(await resp.read()).nonce
+
     async def prove(self, body: object, token: str = "other") -> tuple[int, dict[str, object]]:
+        """POST `body`, with a nonce just issued to `token` unless it carries one."""
+        if isinstance(body, dict) and "nonce" not in body:
+            body = {**body, "nonce": await self.nonce(token)}
         async with self.session.post(
             f"{self.url}{KEY}/proofs", json=body, headers={"Authorization": f"Bearer {token}"}
         ) as resp:
@@ -259,7 +272,7 @@ async def test_another_models_uri_or_a_body_that_is_not_a_proof_is_refused(bed: 
     assert (got, answer.get("reason")) == (400, "proof-malformed")
 
 
-CHECKSUM_MODE = "host%3Bx-amz-checksum-mode"
+CHECKSUM_MODE = "host%3Bif-none-match%3Bx-amz-checksum-mode"
 
 
 def _sha256_b64(data: bytes) -> str:
@@ -323,4 +336,30 @@ async def test_a_body_larger_than_the_folder_needs_is_refused_unread(bed: Bed) -
     padding = [{"path": f"pad/{i}", "url": "x" * 4000} for i in range(10)]
     got, answer = await bed.prove({**body, "heads": heads + padding})
     assert (got, answer.get("reason")) == (400, "proof-malformed")
+    assert bed.origin.heads == []
+
+
+async def test_the_heads_carry_the_nonce_and_a_nonce_proves_once(bed: Bed) -> None:
+    nonce = await bed.nonce()
+    body = {**bed.proof(signature="deny"), "nonce": nonce}
+    assert (await bed.prove(body))[1].get("reason") == "proof-denied"
+    assert set(bed.origin.matches) == {peer.nonce_header(nonce)}
+    # replayed (a leaked proof, or the same one twice): the nonce is used up
+    heads = len(bed.origin.heads)
+    got, answer = await bed.prove({**bed.proof(), "nonce": nonce})
+    assert (got, answer.get("reason")) == (403, "proof-nonce")
+    assert len(bed.origin.heads) == heads, "a used nonce must not reach the origin"
+
+
+async def test_a_nonce_issued_to_another_scope_or_none_at_all_is_refused(bed: Bed) -> None:
+    owners = await bed.nonce(token="owner")
+    got, answer = await bed.prove({**bed.proof(), "nonce": owners})
+    assert (got, answer.get("reason")) == (403, "proof-nonce")
+    got, answer = await bed.prove({**bed.proof(), "nonce": "lc-" + "0" * 32})
+    assert (got, answer.get("reason")) == (403, "proof-nonce")
+    assert bed.origin.heads == []
+
+
+async def test_heads_that_do_not_sign_the_nonce_are_refused(bed: Bed) -> None:
+    await _refused(bed, bed.proof(signed="host"), 403, "proof-malformed")
     assert bed.origin.heads == []
