@@ -154,43 +154,30 @@ def sources(request: Request, others: Sequence[modelnode.LocalModelNode]) -> Pee
     load = children(request.members)
     ranked: list[tuple[int, str, str, str]] = []  # children, name, endpoint, digest
     following: list[tuple[int, str, str, str]] = []
+    provable: list[tuple[int, str, str, str]] = []  # complete for another scope
     for node in others:
-        endpoint, model = _serves(node, request.storage_key, request.scope)
-        if endpoint is None or model is None:
-            continue
         count = load.get(node.name, 0)
         if count >= request.spec.max_uploads:
             continue
-        if model.whole and model.digest:
-            ranked.append((count, node.name, endpoint, model.digest))
-        elif _source_of(node, request.status_key) != SOURCE_PEER_PREFIX + request.node_name:
-            following.append((count, node.name, endpoint, peer.FOLLOW))  # never a cycle
-    prove = not ranked and request.provable
-    if prove:  # a complete copy of another scope now, rather than following our own download
-        ranked = _provable(request, others, load)
-        prove = bool(ranked)
-    ranked = ranked or following
+        endpoint, model = _serves(node, request.storage_key, request.scope)
+        if endpoint is not None and model is not None:
+            if model.whole and model.digest:
+                ranked.append((count, node.name, endpoint, model.digest))
+            elif _source_of(node, request.status_key) != SOURCE_PEER_PREFIX + request.node_name:
+                following.append((count, node.name, endpoint, peer.FOLLOW))  # never a cycle
+        if request.provable:
+            endpoint, model = _serves(node, request.storage_key)
+            if endpoint is not None and model is not None and model.whole and model.digest:
+                provable.append((count, node.name, endpoint, model.digest))
+    # a complete copy of another scope now, rather than following our own download
+    prove = not ranked and bool(provable)
+    ranked = ranked or provable or following
     if not ranked:
         return None
     ranked.sort(key=lambda r: (r[0], r[1]))
     digest = ranked[0][3]
     chosen = tuple((name, endpoint) for _c, name, endpoint, d in ranked if d == digest)
     return Peer(chosen[: peer.MAX_SOURCES], digest, prove)
-
-
-def _provable(
-    request: Request, others: Sequence[modelnode.LocalModelNode], load: dict[str, int]
-) -> list[tuple[int, str, str, str]]:
-    """Nodes holding the model complete for other scopes, below their upload cap."""
-    found: list[tuple[int, str, str, str]] = []
-    for node in others:
-        endpoint, model = _serves(node, request.storage_key)
-        count = load.get(node.name, 0)
-        if endpoint is None or model is None or not model.whole or not model.digest:
-            continue
-        if count < request.spec.max_uploads:
-            found.append((count, node.name, endpoint, model.digest))
-    return found
 
 
 def valid_endpoint(endpoint: str | None) -> bool:

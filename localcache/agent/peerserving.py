@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Final
 
@@ -79,28 +80,27 @@ def enabled_specs(groups: store.Reader) -> list[peer.PeerDistributionSpec]:
     return specs
 
 
-def max_uploads(groups: store.Reader) -> int:
-    specs = enabled_specs(groups)
+def max_uploads(specs: Sequence[peer.PeerDistributionSpec]) -> int:
     return min((s.max_uploads for s in specs), default=peer.DEFAULT_MAX_UPLOADS)
 
 
-def bandwidth(groups: store.Reader) -> int | None:
+def bandwidth(specs: Sequence[peer.PeerDistributionSpec]) -> int | None:
     caps = [
         int(s.upload_bandwidth.value)
-        for s in enabled_specs(groups)
+        for s in specs
         if s.upload_bandwidth is not None and s.upload_bandwidth.value > 0
     ]
     return min(caps, default=None)
 
 
-def proof_origins(groups: store.Reader) -> list[str]:
+def proof_origins(specs: Sequence[peer.PeerDistributionSpec]) -> list[str]:
     """The S3 endpoints any peer-enabled node group trusts for cross-scope proofs."""
-    return sorted({o for s in enabled_specs(groups) for o in s.proof_origins})
+    return sorted({o for s in specs for o in s.proof_origins})
 
 
 class Caps:
-    """`max_uploads` and `bandwidth` of the groups, recomputed at most once per
-    `CAPS_REFRESH_S` (they are read per request and per streamed chunk)."""
+    """`max_uploads`, `bandwidth` and `proof_origins` of the enabled groups, recomputed at
+    most once per `CAPS_REFRESH_S` (they are read per request and per streamed chunk)."""
 
     def __init__(self, groups: store.Reader, clock: clock_mod.Clock) -> None:
         self._groups, self._clock = groups, clock
@@ -112,8 +112,9 @@ class Caps:
     def _fresh(self) -> None:
         now = self._clock.now()
         if self._at is None or now - self._at >= CAPS_REFRESH_S:
-            self._uploads, self._rate = max_uploads(self._groups), bandwidth(self._groups)
-            self._origins = proof_origins(self._groups)
+            specs = enabled_specs(self._groups)  # every group parsed once per refresh
+            self._uploads, self._rate = max_uploads(specs), bandwidth(specs)
+            self._origins = proof_origins(specs)
             self._at = now
 
     def uploads(self) -> int:
@@ -160,9 +161,7 @@ class PeerServing:
             on_refusal=lambda reason, key: log.info(
                 "peer_request_refused", reason=reason, storage_key=key
             ),
-            prover=proofs.Prover(
-                book=proofs.ProofBook(self._clock), origins=caps.origins, wall=time.time
-            ),
+            prover=proofs.Prover(clock=self._clock, origins=caps.origins, wall=time.time),
         )
         await srv.start(self._host, self._port, reloadable.context)
         log.info("peer_server_started", port=srv.port)

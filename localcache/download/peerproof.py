@@ -47,7 +47,6 @@ PROOF_TIMEOUT_S: Final = 600.0
 """One POST: the serving node runs the HEADs at once, then may hash the model (MD5, once per
 folder) before it answers."""
 MAX_ANSWER_BYTES: Final = 4096
-_use_origin = peersources.use_origin
 
 
 async def prove(
@@ -56,7 +55,7 @@ async def prove(
     """Prove access to `uri` to every live source of `board` (module doc); the sources that
     refuse are banned; "use origin" when none accepts."""
     if not board.live():
-        raise _use_origin("no peer source given")
+        raise peersources.use_origin("no peer source given")
     try:
         async with asyncio.timeout(request.deadline):
             objects = await asyncio.to_thread(origin.objects, uri)
@@ -70,7 +69,7 @@ async def prove(
                     for source in board.live()
                 }
     except TimeoutError:
-        raise _use_origin(
+        raise peersources.use_origin(
             f"the proof did not finish within {request.deadline:g} s (--deadline)"
         ) from None
     except BaseExceptionGroup as errors:
@@ -80,7 +79,7 @@ async def prove(
         if why is not None:
             board.ban(source, f"proof refused: {why}")
     if not board.live():
-        raise _use_origin(f"no peer accepted the proof: {board.why_banned()}")
+        raise peersources.use_origin(f"no peer accepted the proof: {board.why_banned()}")
 
 
 class _Proof:
@@ -105,7 +104,7 @@ class _Proof:
             status, said, wait = await self._exchange(source, "nonce", None)
             nonce = _nonce(said) if status == 200 else None
             if nonce is None:
-                answer: peer.ProofAnswer | str = f"no nonce: {s3origin.short(said)}"
+                answer: peer.ProofAnswer | str = f"no nonce: {peersources.short(said)}"
                 break
             body = await asyncio.to_thread(self._body, nonce)  # signed afresh: they live 60 s
             status, said, wait = await self._exchange(source, "", body)
@@ -194,5 +193,5 @@ def _refusal(status: int | str, answer: peer.ProofAnswer | str, digest: str) -> 
     else:
         said = answer
     head = f"HTTP {status}" if isinstance(status, int) else status
-    said = s3origin.short(said)[:80]
+    said = peersources.short(said)[:80]
     return f"{head} ({said})" if said else head

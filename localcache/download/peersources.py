@@ -215,8 +215,12 @@ def check_extent(resp: aiohttp.ClientResponse, *, offset: int, size: int) -> Non
         raise SourceFailure("ban", f"Content-Range {match.group(0)!r}, expected start {offset}")
 
 
-def short(exc: BaseException) -> str:
-    return " ".join(str(exc).split())[:160] or type(exc).__name__
+def short(value: object) -> str:
+    """One printable line of at most 160 characters of `value` (an error, a peer's text):
+    control characters become spaces; an error with no text is named by its type."""
+    text = value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+    line = " ".join("".join(c if c.isprintable() else " " for c in text).split())[:160]
+    return line or (type(value).__name__ if isinstance(value, BaseException) else "")
 
 
 def first_error(errors: BaseExceptionGroup[BaseException]) -> BaseException:

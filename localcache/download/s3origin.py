@@ -52,7 +52,6 @@ _STORAGE_CONFIG_ENV: Final = {  # STORAGE_CONFIG field -> the env var it stands 
     "anonymous": ANONYMOUS_ENV,
     "verify_ssl": "S3_VERIFY_SSL",
 }
-_use_origin = peersources.use_origin
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -72,7 +71,9 @@ class S3Settings:
     def from_env(cls, env: Mapping[str, str]) -> S3Settings:
         values = {**env, **_storage_config(env)}
         if values.get(ANONYMOUS_ENV, "").strip().lower() == "true":
-            raise _use_origin("anonymous S3 access (awsAnonymousCredential) cannot prove access")
+            raise peersources.use_origin(
+                "anonymous S3 access (awsAnonymousCredential) cannot prove access"
+            )
         endpoint = values.get("AWS_ENDPOINT_URL") or None
         if endpoint is None and values.get("S3_ENDPOINT"):
             endpoint = values["S3_ENDPOINT"]
@@ -118,7 +119,9 @@ class S3Settings:
                 **keys,
             )
         except (ValueError, botocore.exceptions.BotoCoreError) as exc:
-            raise _use_origin(f"the S3 origin settings are invalid: {short(exc)}") from None
+            raise peersources.use_origin(
+                f"the S3 origin settings are invalid: {peersources.short(exc)}"
+            ) from None
 
 
 def _storage_config(env: Mapping[str, str]) -> dict[str, str]:
@@ -127,9 +130,13 @@ def _storage_config(env: Mapping[str, str]) -> dict[str, str]:
         entry = json.loads(env.get("STORAGE_CONFIG") or "{}")
         override = json.loads(env.get("STORAGE_OVERRIDE_CONFIG") or "{}")
     except ValueError:
-        raise _use_origin("STORAGE_CONFIG or STORAGE_OVERRIDE_CONFIG is not JSON") from None
+        raise peersources.use_origin(
+            "STORAGE_CONFIG or STORAGE_OVERRIDE_CONFIG is not JSON"
+        ) from None
     if not isinstance(entry, dict) or not isinstance(override, dict):
-        raise _use_origin("STORAGE_CONFIG or STORAGE_OVERRIDE_CONFIG is not a JSON object")
+        raise peersources.use_origin(
+            "STORAGE_CONFIG or STORAGE_OVERRIDE_CONFIG is not a JSON object"
+        )
     entry.update(override)
     if entry.get("type") != "s3":
         return {}
@@ -179,17 +186,23 @@ class S3Origin:
                         continue
                     count += 1
                     if count > peer.MAX_FILES:
-                        raise _use_origin(f"{uri[:80]} holds more than {peer.MAX_FILES} objects")
+                        raise peersources.use_origin(
+                            f"{uri[:80]} holds more than {peer.MAX_FILES} objects"
+                        )
                     path = peer.s3_folder_path(prefix, key)
                     try:
                         peer.check_path(path)
                     except ValueError:
-                        raise _use_origin(f"object {key[:80]!r} has no safe folder path") from None
+                        raise peersources.use_origin(
+                            f"object {key[:80]!r} has no safe folder path"
+                        ) from None
                     found[path] = S3Object(path=path, key=key)
         except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError) as exc:
-            raise _use_origin(f"the origin refused to list {uri[:80]}: {_origin(exc)}") from None
+            raise peersources.use_origin(
+                f"the origin refused to list {uri[:80]}: {_origin(exc)}"
+            ) from None
         if not found:
-            raise _use_origin(f"no object under {uri[:80]}")
+            raise peersources.use_origin(f"no object under {uri[:80]}")
         return list(found.values())
 
     def proof(self, uri: str, objects: Sequence[S3Object], nonce: str) -> peer.ProofRequest:
@@ -210,10 +223,12 @@ class S3Origin:
                     ExpiresIn=peer.PROOF_EXPIRES_S,
                 )
                 if len(url) > peer.MAX_PROOF_URL:
-                    raise _use_origin(f"a presigned HEAD is over {peer.MAX_PROOF_URL} characters")
+                    raise peersources.use_origin(
+                        f"a presigned HEAD is over {peer.MAX_PROOF_URL} characters"
+                    )
                 heads.append(peer.ProofHead(path=item.path, url=url))
         except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError) as exc:
-            raise _use_origin(f"cannot presign the proof: {_origin(exc)}") from None
+            raise peersources.use_origin(f"cannot presign the proof: {_origin(exc)}") from None
         return peer.ProofRequest(uri=uri, nonce=nonce, heads=heads)
 
 
@@ -222,13 +237,7 @@ def _origin(exc: Exception) -> str:
     if isinstance(exc, botocore.exceptions.ClientError):
         error = exc.response.get("Error", {})
         status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-        return short(f"{error.get('Code', 'error')} (HTTP {status})")
+        return peersources.short(f"{error.get('Code', 'error')} (HTTP {status})")
     # botocore's other errors may quote the endpoint URL the tenant's secret names (with
     # whatever it embeds): the type says enough
     return type(exc).__name__
-
-
-def short(text: object) -> str:
-    """One printable line of at most 160 characters (no control characters from a peer)."""
-    printable = "".join(c if c.isprintable() else " " for c in str(text))
-    return " ".join(printable.split())[:160]

@@ -73,12 +73,22 @@ _DEFAULT_PORTS: Final = {"http": 80, "https": 443}
 
 @dataclass(frozen=True, slots=True)
 class Origin:
-    """The model's object store as the node group trusts it."""
+    """The model's object store as the node group trusts it (`Origin.at`)."""
 
-    endpoints: Sequence[str]
-    """`scheme://host[:port]` the node group names (`proofOrigins`)."""
+    endpoints: tuple[tuple[str, str, int | None], ...]
+    """(scheme, lower-case host, port) of each `scheme://host[:port]` the node groups name."""
     bucket: str
     prefix: str
+
+    @classmethod
+    def at(cls, endpoints: Sequence[str], bucket: str, prefix: str) -> Origin:
+        """`endpoints` (`proofOrigins`) parsed once, for every head of a proof."""
+        parsed = []
+        for endpoint in endpoints:
+            parts = urllib.parse.urlsplit(endpoint)
+            port = parts.port or _DEFAULT_PORTS.get(parts.scheme)
+            parsed.append((parts.scheme, (parts.hostname or "").lower(), port))
+        return cls(tuple(parsed), bucket, prefix)
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,11 +135,8 @@ def _locate(
 ) -> tuple[str, str] | Bad:
     """(bucket, object key) of a URL at one of the origin's endpoints."""
     path = urllib.parse.unquote(raw_path)
-    for endpoint in origin.endpoints:
-        allowed = urllib.parse.urlsplit(endpoint)
-        allowed_port = allowed.port or _DEFAULT_PORTS.get(allowed.scheme)
-        allowed_host = (allowed.hostname or "").lower()
-        if (scheme, port) != (allowed.scheme, allowed_port):
+    for allowed_scheme, allowed_host, allowed_port in origin.endpoints:
+        if (scheme, port) != (allowed_scheme, allowed_port):
             continue
         if not path.startswith("/"):
             return Bad("proof-malformed")

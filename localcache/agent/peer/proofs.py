@@ -104,8 +104,7 @@ class ProofBook:
     """Proofs that passed, per (requester scope, storage key), bounded and expiring."""
 
     def __init__(self, clock: clock_mod.Clock, *, ttl_s: float = PROOF_TTL_S) -> None:
-        self.clock = self._clock = clock
-        self._ttl = ttl_s
+        self._clock, self._ttl = clock, ttl_s
         self._proofs: collections.OrderedDict[tuple[str, str], Proven] = collections.OrderedDict()
 
     def proven(self, scope: str, storage_key: str) -> Proven | None:
@@ -169,13 +168,13 @@ class Prover:
     def __init__(
         self,
         *,
-        book: ProofBook,
+        clock: clock_mod.Clock,
         origins: Callable[[], Sequence[str]],
         wall: Callable[[], float],
         session: Callable[[], aiohttp.ClientSession] | None = None,
     ) -> None:
-        self.book = book
-        self.nonces = Nonces(book.clock)
+        self.book = ProofBook(clock)
+        self.nonces = Nonces(clock)
         self._origins, self._wall = origins, wall
         self._session_factory = session or _default_session
         self._heads = asyncio.Semaphore(MAX_HEADS)
@@ -238,7 +237,7 @@ class Prover:
         paths = [h.path for h in request.heads]
         if len(set(paths)) != len(paths) or set(paths) != set(wanted):
             raise _Failed(409, "proof-files")
-        origin = presigned.Origin(endpoints, *located)
+        origin = presigned.Origin.at(endpoints, *located)
         now = self._wall()
         heads: list[tuple[peer.ManifestFile, presigned.Head]] = []
         for given in request.heads:
@@ -311,14 +310,10 @@ async def read_request(
     else None."""
     if request.content_length is None or request.content_length > limit:
         return None
-    body = bytearray()
     try:
         async with asyncio.timeout(timeout_s):
-            async for chunk in request.content.iter_chunked(256 * 1024):
-                body += chunk
-                if len(body) > limit:
-                    return None
-    except TimeoutError:
+            body = await request.content.readexactly(request.content_length)
+    except (TimeoutError, asyncio.IncompleteReadError):
         return None
     try:
         return peer.ProofRequest.model_validate_json(body)

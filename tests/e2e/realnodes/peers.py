@@ -208,7 +208,7 @@ def s3_gets(log: Path, bucket: str, *, ok: bool = True) -> Counter[str]:
 # ------------------------------------------------------------------------- callers
 
 PROBE = r"""
-import hashlib, http.client, json, os, socket, ssl, time, urllib.parse
+import hashlib, http.client, json, os, socket, ssl, urllib.parse
 ca = os.environ["PEER_CA"]
 targets = json.loads(os.environ["PEER_TARGETS"])
 tokens = {"none": None, "garbage": "not-a-token"}
@@ -218,6 +218,9 @@ for name, path in (("default-audience", "/var/run/secrets/kubernetes.io/servicea
         tokens[name] = open(path).read().strip()
 tokens.update(json.loads(os.environ.get("PEER_TOKENS") or "{}"))
 proofs = json.loads(os.environ.get("PEER_PROOFS") or "{}")
+if proofs:  # presigned here, with the localcache image's botocore
+    import datetime, botocore.auth, botocore.config, botocore.session
+    signed_now = botocore.auth.get_current_datetime
 context = ssl.create_default_context(cadata=ca)
 results = []
 
@@ -244,7 +247,9 @@ def nonce_of(target, token):
         return "lc-" + "0" * 32
 
 def presigned(spec, nonce):
-    import botocore.config, botocore.session  # the localcache image's
+    # a signature made `signed_ago_s` ago (one that leaked and has expired since)
+    ago = datetime.timedelta(seconds=spec.get("signed_ago_s", 0))
+    botocore.auth.get_current_datetime = lambda: signed_now() - ago
     client = botocore.session.get_session().create_client(
         "s3", region_name="us-east-1", endpoint_url=spec["endpoint"],
         aws_access_key_id=spec["key_id"], aws_secret_access_key=spec["secret"],
@@ -254,10 +259,6 @@ def presigned(spec, nonce):
         "head_object", Params={"Bucket": spec["bucket"], "Key": k, "IfNoneMatch": '"%s"' % nonce,
                                "ChecksumMode": "ENABLED"}, ExpiresIn=spec["expires_s"])}
              for p, k in spec["keys"].items()]
-    if spec.get("expire_first"):  # a leaked signature that has expired since
-        until = time.time() + spec["expires_s"] + 2
-        while time.time() < until:
-            time.sleep(0.2)
     return json.dumps({"uri": spec["uri"], "nonce": nonce, "heads": heads})
 
 for target in targets:
@@ -308,7 +309,7 @@ def probe_pod_spec(
     """A pod spec on `node` that runs `PROBE` against `targets` ({node, endpoint, key,
     files}), holding a projected token for the peer audience, as a download pod would, and
     trying `tokens` (name -> token) too; with `proofs` (name -> {uri, bucket, keys: {path:
-    object key}, key_id, secret, expires_s, endpoint, optional expire_first, nonce_from
+    object key}, key_id, secret, expires_s, endpoint, optional signed_ago_s, nonce_from
     "other-node"|"replay"}), each token first asks the target for a nonce (or the other
     target, `other-node`), presigns the HEADs with it in the pod and POSTs the proof (twice,
     `replay`: the row is the second answer): rows `proof <name>`."""

@@ -213,7 +213,7 @@ def test_a_tenant_forging_its_proof_gets_nothing(cluster: Cluster, proofed: Proo
             "not-readable": spec(proofed.bucket, forger),
             "another-object": spec(own_bucket, forger),
             # a reader's signatures (valid ones: its keys leaked) that expired meanwhile
-            "expired": spec(proofed.bucket, reader, expires_s=1, expire_first=True),
+            "expired": spec(proofed.bucket, reader, signed_ago_s=120),
             # a reader's valid signatures, made for the other node's nonce, relayed here
             "other-node": spec(proofed.bucket, reader, nonce_from="other-node"),
             # the same proof twice: its nonce is spent by the first

@@ -52,14 +52,14 @@ def test_caps_come_from_enabled_groups_only_and_the_smallest_wins() -> None:
         _group("a", {"enabled": True, "maxUploads": 4, "uploadBandwidth": "40Mi"}),
         _group("b", {"enabled": True, "maxUploads": 3}),
     )
-    assert peerserving.max_uploads(groups) == 3
-    assert peerserving.bandwidth(groups) == 40 * 2**20
+    assert peerserving.max_uploads(peerserving.enabled_specs(groups)) == 3
+    assert peerserving.bandwidth(peerserving.enabled_specs(groups)) == 40 * 2**20
 
 
 def test_without_an_enabled_group_the_defaults_apply() -> None:
     groups = _groups(_group("off", {"enabled": False, "maxUploads": 1}))
-    assert peerserving.max_uploads(groups) == peer.DEFAULT_MAX_UPLOADS
-    assert peerserving.bandwidth(groups) is None
+    assert peerserving.max_uploads(peerserving.enabled_specs(groups)) == peer.DEFAULT_MAX_UPLOADS
+    assert peerserving.bandwidth(peerserving.enabled_specs(groups)) is None
 
 
 async def test_it_waits_for_the_certificate_then_serves_over_tls_and_stops(tmp_path: Path) -> None:

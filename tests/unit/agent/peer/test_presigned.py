@@ -18,7 +18,7 @@ from localcache.api import peer
 
 NOW = calendar.timegm((2026, 12, 6, 9, 0, 0))
 DATE = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(NOW - 10))
-ORIGIN = presigned.Origin(("http://10.0.0.9:9000", "https://s3.example.com"), "models", "bert")
+ORIGIN = presigned.Origin.at(("http://10.0.0.9:9000", "https://s3.example.com"), "models", "bert")
 QUERY = (
     "X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Credential=AKIA%2F20261206%2Fus-east-1%2Fs3%2F"
     f"aws4_request&X-Amz-Date={DATE}&X-Amz-Expires=60&X-Amz-SignedHeaders=host%3Bif-none-match"

@@ -161,9 +161,7 @@ async def bed(tmp_path: Path) -> AsyncIterator[Bed]:
         slots=throttle.UploadSlots(lambda: 4),
         bucket=throttle.TokenBucket(lambda: None, clock=fake),
         metrics=registry.peer(),
-        prover=proofs.Prover(
-            book=proofs.ProofBook(fake), origins=lambda: [origin.endpoint], wall=time.time
-        ),
+        prover=proofs.Prover(clock=fake, origins=lambda: [origin.endpoint], wall=time.time),
     )
     port = await srv.start("127.0.0.1", 0, None)
     session = aiohttp.ClientSession()
