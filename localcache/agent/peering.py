@@ -18,7 +18,9 @@ in, the fast fallback to the origin, and the peer numbers in status.
   (`peer.EXIT_USE_ORIGIN`, or a `FetchReport` with outcome `use-origin`) is retried at once
   in origin mode instead of waiting for the backoff;
 - `completed(job, outcome, ...)`: a promoted peer-mode Job's `peerBytes`/`originBytes` from
-  its pod's report (bounded by what is on disk); an origin Job in an enabled group:
+  its pod's report (bounded by what is on disk; origin bytes there mean the peers broke a
+  file off and the pod finished it from the origin: a `resumed-at-origin` fallback, counted
+  and said in a `PeerFallback` Event); an origin Job in an enabled group:
   `source: origin`, `originBytes` = bytes on disk; origin bytes counted in
   `localcache_p2p_origin_bytes_total` (never per-source series: a report's names are a
   tenant's);
@@ -62,6 +64,7 @@ MAX_CA_BYTES: Final = 64 * 1024
 MAX_MEMBERS: Final = 5000
 _KEPT: Final = 256
 _PROGRESS_FIELDS: Final = ("source", "origin_bytes", "peer_bytes")
+RESUMED_AT_ORIGIN: Final = "resumed-at-origin"
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,7 +116,7 @@ class Peering:
         self._waiting: dict[tuple[str, str, str], float] = {}
         self._said = peerreports.Reports(api, reporter, p2p)
         self._warned: set[str] = set()
-        self._fell: dict[str, None] = {}  # uids of failed peer Jobs already counted
+        self._fell: dict[str, None] = {}  # uids of peer Jobs whose fallback is counted
         self._known: dict[str, dict[str, Any]] = {}  # per Job name: its peer progress fields
 
     async def mode(
@@ -132,10 +135,7 @@ class Peering:
         origin = Mode(peerplan.SOURCE_ORIGIN)
         wait_key = (unit.storage_key, unit.scope_id, group.name)
         if previous is not None and peerjob.is_peer(previous.obj):
-            if previous.uid not in self._fell:  # once per failed Job (a launch may be retried)
-                self._fell[previous.uid] = None
-                while len(self._fell) > _KEPT:
-                    self._fell.pop(next(iter(self._fell)))
+            if self._first_fallback_of(previous):  # a launch may be retried
                 said = await self.pod_report(previous)
                 await self._said.bad_sources(node, previous, said)
                 reason = "use-origin" if said.use_origin else "peer-failed"
@@ -232,6 +232,8 @@ class Peering:
                 "peer_bytes": min(said.peer_bytes, on_disk),
                 "origin_bytes": min(said.origin_bytes, on_disk),
             }
+            if update["origin_bytes"]:  # the peers broke a file off: finished by Range
+                await self._resumed_at_origin(node, job, update["origin_bytes"])
         elif enabled(group):
             update = {"source": peerplan.SOURCE_ORIGIN, "origin_bytes": on_disk}
         else:
@@ -272,6 +274,28 @@ class Peering:
     async def pod_report(self, ref: downloads.JobRef) -> peerreports.PodReport:
         """What the Job's newest finished pod said (`peerreports.Reports.of`)."""
         return await self._said.of(ref)
+
+    def _first_fallback_of(self, job: downloads.JobRef) -> bool:
+        """True the first time only, per Job uid (the last `_KEPT` remembered)."""
+        if job.uid in self._fell:
+            return False
+        self._fell[job.uid] = None
+        while len(self._fell) > _KEPT:
+            self._fell.pop(next(iter(self._fell)))
+        return True
+
+    async def _resumed_at_origin(
+        self, node: modelnode.LocalModelNode, job: downloads.JobRef, size: int
+    ) -> None:
+        if not self._first_fallback_of(job):  # a Job may be looked at again
+            return
+        if self._p2p is not None:
+            self._p2p.fallbacks.inc(reason=RESUMED_AT_ORIGIN)
+        message = (
+            f"model {job.status_key}: the peers broke off a file; Job {job.name} finished "
+            f"it from the origin by Range ({size} bytes, {RESUMED_AT_ORIGIN})"
+        )
+        await self._report.event(node, "Warning", "PeerFallback", message, spam_key=job.name)
 
     async def _fell_back(
         self, node: modelnode.LocalModelNode, unit: downloads.Unit, reason: str, why: str

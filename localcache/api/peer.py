@@ -26,6 +26,8 @@ Bounds: a manifest holds at most `MAX_FILES` entries, paths at most `MAX_PATH` c
 from __future__ import annotations
 
 import hashlib
+import mimetypes
+import posixpath
 import re
 import urllib.parse
 from collections.abc import Iterable
@@ -58,6 +60,7 @@ FOLLOW: Final = "follow"
 """`localcache fetch --digest follow`: the sources may still be downloading the model; the
 first complete manifest a source serves decides the content."""
 PART_SUFFIX: Final = ".localcache-part"
+_UNPACKED: Final = frozenset({"application/x-tar", "application/zip", "application/x-gzip"})
 """A file a peer-mode download pod is still writing: `<path>.localcache-part`, renamed to
 `<path>` once verified (so a complete name in its staging folder is a verified file)."""
 MAX_PROOF_ORIGINS: Final = 8
@@ -311,6 +314,25 @@ def s3_folder_path(prefix: str, key: str) -> str:
     """The folder path KServe's storage initializer writes object `key` of `prefix` to: a
     proof names each file's object by this mapping (`POST .../proofs`)."""
     return key.rsplit("/", 1)[-1] if prefix == key else key.replace(prefix, "", 1).lstrip("/")
+
+
+def http_origin_path(uri: str) -> str:
+    """The folder path of the one file KServe's storage initializer stores for `uri` when it
+    stores the origin's bytes as they are: an `http(s)://` URI without credentials whose name
+    is no archive or compressed file (those it unpacks); `ValueError` with a reason else."""
+    if len(uri) > MAX_URI or not uri.isprintable():
+        raise ValueError(f"not a URI of at most {MAX_URI} printable characters")
+    parts = urllib.parse.urlsplit(uri)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError("not an http(s):// URI")
+    if parts.username or parts.password:
+        raise ValueError("a URI with credentials")
+    kind, encoding = mimetypes.guess_type(parts.path)
+    if kind is None and parts.query:  # the storage initializer's rule for the type
+        kind, encoding = mimetypes.guess_type(parts.query)
+    if kind in _UNPACKED or encoding is not None:
+        raise ValueError("an archive or compressed file, which the origin Job unpacks")
+    return check_path(posixpath.basename(parts.path))
 
 
 def check_path(value: str) -> str:

@@ -24,8 +24,11 @@ connection):
   first N GETs of that file send the first half of the body (Content-Length says all of it)
   and then nothing, until the client goes away or `STALL_HOLD_S` pass (then the connection is
   closed, the body truncated); later GETs are served whole. What a stalled origin looks like.
+- A GET of a file with `Range: bytes=N-` or `bytes=N-M` (one range) answers 206 with
+  `Content-Range` and those bytes (416 when N is past the end; throttled and counted as any
+  body, never stalled); another Range header is ignored (200, the whole file).
 - SIGTERM closes the listening socket and exits 0.
-Not promised: Range requests, keep-alive (HTTP/1.0: one request per connection), TLS,
+Not promised: multiple ranges, keep-alive (HTTP/1.0: one request per connection), TLS,
 uploads, any order between the counts of concurrent requests and their bodies' completion.
 """
 
@@ -35,8 +38,10 @@ import argparse
 import contextlib
 import functools
 import http.server
+import io
 import json
 import os
+import re
 import select
 import signal
 import socket
@@ -52,6 +57,7 @@ STATS_PATH = "/_stats"
 MAX_CHUNK = 64 * 1024
 STALL_SUFFIX = ".stall"
 STALL_HOLD_S = 600.0
+_RANGE = re.compile(r"bytes=(\d+)-(\d*)")
 
 
 class _Counters:
@@ -106,21 +112,56 @@ class _Handler(http.server.SimpleHTTPRequestHandler):
             self.wfile.write(body)
             return
         self.counters.count_request(self._url_path())
-        super().do_GET()
+        if not self._ranged():
+            super().do_GET()
 
     def do_HEAD(self) -> None:
         self.counters.count_request(self._url_path())
         super().do_HEAD()
 
+    def _ranged(self) -> bool:
+        """Answer a GET with one byte range of a file (module doc); False: not such a GET."""
+        match = _RANGE.fullmatch(self.headers.get("Range", "").strip())
+        path = self.translate_path(self.path)
+        if match is None or not os.path.isfile(path):
+            return False
+        with open(path, "rb") as src:
+            size = os.fstat(src.fileno()).st_size
+            start = int(match[1])
+            end = min(int(match[2]), size - 1) if match[2] else size - 1
+            if start >= size or end < start:
+                self.send_response(416)
+                self.send_header("Content-Range", f"bytes */{size}")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return True
+            self.send_response(206)
+            self.send_header("Content-Type", self.guess_type(path))
+            self.send_header("Content-Range", f"bytes {start}-{end}/{size}")
+            self.send_header("Content-Length", str(end - start + 1))
+            self.end_headers()
+            src.seek(start)
+            self._send(src, self.wfile, stall_at=None, limit=end - start + 1)
+        return True
+
     def copyfile(self, source: Any, outputfile: Any) -> None:
         src: BinaryIO = source
-        out: BinaryIO = outputfile
+        self._send(src, outputfile, stall_at=self._stall_at(src), limit=None)
+
+    def _send(
+        self,
+        src: BinaryIO,
+        out: io.BufferedIOBase | BinaryIO,
+        *,
+        stall_at: int | None,
+        limit: int | None,
+    ) -> None:
         path = self._url_path()
         chunk = MAX_CHUNK if self.rate is None else max(1, min(MAX_CHUNK, self.rate // 10))
         started = time.monotonic()
         sent = 0
-        stall_at = self._stall_at(src)
-        while data := src.read(chunk if stall_at is None else min(chunk, stall_at - sent)):
+        stop = stall_at if stall_at is not None else limit  # never both
+        while data := src.read(chunk if stop is None else min(chunk, stop - sent)):
             if self.rate is not None:
                 # Pace: this chunk may leave once the ones before it have had their time.
                 due = started + sent / self.rate

@@ -168,13 +168,18 @@ async def fetch(
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-async def _follow(
-    session: aiohttp.ClientSession, url: str, *, internal_redirects: bool
+async def follow(
+    session: aiohttp.ClientSession,
+    url: str,
+    *,
+    internal_redirects: bool,
+    headers: dict[str, str] | None = None,
 ) -> aiohttp.ClientResponse:
-    """GET `url`, following redirects by hand so each target is checked before it is asked."""
+    """GET `url` with `headers`, following redirects by hand so each target is checked before
+    it is asked."""
     current = url
     for _ in range(MAX_REDIRECTS + 1):
-        response = await session.get(current, allow_redirects=False)
+        response = await session.get(current, allow_redirects=False, headers=headers)
         location = response.headers.get("Location")
         if response.status not in REDIRECT_STATUSES or not location:
             return response
@@ -203,7 +208,7 @@ async def _fetch_once(
 ) -> int:
     limits.used = 0  # a retry starts the file again
     try:
-        async with await _follow(session, url, internal_redirects=internal_redirects) as response:
+        async with await follow(session, url, internal_redirects=internal_redirects) as response:
             _check_status(url, response)
             encoded = response.headers.get("Content-Encoding", "identity").lower() != "identity"
             expected = None if encoded else response.content_length

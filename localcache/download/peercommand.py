@@ -3,7 +3,8 @@
     localcache fetch --storage-key K --digest (sha256:...|follow) --source NODE=https://IP:PORT ...
         --token-file PATH (--ca-env VAR | --ca-file PATH) [--server-name localcache-peer]
         [--max-size Q] [--deadline S] [--stall-timeout S] [--concurrency N]
-        [--prove-s3 s3://BUCKET/PREFIX] [--report /dev/termination-log] DEST
+        [--prove-s3 s3://BUCKET/PREFIX] [--resume-origin http(s)://URL]
+        [--report /dev/termination-log] DEST
 
 Contract:
 - `--source` is repeated in rank order (best first), at most `api.peer.MAX_SOURCES`.
@@ -13,13 +14,16 @@ Contract:
   another credential scope serves only then); the sources that refuse are left. The proof
   counts against `--deadline`; its failures (the origin refusing the listing, no credentials,
   no source accepting) end the run with "use origin".
+- `--resume-origin` (the model's `http(s)://` URI, read without credentials): a file that no
+  peer can finish is finished from there by Range, verified as any (`download.peerorigin`);
+  a URI it cannot use so (an archive, a compressed file) is a usage error.
 - Exit codes: 0 the model is in DEST, verified; `api.peer.EXIT_USE_ORIGIN` (3) no peer could
   serve it (the agent's next attempt goes to the origin at once); 1 anything else (bad
   arguments, an unreadable CA or token file, a disk error); 2 argparse usage errors. Every
   failure prints one line on stderr, `localcache fetch: error: ...` (no traceback).
 - In every outcome (usage errors aside) an `api.peer.FetchReport` JSON (at most
   `MAX_REPORT_BYTES`; write errors ignored) is written to `--report`: the outcome, the bytes
-  received per source node and from peers in all, a short reason.
+  received per source node, from peers in all and from the origin, a short reason.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ import structlog
 
 from localcache.api import peer
 from localcache.api import quantity as quantity_mod
-from localcache.download import http, peerfetch, peersources, program
+from localcache.download import http, peerfetch, peerorigin, peersources, program
 
 log = structlog.get_logger(__name__)
 
@@ -109,6 +113,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "credentials, that it may read every object of it (presigned HEADs)",
     )
     parser.add_argument(
+        "--resume-origin",
+        default=None,
+        metavar="URL",
+        help="the model's http(s):// URI: a file the peers break off is finished from there",
+    )
+    parser.add_argument(
         "--report",
         default=DEFAULT_REPORT,
         help=f"where to write the JSON report (default {DEFAULT_REPORT})",
@@ -131,7 +141,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"localcache fetch: error: {_one_line(exc)}", file=sys.stderr)
         return 1
     _report(args.report, "complete", board, None)
-    print(f"fetched {args.storage_key} to {args.dest} ({size} bytes from peers)")
+    print(
+        f"fetched {args.storage_key} to {args.dest} ({size} bytes, "
+        f"{board.origin_bytes} of them from the origin)"
+    )
     return 0
 
 
@@ -187,6 +200,12 @@ def _request(args: argparse.Namespace) -> tuple[peerfetch.Request, peersources.B
             peer.parse_s3(args.prove_s3)
         except ValueError as exc:
             raise bad(f"invalid --prove-s3: {exc}") from None
+    origin = None
+    if args.resume_origin is not None:
+        try:
+            origin = peerorigin.Origin.of(args.resume_origin)
+        except ValueError as exc:
+            raise bad(f"invalid --resume-origin: {exc}") from None
     size = args.max_size or os.environ.get(MAX_SIZE_ENV) or str(http.DEFAULT_MAX_BYTES)
     try:
         max_bytes = int(quantity_mod.Quantity(size))
@@ -209,6 +228,7 @@ def _request(args: argparse.Namespace) -> tuple[peerfetch.Request, peersources.B
         stall_timeout=args.stall_timeout,
         connect_timeout=min(peerfetch.DEFAULT_CONNECT_S, args.stall_timeout),
         concurrency=args.concurrency,
+        origin=origin,
     )
     return request, peersources.Board(sources)
 
@@ -237,6 +257,7 @@ def _report(
     report = peer.FetchReport(
         outcome=outcome,
         peer_bytes=sum(board.bytes.values()),
+        origin_bytes=board.origin_bytes,
         sources=dict(list(received.items())[: peer.MAX_SOURCES + 1]),
         reason=_one_line(reason)[:256] if reason else None,
         bad_sources={

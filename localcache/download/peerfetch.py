@@ -3,17 +3,15 @@
 Contract (`fetch`):
 - Follow mode (`digest` = `peer.FOLLOW`): the sources may still be downloading the model and
   serve manifests with `complete: false` (their whole files so far; 503 while they have none,
-  waited for without limit but the deadline). The files of each manifest are fetched as it
-  comes; a source is asked again every `FOLLOW_POLL_S` once every file known is taken, until
-  a complete manifest (its stated digest its computed one) ends the listing. A file whose
-  entry changes between two manifests, or that the complete one does not list, ends the run
-  with "use origin"; a 404 is a strike (a source moves its folder into place when done).
+  waited for until the deadline); each manifest's files are fetched as they come and a source
+  is asked again every `FOLLOW_POLL_S` once all known are taken, until a complete manifest
+  ends the listing. A file whose entry changes between two manifests, or that the complete one
+  does not list: "use origin"; a 404 is a strike (a source moves its folder into place).
 - The manifest comes from the first live source (`peersources.Board`, rank order) that
   answers 200 with at most `MAX_MANIFEST_BYTES`; it is refused (that source banned, the next
   one asked) unless it parses (`api.peer.PeerManifest`: bounded, safe paths), names the
-  storage key asked for and both its stated and its computed digest equal `digest`. A manifest
-  whose files sum past `max_bytes`, or whose tree `peerlayout.check` refuses, ends the run
-  with "use origin".
+  storage key asked for and both its stated and its computed digest equal `digest`. Files
+  summing past `max_bytes`, or a tree `peerlayout.check` refuses: "use origin".
 - Files are fetched by at most `concurrency` workers, each from the best live source, into a
   staging directory under `dest` (`download.staging`), hashed (sha256) while streamed; never
   more bytes than the manifest's size are read (a Content-Length or Content-Range that
@@ -22,11 +20,13 @@ Contract (`fetch`):
   (a 206 must start exactly there). 429/503 move on to the next source; after a full pass over
   the live sources without progress the worker backs off (Retry-After honoured, at most
   `peersources.MAX_RETRY_AFTER_S`). Each file is written as `<path>.localcache-part` and
-  renamed to its path once verified and fsynced. A file whose size or sha256 is wrong is
-  discarded and every source that contributed to it banned for the run. 401, 403, 404, 416,
-  TLS failures and protocol violations ban the source; transport failures and 500/502/504
-  strike it (`peersources.MAX_STRIKES` ban it). A file no live source can serve (`ROUNDS` passes
-  without progress, or no source left) ends the run with "use origin".
+  renamed once verified and fsynced. A file whose size or sha256 is wrong is discarded and
+  every source that contributed to it banned for the run. 401, 403, 404, 416, TLS failures and
+  protocol violations ban the source; transport failures and 500/502/504 strike it
+  (`peersources.MAX_STRIKES` ban it). A file no live source can serve (`ROUNDS` passes without
+  progress, or no source left) is finished from `origin` by Range (`download.peerorigin`,
+  its bytes in `Board.origin_bytes`; still verified) when it is the origin's file, else the
+  run ends with "use origin".
 - Only after every file verified and fsynced are the links made (and checked against the
   staging directory's real path) and the tree committed into `dest` (`staging.commit`).
   On any failure nothing of this run remains in `dest`, and a `dest` it created is removed.
@@ -53,7 +53,7 @@ import structlog
 import yarl
 
 from localcache.api import peer
-from localcache.download import http, peerfollow, peerlayout, peersources, staging
+from localcache.download import http, peerfollow, peerlayout, peerorigin, peersources, staging
 from localcache.runtime import clock as clock_mod
 
 log = structlog.get_logger(__name__)
@@ -68,7 +68,6 @@ FOLLOW_POLL_S: Final = 1.0
 """Follow mode: how often a source still downloading is asked for its manifest again."""
 _Failure = peersources.SourceFailure
 _NEW_FILE: Final = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-CHUNK_BYTES: Final = http.CHUNK_BYTES
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -85,6 +84,8 @@ class Request:
     connect_timeout: float = DEFAULT_CONNECT_S
     concurrency: int = DEFAULT_CONCURRENCY
     clock: clock_mod.Clock = dataclasses.field(default_factory=clock_mod.SystemClock)
+    origin: peerorigin.Origin | None = None
+    """The last source of the file it stores (`download.peerorigin`), when usable."""
 
 
 class _File:
@@ -97,11 +98,12 @@ class _File:
         self.hasher = hashlib.sha256()
         self.contributors: set[peersources.Source] = set()
 
-    def absorb(self, chunk: bytes, source: peersources.Source) -> None:
+    def absorb(self, chunk: bytes, source: peersources.Source | None) -> None:
         self.out.write(chunk)
         self.hasher.update(chunk)
         self.written += len(chunk)
-        self.contributors.add(source)
+        if source is not None:
+            self.contributors.add(source)
 
     def reset(self) -> None:
         self.out.seek(0)
@@ -145,20 +147,11 @@ async def fetch(request: Request, dest: Path, board: peersources.Board) -> int:
 
 
 def session(request: Request) -> aiohttp.ClientSession:
-    """A client session for the peers of `request`: its CA and timeouts, no proxies from the
-    environment, no decompression; the caller closes it (`async with`)."""
-    connector = aiohttp.TCPConnector(
-        ssl=request.credentials.ssl, limit=request.concurrency + 1, enable_cleanup_closed=True
-    )
-    timeout = aiohttp.ClientTimeout(
-        total=None,
-        connect=request.connect_timeout,
-        sock_connect=request.connect_timeout,
-        sock_read=request.stall_timeout,
-    )
-    return aiohttp.ClientSession(
-        connector=connector, timeout=timeout, auto_decompress=False, trust_env=False
-    )
+    """A client session for the peers of `request` (`peersources.session`)."""
+    return peersources.session(
+        request.credentials, limit=request.concurrency + 1,
+        connect_timeout=request.connect_timeout, stall_timeout=request.stall_timeout,
+    )  # fmt: skip
 
 
 class _Run:
@@ -210,7 +203,7 @@ class _Run:
                 if (resp.content_length or 0) > MAX_MANIFEST_BYTES:
                     raise _Failure("ban", f"manifest of {resp.content_length} bytes is too large")
                 body = bytearray()
-                async for chunk in resp.content.iter_chunked(CHUNK_BYTES):
+                async for chunk in resp.content.iter_chunked(http.CHUNK_BYTES):
                     body += chunk
                     if len(body) > MAX_MANIFEST_BYTES:
                         raise _Failure("ban", f"manifest larger than {MAX_MANIFEST_BYTES} bytes")
@@ -303,11 +296,10 @@ class _Run:
             live = self.board.live()
             if not live or idle >= ROUNDS * len(live):
                 banned = self.board.why_banned()
-                raise peersources.use_origin(
-                    f"no peer could serve {job.entry.path[:80]!r} ({last}"
-                    + (f"; banned: {banned}" if banned else "")
-                    + ")"
+                why = f"no peer could serve {job.entry.path[:80]!r} ({last}" + (
+                    f"; banned: {banned})" if banned else ")"
                 )
+                return await self._from_origin(job, why)
             after = -1 if previous is None else rank[previous.node]
             source = next((s for s in live if rank[s.node] > after), live[0])
             if previous is not None and rank[source.node] <= after:  # a new pass
@@ -352,7 +344,7 @@ class _Run:
                 expected = 206 if job.written else 200
                 peersources.check_status(resp, expected=expected, lenient_404=self.following)
                 peersources.check_extent(resp, offset=job.written, size=size)
-                async for chunk in resp.content.iter_chunked(CHUNK_BYTES):
+                async for chunk in resp.content.iter_chunked(http.CHUNK_BYTES):
                     if len(chunk) > size - job.written:
                         raise _Failure("ban", "sent more bytes than the manifest's size")
                     job.absorb(chunk, source)
@@ -363,6 +355,18 @@ class _Run:
             raise _Failure("strike", peersources.short(exc) or "stalled") from None
         if job.written < size:
             raise _Failure("strike", f"stream ended at {job.written} of {size} bytes")
+
+    async def _from_origin(self, job: _File, why: str) -> None:
+        def write(chunk: bytes) -> None:
+            job.absorb(chunk, None)
+            self.board.origin_bytes += len(chunk)
+
+        await peerorigin.resume(
+            self.request.origin, why, entry=job.entry, offset=job.written, write=write,
+            io_timeout=self.request.stall_timeout, clock=self.request.clock,
+        )  # fmt: skip
+        if job.hasher.hexdigest() != job.entry.sha256:
+            raise peersources.use_origin(f"{why}; finished from the origin, it fails its sha256")
 
     # -------------------------------------------------------------------------- helpers
 

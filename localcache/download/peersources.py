@@ -8,6 +8,7 @@
 - `Credentials`: the TLS context (the peer CA only; the certificate must name
   `peer.SERVER_NAME`, whatever the IP) and the bearer token, re-read from its file on every
   request (the kubelet rotates projected tokens). The token never appears in a message.
+- `session`: the client session a run talks to its peers with.
 - `retry_after`: a numeric Retry-After header, bounded.
 - `SourceFailure`, `check_status`, `check_extent`: what one answer means for its source:
   "busy" (429, 503: ask the next, back off after a pass), "strike" (500, 502, 504, transport
@@ -98,6 +99,8 @@ class Board:
         self._strikes: dict[str, int] = {}
         self.corrupt: dict[str, str] = {}
         """Sources banned because bytes they served failed verification, with why."""
+        self.origin_bytes = 0
+        """Bytes the origin sent to finish a file the peers broke off (`peerorigin`)."""
 
     def live(self) -> list[Source]:
         """Sources not blacklisted, best first."""
@@ -159,6 +162,20 @@ class Credentials:
 
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.token()}"}
+
+
+def session(
+    credentials: Credentials, *, limit: int, connect_timeout: float, stall_timeout: float
+) -> aiohttp.ClientSession:
+    """A client session for peers: their CA, these timeouts, no proxies from the environment,
+    no decompression; the caller closes it (`async with`)."""
+    connector = aiohttp.TCPConnector(ssl=credentials.ssl, limit=limit, enable_cleanup_closed=True)
+    timeout = aiohttp.ClientTimeout(
+        total=None, connect=connect_timeout, sock_connect=connect_timeout, sock_read=stall_timeout
+    )
+    return aiohttp.ClientSession(
+        connector=connector, timeout=timeout, auto_decompress=False, trust_env=False
+    )
 
 
 def retry_after(value: str | None, *, fallback: float) -> float:

@@ -165,7 +165,7 @@ class PeerMetrics:
       received);
     - `origin_bytes` `localcache_p2p_origin_bytes_total`: bytes downloads took from the origin;
     - `fallbacks` `localcache_p2p_fallbacks_total{reason}`: peer attempts that fell back to the
-      origin;
+      origin (`resumed-at-origin`: a file the peers broke off, finished from the origin);
     - `verify_failures` `localcache_p2p_verify_failures_total`: files a peer served that failed
       size or sha256 verification;
     - `refusals` `localcache_p2p_refusals_total{reason}`: requests the peer server refused

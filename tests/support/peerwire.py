@@ -96,6 +96,8 @@ class Faults:
     """served instead of the real manifest."""
     status: int | None = None
     """every request answered with this status."""
+    status_after_cut: int | None = None
+    """`status` from the first cut on (the peer goes down mid-file)."""
 
 
 class Peer:
@@ -203,6 +205,7 @@ class Peer:
         cut = self.faults.cut_at.pop(path, None)
         stall = self.faults.stall_at.pop(path, None)
         if cut is not None:
+            self.faults.status = self.faults.status_after_cut or self.faults.status
             await response.write(body[start:cut])
             assert request.transport is not None
             request.transport.abort()
@@ -214,3 +217,55 @@ class Peer:
         await response.write(body[start:])
         await response.write_eof()
         return response
+
+
+@dataclasses.dataclass
+class HttpOrigin:
+    """A plain HTTP origin serving `body` at /models/model.bin, honouring Range (unless
+    `ignore_range`), cut once after `cut_first_at` bytes; `ranges`: the Range of each GET."""
+
+    body: bytes
+    ignore_range: bool = False
+    cut_first_at: int | None = None
+    ranges: list[str | None] = dataclasses.field(default_factory=list)
+    port: int = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/models/model.bin"
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        ranged = request.headers.get("Range")
+        self.ranges.append(ranged)
+        start = 0
+        if ranged is not None and not self.ignore_range:
+            start = int(ranged.removeprefix("bytes=").removesuffix("-"))
+        headers = {}
+        if start:
+            headers["Content-Range"] = f"bytes {start}-{len(self.body) - 1}/{len(self.body)}"
+        response = web.StreamResponse(status=206 if start else 200, headers=headers)
+        response.content_length = len(self.body) - start
+        await response.prepare(request)
+        cut, self.cut_first_at = self.cut_first_at, None
+        if cut is not None:
+            await response.write(self.body[start:cut])
+            assert request.transport is not None
+            request.transport.abort()
+            return response
+        await response.write(self.body[start:])
+        await response.write_eof()
+        return response
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[HttpOrigin]:
+        app = web.Application()
+        app.router.add_get("/models/model.bin", self.handle)
+        runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=0.1)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        self.port = runner.addresses[0][1]
+        try:
+            yield self
+        finally:
+            await runner.cleanup()

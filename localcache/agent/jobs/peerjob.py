@@ -18,7 +18,9 @@ limit, and changes only:
   is taken out again by name), no resources of the storage initializer's beyond its own;
   except with `prove_uri` (its sources hold the model for other scopes): the pod keeps the
   origin Job's credentials (env, `envFrom`, volumes), which sign the presigned HEADs of its
-  proof at the origin, and gets `--prove-s3 <uri>`.
+  proof at the origin, and gets `--prove-s3 <uri>`;
+- `--resume-origin <uri>` for an `http(s)://` model the origin Job reads without credentials
+  and stores as it is: a file the peers break off is finished from the origin by Range.
 
 `is_peer(job)` says whether a Job carries the peer-fetch label (the agent's own Jobs only are
 read this way: they are matched by uid first, `agent.jobs.trust`).
@@ -64,6 +66,7 @@ def fetch_args(
     sources: Sequence[tuple[str, str]],
     max_size: int,
     prove_uri: str | None = None,
+    resume_uri: str | None = None,
 ) -> list[str]:
     """The `localcache fetch` arguments: key, digest, ranked sources, token, CA, bound,
     report and destination."""
@@ -74,6 +77,8 @@ def fetch_args(
         args += ["--source", f"{node}={endpoint}"]
     if prove_uri is not None:
         args += ["--prove-s3", prove_uri]
+    if resume_uri is not None:
+        args += ["--resume-origin", resume_uri]
     return [
         *args,
         "--token-file", TOKEN_PATH,
@@ -110,6 +115,7 @@ def peer_job(
     # explicit); the pod needs no other token than the audience-bound one.
     pod.setdefault("serviceAccountName", DEFAULT_SERVICE_ACCOUNT)
     pod["automountServiceAccountToken"] = False
+    resume_uri = _resumable(injection) if prove_uri is None else None
     if prove_uri is not None:  # its credentials sign the proof's HEADs
         injection = credentials.Injection(uri=injection.uri)
     secret_volumes = {str(v.get("name")) for v in injection.volumes}
@@ -141,8 +147,21 @@ def peer_job(
         sources=sources,
         max_size=max_size,
         prove_uri=prove_uri,
+        resume_uri=resume_uri,
     )
     return job
+
+
+def _resumable(injection: credentials.Injection) -> str | None:
+    """The URI a fetcher may finish a broken file from: one read without credentials whose
+    bytes the storage initializer stores as they are (`api.peer.http_origin_path`)."""
+    if injection.env or injection.volumes or injection.volume_mounts:
+        return None
+    try:
+        peer.http_origin_path(injection.uri)
+    except ValueError:
+        return None
+    return injection.uri
 
 
 def _token_volume() -> Obj:

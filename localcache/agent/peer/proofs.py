@@ -5,8 +5,8 @@ may read every file of an `s3://` model; this node runs the proof and then serve
 `POST /p2p/v1/models/{key}/proofs` from an identified download pod whose scope this node's
 folder does not list; `read(limit)` reads and parses the body, `read_request`) answers
 `(status, ProofAnswer)`:
-- 429 `proof-busy` (nothing read) while a proof of the same (requester scope, storage key)
-  runs, or `PROOFS_AT_ONCE` proofs run on this node;
+- 429 `proof-busy` (nothing read) while a proof of the same requester scope runs (one scope
+  never holds more than one of the node's slots), or `PROOFS_AT_ONCE` proofs run on this node;
 - 400 `proof-malformed`: a body over `body_limit(files)` (a bound by the folder's file count,
   at most `MAX_BODY_BYTES`), not read within the server's body timeout, or no `ProofRequest`;
 - 403 `proof-nonce`: its `nonce` is not one this node issued to that requester scope for that
@@ -71,6 +71,7 @@ MAX_PROOF_LIFE_S: Final = 6 * 3600.0
 PROOFS_AT_ONCE: Final = 4
 NONCE_TTL_S: Final = 120.0
 NONCES_PER_REQUESTER: Final = 8
+NONCES_PER_SCOPE: Final = 64
 MAX_NONCES: Final = 4096
 MAX_PROOFS: Final = 4096
 HEAD_TIMEOUT_S: Final = 10.0
@@ -128,8 +129,10 @@ class ProofBook:
 
 
 class Nonces:
-    """Single-use proof nonces: at most `NONCES_PER_REQUESTER` outstanding per (requester
-    scope, storage key) (the oldest dropped), `MAX_NONCES` in all, each for `NONCE_TTL_S`."""
+    """Single-use proof nonces, each for `NONCE_TTL_S`: at most `NONCES_PER_REQUESTER`
+    outstanding per (requester scope, storage key) and `NONCES_PER_SCOPE` per requester scope
+    (that scope's oldest dropped: one scope asking without end never pushes out another's),
+    `MAX_NONCES` in all (expired ones go first, then the oldest)."""
 
     def __init__(self, clock: clock_mod.Clock) -> None:
         self._clock = clock
@@ -138,11 +141,17 @@ class Nonces:
         )
 
     def issue(self, scope: str, storage_key: str) -> str:
-        mine = [n for n, (sc, k, _) in self._issued.items() if (sc, k) == (scope, storage_key)]
-        for stale in mine[: max(0, len(mine) - NONCES_PER_REQUESTER + 1)]:
-            del self._issued[stale]
+        now = self._clock.now()
+        while self._issued and next(iter(self._issued.values()))[2] <= now:
+            self._issued.popitem(last=False)  # issued in order, so expiring in order
+        ours = [(n, k) for n, (sc, k, _) in self._issued.items() if sc == scope]
+        mine = [n for n, k in ours if k == storage_key]
+        stale = mine[: max(0, len(mine) - NONCES_PER_REQUESTER + 1)]
+        stale += [n for n, _ in ours[: max(0, len(ours) - NONCES_PER_SCOPE + 1)]]
+        for nonce in stale:
+            self._issued.pop(nonce, None)
         nonce = "lc-" + secrets.token_hex(16)
-        self._issued[nonce] = (scope, storage_key, self._clock.now() + NONCE_TTL_S)
+        self._issued[nonce] = (scope, storage_key, now + NONCE_TTL_S)
         while len(self._issued) > MAX_NONCES:
             self._issued.popitem(last=False)
         return nonce
@@ -179,7 +188,7 @@ class Prover:
         self._session_factory = session or _default_session
         self._heads = asyncio.Semaphore(MAX_HEADS)
         self._hashing = asyncio.Semaphore(HASHING_AT_ONCE)
-        self._running: set[tuple[str, str]] = set()
+        self._running: set[str] = set()  # requester scopes with a proof running
         self._md5: collections.OrderedDict[tuple[str, str, str], bool] = collections.OrderedDict()
         self._pending: dict[tuple[str, str, str], asyncio.Task[bool]] = {}
 
@@ -189,8 +198,7 @@ class Prover:
         requester_scope: str,
         read: Callable[[int], Awaitable[peer.ProofRequest | None]],
     ) -> tuple[int, peer.ProofAnswer]:
-        key = folder.manifest.storage_key
-        running = (requester_scope, key)
+        key, running = folder.manifest.storage_key, requester_scope
         if running in self._running or len(self._running) >= PROOFS_AT_ONCE:
             return 429, peer.ProofAnswer(proven=False, reason="proof-busy")
         self._running.add(running)

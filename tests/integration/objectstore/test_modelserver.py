@@ -56,6 +56,27 @@ def test_head_reports_the_length_without_a_body(server: modelserver.ModelServer)
     assert _head(server.url("iris/model.joblib")) == (200, str(70_000 + 4))
 
 
+def _get_range(url: str, value: str) -> tuple[int, str | None, bytes]:
+    parts = urllib.parse.urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=5)
+    try:
+        conn.request("GET", parts.path, headers={"Range": value})
+        response = conn.getresponse()
+        return response.status, response.getheader("Content-Range"), response.read()
+    finally:
+        conn.close()
+
+
+def test_one_byte_range_is_served_as_206(server: modelserver.ModelServer, models: Path) -> None:
+    data = (models / "big.bin").read_bytes()
+    url = server.url("big.bin")
+
+    assert _get_range(url, "bytes=1000-") == (206, f"bytes 1000-{BIG - 1}/{BIG}", data[1000:])
+    assert _get_range(url, "bytes=10-19") == (206, f"bytes 10-19/{BIG}", data[10:20])
+    assert _get_range(url, f"bytes={BIG}-") == (416, f"bytes */{BIG}", b"")
+    assert _get_range(url, "bytes=0-1,5-6") == (200, None, data)  # several: ignored
+
+
 def test_missing_file_is_404(server: modelserver.ModelServer) -> None:
     assert modelserver.http_get(server.url("nope.bin"))[0] == 404
 

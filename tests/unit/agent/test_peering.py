@@ -372,3 +372,18 @@ async def test_a_refused_list_means_the_origin(tmp_path: Path) -> None:
 
     rig = Rig(tmp_path, Refusing())
     assert await rig.mode(_group(True)) == peering.Mode("origin")
+
+
+async def test_a_peer_job_that_finished_a_file_from_the_origin_is_a_fallback_said_once(
+    tmp_path: Path,
+) -> None:
+    said = json.dumps({"outcome": "complete", "peerBytes": 6, "originBytes": 4})
+    rig = Rig(tmp_path, FakeApi(pods=[_pod(0, said, phase="Succeeded")]))
+    outcome = plan.Downloaded(_manifest(), "job-1").outcome()
+    for _ in range(2):  # a second pass over the same Job says nothing again
+        await rig.peers.completed(_ref(peer=True), outcome, group=_group(True), node=rig.me)
+    assert rig.registry.value("localcache_p2p_fallbacks_total", reason="resumed-at-origin") == 1
+    events = [o for o in rig.api.created if o.get("kind") == "Event"]
+    assert len(events) == 1, rig.api.calls
+    assert events[0]["reason"] == "PeerFallback"
+    assert "from the origin by Range (4 bytes" in events[0]["message"], events[0]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import json
 from typing import Any
 
@@ -227,3 +228,22 @@ def test_a_peer_job_that_proves_access_keeps_the_origin_jobs_credentials() -> No
     args = main["args"]
     assert args[args.index("--prove-s3") + 1] == URI
     assert "--prove-s3" not in _main(_peer(origin))["args"]
+
+
+@pytest.mark.parametrize(
+    ("uri", "injected", "resumes"),
+    [
+        ("https://models.example/m/model.bin", False, True),
+        ("https://models.example/m/model.bin", True, False),  # read with credentials
+        ("https://models.example/m/model.tar.gz", False, False),  # the origin Job unpacks it
+        ("s3://mybucket/mymodel", False, False),
+    ],
+)
+def test_only_an_http_model_read_without_credentials_is_finished_from_the_origin(
+    uri: str, injected: bool, resumes: bool
+) -> None:
+    injection = dataclasses.replace(INJECTION, uri=uri) if injected else credentials.Injection(uri)
+    args = _main(_peer(_origin(injection), injection=injection))["args"]
+    parser = argparse.ArgumentParser()
+    peercommand.add_arguments(parser)
+    assert parser.parse_args(args).resume_origin == (uri if resumes else None)

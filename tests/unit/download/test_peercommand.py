@@ -18,7 +18,7 @@ from localcache import cli
 from localcache.api import peer
 from localcache.download import peercommand, peerfetch, peersources
 from tests.support import peerwire
-from tests.support.peerwire import Faults, Peer
+from tests.support.peerwire import Faults, HttpOrigin, Peer
 
 FILES = {"config.json": b"{}", "weights/model.bin": b"w" * 70_000}
 MANIFEST = peerwire.manifest_for(FILES, dirs=["weights"])
@@ -139,6 +139,29 @@ async def test_a_model_over_the_max_size_from_the_environment_exits_3(
     assert not (tmp_path / "dest").exists()
 
 
+async def test_a_file_the_peer_breaks_off_is_finished_from_the_origin_and_reported(
+    tls: peerwire.Tls, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TEST_PEER_CA", tls.ca_pem)
+    data = FILES["weights/model.bin"]
+    files = {"model.bin": data}
+    manifest = peerwire.manifest_for(files)
+    faults = Faults(cut_at={"model.bin": 30_000}, status_after_cut=502)
+    dying = Peer("node-a", files, tls, manifest=manifest, faults=faults)
+    async with dying.running(), HttpOrigin(data).running() as origin:
+        argv = _argv(
+            tmp_path, [dying.source], digest=manifest.digest,
+            extra=("--resume-origin", origin.url),
+        )  # fmt: skip
+        code = await asyncio.to_thread(cli.main, argv)
+    assert code == 0
+    assert (tmp_path / "dest" / "model.bin").read_bytes() == data
+    report = _report(tmp_path)
+    assert report["outcome"] == "complete"
+    assert 0 < int(report["originBytes"]) < len(data)  # type: ignore[call-overload]
+    assert report["peerBytes"] == len(data) - report["originBytes"]  # type: ignore[operator]
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [
@@ -148,6 +171,7 @@ async def test_a_model_over_the_max_size_from_the_environment_exits_3(
         ({"sources": [f"n{i}=https://127.0.0.1:{i + 1}" for i in range(4)]}, "at most 3"),
         ({"extra": ("--concurrency", "0")}, "--concurrency"),
         ({"extra": ("--max-size", "lots")}, "invalid --max-size"),
+        ({"extra": ("--resume-origin", "https://h/model.tar")}, "invalid --resume-origin"),
         ({"ca": ""}, "TEST_PEER_CA is unset"),
         ({"ca": "not a pem"}, "not a valid PEM"),
         ({"token": ""}, "no usable token"),

@@ -5,6 +5,7 @@ a proof. Signatures themselves are checked by a real store in the real-node test
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import dataclasses
 import hashlib
@@ -361,3 +362,56 @@ async def test_a_nonce_issued_to_another_scope_or_none_at_all_is_refused(bed: Be
 async def test_heads_that_do_not_sign_the_nonce_are_refused(bed: Bed) -> None:
     await _refused(bed, bed.proof(signed="host"), 403, "proof-malformed")
     assert bed.origin.heads == []
+
+
+def _folder(storage_key: str) -> proofs.Folder:
+    digest = peer.manifest_digest(files=())
+    manifest = peer.PeerManifest(storage_key=storage_key, digest=digest, files=[])
+    return proofs.Folder(Path("/nowhere"), manifest, OWNER)
+
+
+async def test_one_scope_holds_one_proof_slot_at_a_time() -> None:
+    prover = proofs.Prover(clock=clock.FakeClock(), origins=lambda: [], wall=time.time)
+    entered, release = asyncio.Event(), asyncio.Event()
+
+    async def held(limit: int) -> peer.ProofRequest | None:
+        entered.set()
+        await release.wait()
+        return None
+
+    async def unreadable(limit: int) -> peer.ProofRequest | None:
+        return None
+
+    first = asyncio.create_task(prover.prove(_folder(KEY), OTHER, held))
+    await entered.wait()
+    status, answer = await prover.prove(_folder("f" * 16), OTHER, unreadable)
+    assert (status, answer.reason) == (429, "proof-busy"), "a second model of the same scope"
+    status, answer = await prover.prove(_folder("f" * 16), "c" * 64, unreadable)
+    assert (status, answer.reason) == (400, "proof-malformed"), "another scope gets a slot"
+    release.set()
+    assert (await first)[0] == 400
+    status, answer = await prover.prove(_folder("f" * 16), OTHER, unreadable)
+    assert (status, answer.reason) == (400, "proof-malformed"), "the slot is free again"
+    await prover.close()
+
+
+def test_one_scope_asking_without_end_never_pushes_out_anothers_nonce() -> None:
+    nonces = proofs.Nonces(clock.FakeClock())
+    theirs = nonces.issue(OWNER, KEY)
+    for i in range(proofs.MAX_NONCES + 1):
+        nonces.issue(OTHER, f"{i:016x}")
+    assert nonces.take(theirs, OWNER, KEY)
+
+
+async def test_a_scope_keeps_its_newest_nonces_and_expired_ones_go_first() -> None:
+    fake = clock.FakeClock()
+    nonces = proofs.Nonces(fake)
+    keys_ = [f"{i:016x}" for i in range(proofs.NONCES_PER_SCOPE + 1)]
+    issued = [nonces.issue(OTHER, k) for k in keys_]
+    assert not nonces.take(issued[0], OTHER, keys_[0]), "the scope's oldest was dropped"
+    assert nonces.take(issued[1], OTHER, keys_[1])
+    assert nonces.take(issued[-1], OTHER, keys_[-1])
+    await fake.advance(proofs.NONCE_TTL_S)
+    late = nonces.issue(OWNER, KEY)
+    assert not nonces.take(issued[2], OTHER, keys_[2]), "expired"
+    assert nonces.take(late, OWNER, KEY)
