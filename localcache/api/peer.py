@@ -60,9 +60,9 @@ FOLLOW: Final = "follow"
 """`localcache fetch --digest follow`: the sources may still be downloading the model; the
 first complete manifest a source serves decides the content."""
 PART_SUFFIX: Final = ".localcache-part"
-_UNPACKED: Final = frozenset({"application/x-tar", "application/zip", "application/x-gzip"})
 """A file a peer-mode download pod is still writing: `<path>.localcache-part`, renamed to
 `<path>` once verified (so a complete name in its staging folder is a verified file)."""
+_UNPACKED: Final = frozenset({"application/x-tar", "application/zip"})
 MAX_PROOF_ORIGINS: Final = 8
 PROOF_EXPIRES_S: Final = 60
 """The longest validity of a presigned HEAD a proof may carry (`X-Amz-Expires`)."""
@@ -322,7 +322,7 @@ def http_origin_path(uri: str) -> str:
     is no archive or compressed file (those it unpacks); `ValueError` with a reason else."""
     if len(uri) > MAX_URI or not uri.isprintable():
         raise ValueError(f"not a URI of at most {MAX_URI} printable characters")
-    parts = urllib.parse.urlsplit(uri)
+    parts = urllib.parse.urlparse(uri)  # as the storage initializer: `;params` are no path
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError("not an http(s):// URI")
     if parts.username or parts.password:

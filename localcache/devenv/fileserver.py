@@ -26,7 +26,7 @@ connection):
   closed, the body truncated); later GETs are served whole. What a stalled origin looks like.
 - A GET of a file with `Range: bytes=N-` or `bytes=N-M` (one range) answers 206 with
   `Content-Range` and those bytes (416 when N is past the end; throttled and counted as any
-  body, never stalled); another Range header is ignored (200, the whole file).
+  body, never stalled); another or an invalid Range header is ignored (200, the whole file).
 - SIGTERM closes the listening socket and exits 0.
 Not promised: multiple ranges, keep-alive (HTTP/1.0: one request per connection), TLS,
 uploads, any order between the counts of concurrent requests and their bodies' completion.
@@ -125,11 +125,13 @@ class _Handler(http.server.SimpleHTTPRequestHandler):
         path = self.translate_path(self.path)
         if match is None or not os.path.isfile(path):
             return False
+        if match[2] and int(match[2]) < int(match[1]):
+            return False  # an invalid range is ignored (RFC 9110): the whole file
         with open(path, "rb") as src:
             size = os.fstat(src.fileno()).st_size
             start = int(match[1])
             end = min(int(match[2]), size - 1) if match[2] else size - 1
-            if start >= size or end < start:
+            if start >= size:
                 self.send_response(416)
                 self.send_header("Content-Range", f"bytes */{size}")
                 self.send_header("Content-Length", "0")

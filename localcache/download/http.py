@@ -184,8 +184,12 @@ async def follow(
         if response.status not in REDIRECT_STATUSES or not location:
             return response
         response.release()
-        target = urllib.parse.urljoin(current, location)
-        parts = urllib.parse.urlsplit(target)
+        try:
+            target = urllib.parse.urljoin(current, location)
+            parts = urllib.parse.urlsplit(target)
+            parts.port  # noqa: B018 (a port out of range raises here, not in the check below)
+        except ValueError:
+            raise DownloadError(f"{url}: redirect to {location[:200]!r} refused: no URL") from None
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise DownloadError(f"{url}: redirect to {target!r} refused: not an http(s) URL")
         if not internal_redirects and await is_internal_url(target):

@@ -41,11 +41,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import hashlib
 import os
 import ssl
 from pathlib import Path
-from typing import IO, Final
+from typing import Final
 
 import aiohttp
 import pydantic
@@ -53,7 +52,15 @@ import structlog
 import yarl
 
 from localcache.api import peer
-from localcache.download import http, peerfollow, peerlayout, peerorigin, peersources, staging
+from localcache.download import (
+    http,
+    peerfile,
+    peerfollow,
+    peerlayout,
+    peerorigin,
+    peersources,
+    staging,
+)
 from localcache.runtime import clock as clock_mod
 
 log = structlog.get_logger(__name__)
@@ -86,31 +93,6 @@ class Request:
     clock: clock_mod.Clock = dataclasses.field(default_factory=clock_mod.SystemClock)
     origin: peerorigin.Origin | None = None
     """The last source of the file it stores (`download.peerorigin`), when usable."""
-
-
-class _File:
-    """One file being written: bytes so far, the running hash, who contributed."""
-
-    def __init__(self, entry: peer.ManifestFile, out: IO[bytes]) -> None:
-        self.entry = entry
-        self.out = out
-        self.written = 0
-        self.hasher = hashlib.sha256()
-        self.contributors: set[peersources.Source] = set()
-
-    def absorb(self, chunk: bytes, source: peersources.Source | None) -> None:
-        self.out.write(chunk)
-        self.hasher.update(chunk)
-        self.written += len(chunk)
-        if source is not None:
-            self.contributors.add(source)
-
-    def reset(self) -> None:
-        self.out.seek(0)
-        self.out.truncate(0)
-        self.written = 0
-        self.hasher = hashlib.sha256()
-        self.contributors.clear()
 
 
 async def fetch(request: Request, dest: Path, board: peersources.Board) -> int:
@@ -272,7 +254,7 @@ class _Run:
         part = path.with_name(path.name + peer.PART_SUFFIX)
         fd = os.open(part, _NEW_FILE, 0o644)
         with os.fdopen(fd, "wb") as out:
-            job = _File(entry, out)
+            job = peerfile.FileWrite(entry, out)
             if entry.size > 0:
                 await self._transfer(job)
             elif job.hasher.hexdigest() != entry.sha256:
@@ -284,7 +266,7 @@ class _Run:
         os.rename(part, path)
         log.info("fetch.file", path=entry.path[:200], bytes=entry.size)
 
-    async def _transfer(self, job: _File) -> None:
+    async def _transfer(self, job: peerfile.FileWrite) -> None:
         """Complete `job` from the live sources, best first, in passes (module doc)."""
         rank = {s.node: i for i, s in enumerate(self.board.sources)}
         previous: peersources.Source | None = None
@@ -334,7 +316,7 @@ class _Run:
             job.reset()
             previous, idle, passes = None, 0, 0
 
-    async def _stream(self, source: peersources.Source, job: _File) -> None:
+    async def _stream(self, source: peersources.Source, job: peerfile.FileWrite) -> None:
         """Fetch the rest of `job` from `source`; `_Failure` unless the file is complete."""
         size = job.entry.size
         headers = {"Range": f"bytes={job.written}-"} if job.written else {}
@@ -356,17 +338,12 @@ class _Run:
         if job.written < size:
             raise _Failure("strike", f"stream ended at {job.written} of {size} bytes")
 
-    async def _from_origin(self, job: _File, why: str) -> None:
-        def write(chunk: bytes) -> None:
-            job.absorb(chunk, None)
-            self.board.origin_bytes += len(chunk)
-
-        await peerorigin.resume(
-            self.request.origin, why, entry=job.entry, offset=job.written, write=write,
+    async def _from_origin(self, job: peerfile.FileWrite, why: str) -> None:
+        await peerorigin.complete(
+            self.request.origin, job, self.board, why,
+            connect_timeout=self.request.connect_timeout,
             io_timeout=self.request.stall_timeout, clock=self.request.clock,
         )  # fmt: skip
-        if job.hasher.hexdigest() != job.entry.sha256:
-            raise peersources.use_origin(f"{why}; finished from the origin, it fails its sha256")
 
     # -------------------------------------------------------------------------- helpers
 

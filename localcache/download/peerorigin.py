@@ -1,5 +1,6 @@
 """The origin as the last source of a peer-mode fetch (`download.peerfetch`): a file whose
-peer transfer broke off is finished from the origin by Range instead of starting over.
+peer transfer broke off is finished from the origin where the peers stopped, instead of
+starting over.
 
 Only for an `http(s)://` model that KServe's storage initializer stores as it is: one file
 named after the URL's last path segment, no archive, no compression (`Origin.of`), read
@@ -8,21 +9,28 @@ without credentials (the agent passes `--resume-origin` only to Jobs that carry 
 Contract:
 - `Origin.of(uri)` is that origin (`api.peer.http_origin_path`), or `ValueError` saying why
   the URI is not one.
-- `resume(origin, why, entry=, offset=, write=, ...)`: `finish`es the file that the peers
-  broke off (`why`); `peersources.use_origin` with `why` (and the origin's answer) when there
-  is no origin, it is not the origin's file, or the origin refuses.
+- `complete(origin, file, board, why, ...)`: the rest of `file` (which no peer could finish:
+  `why`) from the origin (`finish`), its bytes counted in `board.origin_bytes`; the file must
+  then verify (`FileWrite.verified`). When it does not and peers sent part of it, the origin
+  is asked once more for the whole file: if that verifies, the peers that sent the first part
+  are `Board.corrupted` (named in the report); else the origin's bytes are not the manifest's.
+  `peersources.use_origin` (carrying `why` and the origin's answer) when there is no origin,
+  the file is not the origin's, the origin refuses, or the bytes do not verify.
 - `finish(origin, path, offset=, size=, write=, ...)`: asks the origin for bytes
-  `offset`..`size`-1 of `path` (no request when `path` is not the origin's file: `Refused`),
-  `Range: bytes=<offset>-` (none from 0), `Accept-Encoding: identity`; the answer must be 206
-  (200 from offset 0) with exactly that extent (`peersources.check_extent`) and no content
-  encoding, else `Refused`. Each chunk goes to `write` as it comes; a transport failure is
-  retried from where it stopped, with backoff, `ATTEMPTS` times in all. Redirects are checked
-  as `download.http` checks them. Verification is the caller's: it holds the running hash.
-- Every connect and read has `io_timeout`; the caller's deadline bounds the whole.
+  `offset`..`size`-1 of `path` (no request when `path` is not the origin's file: `Refused`;
+  none when nothing is left), `Range: bytes=<offset>-` (none from 0), `Accept-Encoding:
+  identity`; the answer must be 206 (200 from offset 0) with exactly that extent
+  (`peersources.check_extent`) and no content encoding, else `Refused`. Each chunk goes to
+  `write` as it comes; a transport failure, 429 or 5xx is retried from where it stopped, with
+  backoff, `ATTEMPTS` times in all. Redirects are checked as `download.http.follow` checks
+  them. Proxies come from the environment, as for the storage initializer's requests.
+- Every connect (and the name lookup of the redirect check) has `connect_timeout`, every read
+  `io_timeout`; the caller's deadline bounds the whole.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
@@ -31,7 +39,7 @@ import aiohttp
 import structlog
 
 from localcache.api import peer
-from localcache.download import http, peersources
+from localcache.download import http, peerfile, peersources
 from localcache.runtime import clock as clock_mod
 
 log = structlog.get_logger(__name__)
@@ -55,27 +63,45 @@ class Origin:
         return cls(url=uri, path=peer.http_origin_path(uri))
 
 
-async def resume(
+async def complete(
     origin: Origin | None,
+    file: peerfile.FileWrite,
+    board: peersources.Board,
     why: str,
     *,
-    entry: peer.ManifestFile,
-    offset: int,
-    write: Callable[[bytes], None],
+    connect_timeout: float,
     io_timeout: float,
     clock: clock_mod.Clock,
 ) -> None:
-    """`finish` the file the peers broke off (`why`), else `peersources.use_origin`."""
-    if origin is None or origin.path != entry.path:
+    """Finish `file` from the origin, verified (module doc), else "use origin"."""
+    if origin is None or origin.path != file.entry.path:
         raise peersources.use_origin(why)
-    log.info("fetch.origin_resume", path=entry.path[:200], offset=offset, why=why)
-    try:
-        await finish(
-            origin, entry.path, offset=offset, size=entry.size, write=write,
-            io_timeout=io_timeout, clock=clock,
-        )  # fmt: skip
-    except Refused as exc:
-        raise peersources.use_origin(f"{why}; the origin did not finish it: {exc}") from None
+
+    def write(chunk: bytes) -> None:
+        file.absorb(chunk, None)
+        board.origin_bytes += len(chunk)
+
+    suspects = set(file.contributors)
+    for again in (False, True):
+        if again:
+            if not suspects:
+                break
+            file.reset()  # which peer bytes were bad is unknown: the whole file once more
+        log.info("fetch.origin_finish", path=file.entry.path[:200], offset=file.written, why=why)
+        try:
+            await finish(
+                origin, file.entry.path, offset=file.written, size=file.entry.size, write=write,
+                connect_timeout=connect_timeout, io_timeout=io_timeout, clock=clock,
+            )  # fmt: skip
+        except Refused as exc:
+            raise peersources.use_origin(f"{why}; the origin did not finish it: {exc}") from None
+        if file.verified():
+            if again:
+                why_bad = f"sent bytes of {file.entry.path[:80]!r} that fail its sha256"
+                for source in suspects:
+                    board.corrupted(source, why_bad)
+            return
+    raise peersources.use_origin(f"{why}; the origin's bytes fail the manifest's sha256")
 
 
 async def finish(
@@ -85,24 +111,32 @@ async def finish(
     offset: int,
     size: int,
     write: Callable[[bytes], None],
+    connect_timeout: float,
     io_timeout: float,
     clock: clock_mod.Clock,
 ) -> int:
     """Fetch bytes `offset`..`size`-1 of `path` from the origin (module doc); the count."""
     if path != origin.path:
         raise Refused(f"{path[:80]!r} is not the origin's file")
+    if offset >= size:
+        return 0
     timeout = aiohttp.ClientTimeout(
-        total=None, connect=io_timeout, sock_connect=io_timeout, sock_read=io_timeout
+        total=None, connect=connect_timeout, sock_connect=connect_timeout, sock_read=io_timeout
     )
-    internal = await http.is_internal_url(origin.url)
+    try:
+        async with asyncio.timeout(connect_timeout):
+            internal = await http.is_internal_url(origin.url)
+    except TimeoutError:
+        raise Refused("resolving the origin's name timed out") from None
     got, last = 0, ""
-    async with aiohttp.ClientSession(timeout=timeout, auto_decompress=False) as session:
+    # the storage initializer's requests honour HTTP(S)_PROXY: so does this
+    session = aiohttp.ClientSession(timeout=timeout, auto_decompress=False, trust_env=True)
+    async with session:
         for attempt in range(ATTEMPTS):
             if attempt:
                 await clock.sleep(BACKOFF_S * 2 ** (attempt - 1))
-            start = offset + got
             try:
-                got += await _once(session, origin, start, size, write, internal=internal)
+                got += await _once(session, origin, offset + got, size, write, internal=internal)
                 return got
             except _Broken as exc:
                 got += exc.got
@@ -153,7 +187,7 @@ async def _once(
 
 def _check(response: aiohttp.ClientResponse, *, start: int, size: int) -> None:
     expected = 206 if start else 200
-    if response.status in (429, 500, 502, 503, 504):
+    if response.status in http.TRANSIENT_STATUSES:
         raise _Broken(f"HTTP {response.status}", 0)
     if response.status != expected:
         raise Refused(f"HTTP {response.status} (expected {expected})")

@@ -222,11 +222,18 @@ class Peer:
 @dataclasses.dataclass
 class HttpOrigin:
     """A plain HTTP origin serving `body` at /models/model.bin, honouring Range (unless
-    `ignore_range`), cut once after `cut_first_at` bytes; `ranges`: the Range of each GET."""
+    `ignore_range`); `ranges`: the Range of each GET. Faults: the first GETs answered
+    `statuses` (in turn), the first one cut after `cut_first_at` bytes, `headers` added to
+    every answer (e.g. a Content-Encoding, a Content-Range), `extra` bytes sent past the
+    body, every GET redirected to `redirect` (a Location)."""
 
     body: bytes
     ignore_range: bool = False
     cut_first_at: int | None = None
+    statuses: list[int] = dataclasses.field(default_factory=list)
+    headers: dict[str, str] = dataclasses.field(default_factory=dict)
+    extra: bytes = b""
+    redirect: str | None = None
     ranges: list[str | None] = dataclasses.field(default_factory=list)
     port: int = 0
 
@@ -237,14 +244,21 @@ class HttpOrigin:
     async def handle(self, request: web.Request) -> web.StreamResponse:
         ranged = request.headers.get("Range")
         self.ranges.append(ranged)
+        if self.redirect is not None:
+            return web.Response(status=302, headers={"Location": self.redirect})
+        if self.statuses:
+            return web.Response(status=self.statuses.pop(0))
         start = 0
         if ranged is not None and not self.ignore_range:
             start = int(ranged.removeprefix("bytes=").removesuffix("-"))
         headers = {}
         if start:
             headers["Content-Range"] = f"bytes {start}-{len(self.body) - 1}/{len(self.body)}"
-        response = web.StreamResponse(status=206 if start else 200, headers=headers)
-        response.content_length = len(self.body) - start
+        response = web.StreamResponse(
+            status=206 if start else 200, headers={**headers, **self.headers}
+        )
+        if not self.extra:  # else chunked: no Content-Length gives the excess away
+            response.content_length = len(self.body) - start
         await response.prepare(request)
         cut, self.cut_first_at = self.cut_first_at, None
         if cut is not None:
@@ -252,7 +266,7 @@ class HttpOrigin:
             assert request.transport is not None
             request.transport.abort()
             return response
-        await response.write(self.body[start:])
+        await response.write(self.body[start:] + self.extra)
         await response.write_eof()
         return response
 

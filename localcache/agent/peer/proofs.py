@@ -5,8 +5,9 @@ may read every file of an `s3://` model; this node runs the proof and then serve
 `POST /p2p/v1/models/{key}/proofs` from an identified download pod whose scope this node's
 folder does not list; `read(limit)` reads and parses the body, `read_request`) answers
 `(status, ProofAnswer)`:
-- 429 `proof-busy` (nothing read) while a proof of the same requester scope runs (one scope
-  never holds more than one of the node's slots), or `PROOFS_AT_ONCE` proofs run on this node;
+- 429 `proof-busy` (nothing read) while a proof of the same (requester scope, storage key)
+  runs, or `PROOFS_PER_SCOPE` of that scope (one scope never holds all the node's slots), or
+  `PROOFS_AT_ONCE` proofs run on this node;
 - 400 `proof-malformed`: a body over `body_limit(files)` (a bound by the folder's file count,
   at most `MAX_BODY_BYTES`), not read within the server's body timeout, or no `ProofRequest`;
 - 403 `proof-nonce`: its `nonce` is not one this node issued to that requester scope for that
@@ -69,6 +70,7 @@ log = structlog.get_logger(__name__)
 PROOF_TTL_S: Final = 600.0
 MAX_PROOF_LIFE_S: Final = 6 * 3600.0
 PROOFS_AT_ONCE: Final = 4
+PROOFS_PER_SCOPE: Final = 2
 NONCE_TTL_S: Final = 120.0
 NONCES_PER_REQUESTER: Final = 8
 NONCES_PER_SCOPE: Final = 64
@@ -144,12 +146,12 @@ class Nonces:
         now = self._clock.now()
         while self._issued and next(iter(self._issued.values()))[2] <= now:
             self._issued.popitem(last=False)  # issued in order, so expiring in order
-        ours = [(n, k) for n, (sc, k, _) in self._issued.items() if sc == scope]
-        mine = [n for n, k in ours if k == storage_key]
-        stale = mine[: max(0, len(mine) - NONCES_PER_REQUESTER + 1)]
-        stale += [n for n, _ in ours[: max(0, len(ours) - NONCES_PER_SCOPE + 1)]]
-        for nonce in stale:
-            self._issued.pop(nonce, None)
+        mine = [n for n, (sc, k, _) in self._issued.items() if (sc, k) == (scope, storage_key)]
+        for stale in mine[: max(0, len(mine) - NONCES_PER_REQUESTER + 1)]:
+            del self._issued[stale]
+        ours = [n for n, (sc, _, _) in self._issued.items() if sc == scope]
+        for stale in ours[: max(0, len(ours) - NONCES_PER_SCOPE + 1)]:
+            del self._issued[stale]
         nonce = "lc-" + secrets.token_hex(16)
         self._issued[nonce] = (scope, storage_key, now + NONCE_TTL_S)
         while len(self._issued) > MAX_NONCES:
@@ -188,7 +190,7 @@ class Prover:
         self._session_factory = session or _default_session
         self._heads = asyncio.Semaphore(MAX_HEADS)
         self._hashing = asyncio.Semaphore(HASHING_AT_ONCE)
-        self._running: set[str] = set()  # requester scopes with a proof running
+        self._running: set[tuple[str, str]] = set()  # (requester scope, key) being proven
         self._md5: collections.OrderedDict[tuple[str, str, str], bool] = collections.OrderedDict()
         self._pending: dict[tuple[str, str, str], asyncio.Task[bool]] = {}
 
@@ -198,8 +200,14 @@ class Prover:
         requester_scope: str,
         read: Callable[[int], Awaitable[peer.ProofRequest | None]],
     ) -> tuple[int, peer.ProofAnswer]:
-        key, running = folder.manifest.storage_key, requester_scope
-        if running in self._running or len(self._running) >= PROOFS_AT_ONCE:
+        key = folder.manifest.storage_key
+        running = (requester_scope, key)
+        of_scope = sum(1 for scope, _ in self._running if scope == requester_scope)
+        if (
+            running in self._running
+            or of_scope >= PROOFS_PER_SCOPE
+            or len(self._running) >= PROOFS_AT_ONCE
+        ):
             return 429, peer.ProofAnswer(proven=False, reason="proof-busy")
         self._running.add(running)
         files = 0

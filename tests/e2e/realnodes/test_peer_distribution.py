@@ -13,7 +13,8 @@ attackers meet it, on the bed's two nodes:
   refused (401/403) and get no byte;
 - one flipped byte in the serving node's copy: the node that fetches again never promotes a
   corrupted copy, the bad source is named in a `PeerSourceRejected` Event and counted in the
-  joining agent's `localcache_p2p_verify_failures_total`, the copy comes from the origin;
+  joining agent's `localcache_p2p_verify_failures_total`, the copy's bytes come from the
+  origin (the same Job takes the file from there: an http model);
 - the serving node's agent killed mid-transfer: every node ends with a verified copy, and the
   broken file is finished from the origin by Range (the bed's other node was the only
   source): every byte crossed once, none restarted from byte 0, said as a fallback.
@@ -557,7 +558,9 @@ def test_a_flipped_byte_in_a_peers_copy_is_never_promoted_and_the_source_is_repo
         assert not watch.stop(), f"a corrupted copy was promoted on {other}"
         assert cluster.model_files(other, key) == want
         entry = peers.progress(cluster, other, name)
-        assert entry.get("source") == "origin", f"{other}'s copy came from {entry}"
+        # the bad peer banned, the same Job took the file whole from the origin (an http model)
+        assert entry.get("source") == f"peer/{origin}", f"{other}'s copy came from {entry}"
+        assert entry.get("originBytes") == len(data), f"{other}'s copy came from {entry}"
         assert seen_peer_jobs, f"{other} never tried the peer {origin}"
 
         def reported() -> str:

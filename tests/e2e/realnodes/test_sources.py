@@ -17,6 +17,7 @@ import uuid
 
 import pytest
 
+from localcache.agent.jobs import peerjob
 from localcache.caching import keys
 from tests.e2e.realnodes import objects
 from tests.e2e.realnodes.cluster import (
@@ -36,8 +37,11 @@ def _digests(files: dict[str, bytes]) -> dict[str, str]:
 
 
 def _job_images(cluster: Cluster, namespace: str, storage_key: str) -> set[str]:
-    jobs = cluster.items("jobs", namespace=namespace, selector=f"storageKey={storage_key}")
-    assert jobs, f"no download Job for {storage_key} in {namespace}"
+    """The images of the model's origin download Jobs (peer-mode Jobs, which fetch from
+    other nodes with localcache's image, left out)."""
+    selector = f"storageKey={storage_key},!{peerjob.PEER_LABEL}"
+    jobs = cluster.items("jobs", namespace=namespace, selector=selector)
+    assert jobs, f"no origin download Job for {storage_key} in {namespace}"
     return {c["image"] for job in jobs for c in job["spec"]["template"]["spec"]["containers"]}
 
 

@@ -75,6 +75,7 @@ def test_one_byte_range_is_served_as_206(server: modelserver.ModelServer, models
     assert _get_range(url, "bytes=10-19") == (206, f"bytes 10-19/{BIG}", data[10:20])
     assert _get_range(url, f"bytes={BIG}-") == (416, f"bytes */{BIG}", b"")
     assert _get_range(url, "bytes=0-1,5-6") == (200, None, data)  # several: ignored
+    assert _get_range(url, "bytes=10-5") == (200, None, data)  # invalid: ignored
 
 
 def test_missing_file_is_404(server: modelserver.ModelServer) -> None:

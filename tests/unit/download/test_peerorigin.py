@@ -104,10 +104,20 @@ async def test_an_origin_cut_once_is_asked_again_from_where_it_stopped(
     ("origin", "why"),
     [
         (HttpOrigin(DATA, ignore_range=True), "HTTP 200 (expected 206)"),
-        (HttpOrigin(os.urandom(len(DATA))), "fails its sha256"),
+        (HttpOrigin(os.urandom(len(DATA))), "the origin's bytes fail the manifest's sha256"),
+        (HttpOrigin(DATA, statuses=[404]), "HTTP 404 (expected 206)"),
+        (HttpOrigin(DATA, statuses=[503, 502, 500]), "broke off 3 times (HTTP 500)"),
+        (HttpOrigin(DATA, headers={"Content-Encoding": "gzip"}), "an encoded body"),
+        (HttpOrigin(DATA, headers={"Content-Range": "bytes 1-9/10"}), "Content-Range"),
+        (HttpOrigin(DATA, extra=b"more"), "more bytes than the file's size"),
+        (HttpOrigin(DATA, redirect="http://[zz/x"), "refused: no URL"),
+        (HttpOrigin(DATA, redirect="ftp://elsewhere/model.bin"), "not an http(s) URL"),
     ],
-    ids=["ignores-range", "other-bytes"],
-)
+    ids=[
+        "ignores-range", "other-bytes", "404", "5xx-thrice", "encoded", "other-range",
+        "excess", "bad-redirect", "ftp-redirect",
+    ],
+)  # fmt: skip
 async def test_an_origin_that_cannot_finish_the_file_means_use_origin_and_nothing_lands(
     dying_peer: Peer,
     origin: HttpOrigin,
@@ -174,3 +184,42 @@ def test_an_http_origin_names_the_file_as_the_storage_initializer_does(uri: str,
 def test_uris_whose_stored_bytes_are_not_the_origins_are_no_origin(uri: str, why: str) -> None:
     with pytest.raises(ValueError, match=why):
         peer.http_origin_path(uri)
+
+
+async def test_an_origin_busy_once_is_asked_again_at_the_same_offset(
+    dying_peer: Peer, tls: peerwire.Tls, token_file: Path, tmp_path: Path
+) -> None:
+    async with HttpOrigin(DATA, statuses=[503]).running() as origin:
+        dest = tmp_path / "dest"
+        board = await _fetch(dying_peer, peerorigin.Origin.of(origin.url), dest, tls, token_file)
+
+        assert (dest / "model.bin").read_bytes() == DATA
+        assert len(origin.ranges) == 2, origin.ranges
+        assert origin.ranges[0] == origin.ranges[1], "the same offset again"
+        assert board.bytes["node-a"] + board.origin_bytes == len(DATA)
+
+
+async def test_bad_peer_bytes_under_the_origins_rest_cost_the_file_once_more_and_name_the_peer(
+    tls: peerwire.Tls, token_file: Path, tmp_path: Path
+) -> None:
+    bad = bytes([DATA[0] ^ 0x01]) + DATA[1:]  # the manifest is DATA's: the peer's copy is not
+    faults = peerwire.Faults(cut_at={"model.bin": CUT}, status_after_cut=502)
+    peer_ = Peer("node-a", {"model.bin": bad}, tls, manifest=MANIFEST, faults=faults)
+    async with peer_.running(), HttpOrigin(DATA).running() as origin:
+        dest = tmp_path / "dest"
+        board = await _fetch(peer_, peerorigin.Origin.of(origin.url), dest, tls, token_file)
+
+        assert (dest / "model.bin").read_bytes() == DATA
+        assert origin.ranges[1:] == [None], "then the whole file, once"
+        assert list(board.corrupt) == ["node-a"], "named as a bad source in the report"
+        assert "sha256" in board.corrupt["node-a"]
+
+
+async def test_nothing_is_asked_of_the_origin_when_nothing_is_left() -> None:
+    writes: list[bytes] = []
+    got = await peerorigin.finish(
+        peerorigin.Origin("http://127.0.0.1:9/models/model.bin", "model.bin"), "model.bin",
+        offset=10, size=10, write=writes.append, connect_timeout=1.0, io_timeout=1.0,
+        clock=NoWaitClock(),
+    )  # fmt: skip
+    assert (got, writes) == (0, [])

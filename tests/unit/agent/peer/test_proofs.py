@@ -370,28 +370,35 @@ def _folder(storage_key: str) -> proofs.Folder:
     return proofs.Folder(Path("/nowhere"), manifest, OWNER)
 
 
-async def test_one_scope_holds_one_proof_slot_at_a_time() -> None:
+async def test_one_scope_never_holds_all_the_proof_slots() -> None:
     prover = proofs.Prover(clock=clock.FakeClock(), origins=lambda: [], wall=time.time)
-    entered, release = asyncio.Event(), asyncio.Event()
+    release = asyncio.Event()
+    entered: list[asyncio.Event] = []
 
     async def held(limit: int) -> peer.ProofRequest | None:
-        entered.set()
+        entered[-1].set()
         await release.wait()
         return None
 
     async def unreadable(limit: int) -> peer.ProofRequest | None:
         return None
 
-    first = asyncio.create_task(prover.prove(_folder(KEY), OTHER, held))
-    await entered.wait()
-    status, answer = await prover.prove(_folder("f" * 16), OTHER, unreadable)
-    assert (status, answer.reason) == (429, "proof-busy"), "a second model of the same scope"
-    status, answer = await prover.prove(_folder("f" * 16), "c" * 64, unreadable)
+    running = []
+    for held_key in (KEY, "f" * 16):  # two models of one scope at once
+        entered.append(asyncio.Event())
+        running.append(asyncio.create_task(prover.prove(_folder(held_key), OTHER, held)))
+        done, _ = await asyncio.wait([running[-1], asyncio.ensure_future(entered[-1].wait())],
+                                     timeout=10, return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
+        assert entered[-1].is_set(), f"the proof of {held_key} did not start: {done}"
+    for key, why in ((KEY, "the same model again"), ("e" * 16, "a third model of the scope")):
+        status, answer = await prover.prove(_folder(key), OTHER, unreadable)
+        assert (status, answer.reason) == (429, "proof-busy"), why
+    status, answer = await prover.prove(_folder("e" * 16), "c" * 64, unreadable)
     assert (status, answer.reason) == (400, "proof-malformed"), "another scope gets a slot"
     release.set()
-    assert (await first)[0] == 400
-    status, answer = await prover.prove(_folder("f" * 16), OTHER, unreadable)
-    assert (status, answer.reason) == (400, "proof-malformed"), "the slot is free again"
+    assert [(await task)[0] for task in running] == [400, 400]
+    status, answer = await prover.prove(_folder("e" * 16), OTHER, unreadable)
+    assert (status, answer.reason) == (400, "proof-malformed"), "the slots are free again"
     await prover.close()
 
 
@@ -415,3 +422,15 @@ async def test_a_scope_keeps_its_newest_nonces_and_expired_ones_go_first() -> No
     late = nonces.issue(OWNER, KEY)
     assert not nonces.take(issued[2], OTHER, keys_[2]), "expired"
     assert nonces.take(late, OWNER, KEY)
+
+
+def test_a_full_model_and_a_full_scope_drop_one_nonce_not_two() -> None:
+    nonces = proofs.Nonces(clock.FakeClock())
+    first = nonces.issue(OTHER, "0" * 16)
+    for _ in range(proofs.NONCES_PER_REQUESTER):
+        nonces.issue(OTHER, KEY)
+    others = proofs.NONCES_PER_SCOPE - proofs.NONCES_PER_REQUESTER - 1
+    for i in range(others):
+        nonces.issue(OTHER, f"{i + 1:016x}")
+    nonces.issue(OTHER, KEY)  # the model's oldest goes: the scope is then within its bound
+    assert nonces.take(first, OTHER, "0" * 16)
