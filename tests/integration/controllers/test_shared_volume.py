@@ -531,8 +531,14 @@ async def test_a_failed_import_says_why_and_is_retried_after_the_backoff(env: En
         has_event(env, tenant, name, "ImportFailed"), timeout=30, what="an ImportFailed Event"
     )
     again = await job_of(env, tenant, name, not_uid=job["metadata"]["uid"])
-    retried = await ready_reason(env, name, tenant, IMPORTING)
-    assert retried["sharedVolume"]["attempt"] == 2
+
+    async def second_attempt() -> Obj:
+        # the "creating Job" status (still attempt 1) may be read after the Job exists:
+        # the controller records the attempt once the create returned
+        found = await ready_reason(env, name, tenant, IMPORTING)
+        return found if found["sharedVolume"].get("attempt") == 2 else {}
+
+    retried = await wait_until(second_attempt, timeout=30, what="the second attempt recorded")
     assert retried["sharedVolume"]["job"]["uid"] == again["metadata"]["uid"]
 
 
