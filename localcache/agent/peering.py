@@ -289,23 +289,27 @@ class Peering:
     ) -> None:
         if not self._first_fallback_of(job):  # a Job may be looked at again
             return
-        if self._p2p is not None:
-            self._p2p.fallbacks.inc(reason=RESUMED_AT_ORIGIN)
         message = (
             f"model {job.status_key}: the peers broke off a file; Job {job.name} finished "
             f"it from the origin by Range ({size} bytes, {RESUMED_AT_ORIGIN})"
         )
-        await self._report.event(node, "Warning", "PeerFallback", message, spam_key=job.name)
+        await self._say_fallback(node, RESUMED_AT_ORIGIN, message, spam_key=job.name)
 
     async def _fell_back(
         self, node: modelnode.LocalModelNode, unit: downloads.Unit, reason: str, why: str
     ) -> None:
+        log.info("peer_fallback_to_origin", storage_key=unit.storage_key, reason=reason)
+        key = unit.status_keys[0]
+        message = f"model {key}: {why}; downloading from the origin ({reason})"
+        await self._say_fallback(node, reason, message, spam_key=key)
+
+    async def _say_fallback(
+        self, node: modelnode.LocalModelNode, reason: str, message: str, *, spam_key: str
+    ) -> None:
+        """Count a fallback by `reason` and say it in a `PeerFallback` Event on `node`."""
         if self._p2p is not None:
             self._p2p.fallbacks.inc(reason=reason)
-        log.info("peer_fallback_to_origin", storage_key=unit.storage_key, reason=reason)
-        message = f"model {unit.status_keys[0]}: {why}; downloading from the origin ({reason})"
-        key = unit.status_keys[0]
-        await self._report.event(node, "Warning", "PeerFallback", message, spam_key=key)
+        await self._report.event(node, "Warning", "PeerFallback", message, spam_key=spam_key)
 
     async def _members(
         self, group: str, *, fresh: bool = False

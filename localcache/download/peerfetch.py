@@ -257,7 +257,7 @@ class _Run:
             job = peerfile.FileWrite(entry, out)
             if entry.size > 0:
                 await self._transfer(job)
-            elif job.hasher.hexdigest() != entry.sha256:
+            elif not job.verified():
                 raise peersources.use_origin(f"{entry.path[:80]!r}: sha256 of an empty file")
             out.flush()
             # off the loop: a multi-GB fsync must not stall the other streams in flight
@@ -303,15 +303,9 @@ class _Run:
                 else:
                     idle += 1
                 continue
-            if job.hasher.hexdigest() == job.entry.sha256:
+            if job.verified():
                 return
-            for bad in job.contributors:
-                path, count = job.entry.path[:80], len(job.contributors)
-                why = f"served bytes that fail the sha256 of {path!r}"
-                if count > 1:  # which one sent them is unknown: all are left
-                    why = f"one of {count} sources of {path!r}, whose sha256 failed"
-                self.board.corrupted(bad, why)
-                log.warning("fetch.bad_bytes", source=bad.node, path=job.entry.path[:200])
+            peerfile.blame(self.board, job.entry.path, job.contributors)
             last = "sha256 mismatch"
             job.reset()
             previous, idle, passes = None, 0, 0

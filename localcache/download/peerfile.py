@@ -6,8 +6,12 @@ from __future__ import annotations
 import hashlib
 from typing import IO
 
+import structlog
+
 from localcache.api import peer
 from localcache.download import peersources
+
+log = structlog.get_logger(__name__)
 
 
 class FileWrite:
@@ -38,3 +42,15 @@ class FileWrite:
         self.written = 0
         self.hasher = hashlib.sha256()
         self.contributors.clear()
+
+
+def blame(board: peersources.Board, path: str, sources: set[peersources.Source]) -> None:
+    """`sources` sent bytes of `path` that fail its sha256: each is `Board.corrupted` (which
+    one sent the bad bytes is unknown when several did: all are left)."""
+    shown, count = path[:80], len(sources)
+    why = f"served bytes that fail the sha256 of {shown!r}"
+    if count > 1:
+        why = f"one of {count} sources of {shown!r}, whose sha256 failed"
+    for bad in sources:
+        board.corrupted(bad, why)
+        log.warning("fetch.bad_bytes", source=bad.node, path=path[:200])

@@ -97,9 +97,7 @@ async def complete(
             raise peersources.use_origin(f"{why}; the origin did not finish it: {exc}") from None
         if file.verified():
             if again:
-                why_bad = f"sent bytes of {file.entry.path[:80]!r} that fail its sha256"
-                for source in suspects:
-                    board.corrupted(source, why_bad)
+                peerfile.blame(board, file.entry.path, suspects)
             return
     raise peersources.use_origin(f"{why}; the origin's bytes fail the manifest's sha256")
 

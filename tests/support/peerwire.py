@@ -20,6 +20,8 @@ from pathlib import Path
 from aiohttp import web
 
 from localcache.api import peer
+from localcache.download import peerfetch, peersources
+from localcache.runtime import clock as clock_mod
 from localcache.runtime.serving import certgen
 
 KEY = "0123456789abcdef"
@@ -98,6 +100,25 @@ class Faults:
     """every request answered with this status."""
     status_after_cut: int | None = None
     """`status` from the first cut on (the peer goes down mid-file)."""
+
+
+def fetch_request(
+    tls: Tls, token_file: Path, *, digest: str, clock: clock_mod.Clock, **overrides: object
+) -> peerfetch.Request:
+    """A fetch of the model `KEY` from peers of `tls`'s CA: a 1 GiB bound, 60 s to finish,
+    0.5 s of silence to stall, `overrides` on top."""
+    values: dict[str, object] = {
+        "storage_key": KEY,
+        "digest": digest,
+        "credentials": peersources.Credentials(ca_pem=tls.ca_pem, token_file=token_file),
+        "max_bytes": 1 << 30,
+        "deadline": 60.0,
+        "stall_timeout": 0.5,
+        "connect_timeout": 2.0,
+        "clock": clock,
+        **overrides,
+    }
+    return peerfetch.Request(**values)  # type: ignore[arg-type]
 
 
 class Peer:

@@ -47,32 +47,14 @@ class RecordingClock:
         await asyncio.sleep(0)
 
 
-@pytest.fixture
-def token_file(tmp_path: Path) -> Path:
-    path = tmp_path / "token"
-    path.write_text("token-one\n")
-    return path
-
-
 Run = Callable[..., "asyncio.Future[int]"]
 
 
 def _request(
     tls: peerwire.Tls, token_file: Path, clock: RecordingClock, **overrides: object
 ) -> peerfetch.Request:
-    values: dict[str, object] = {
-        "storage_key": peerwire.KEY,
-        "digest": MANIFEST.digest,
-        "credentials": peersources.Credentials(ca_pem=tls.ca_pem, token_file=token_file),
-        "max_bytes": 1 << 30,
-        "deadline": 60.0,
-        "stall_timeout": 0.5,
-        "connect_timeout": 2.0,
-        "concurrency": 2,
-        "clock": clock,
-    }
-    values.update(overrides)
-    return peerfetch.Request(**values)  # type: ignore[arg-type]
+    fields: dict[str, object] = {"concurrency": 2, **overrides}
+    return peerwire.fetch_request(tls, token_file, digest=MANIFEST.digest, clock=clock, **fields)
 
 
 async def _fetch(

@@ -38,13 +38,6 @@ FILES = {"config.json": b"{}", "weights/model.bin": b"w" * 5000}
 MANIFEST = peerwire.manifest_for(FILES, dirs=["weights"])
 
 
-@pytest.fixture
-def token_file(tmp_path: Path) -> Path:
-    path = tmp_path / "token"
-    path.write_text("a-token")
-    return path
-
-
 def _request(
     ca_pem: str, token_file: Path, *, digest: str = MANIFEST.digest, max_bytes: int = 1 << 30
 ) -> peerfetch.Request:

@@ -34,13 +34,6 @@ def _partial(paths: list[str]) -> peer.PeerManifest:
 
 
 @pytest.fixture
-def token_file(tmp_path: Path) -> Path:
-    path = tmp_path / "token"
-    path.write_text("token\n")
-    return path
-
-
-@pytest.fixture
 async def seed(tls: peerwire.Tls) -> AsyncIterator[Peer]:
     node = Peer("seed", FILES, tls, manifest=_partial([]))
     async with node.running():

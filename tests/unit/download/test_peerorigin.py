@@ -37,26 +37,11 @@ class NoWaitClock:
         await asyncio.sleep(0)
 
 
-@pytest.fixture
-def token_file(tmp_path: Path) -> Path:
-    path = tmp_path / "token"
-    path.write_text("token\n")
-    return path
-
-
 async def _fetch(
     source: Peer, origin: peerorigin.Origin | None, dest: Path, tls: peerwire.Tls, token: Path
 ) -> peersources.Board:
-    request = peerfetch.Request(
-        storage_key=peerwire.KEY,
-        digest=MANIFEST.digest,
-        credentials=peersources.Credentials(ca_pem=tls.ca_pem, token_file=token),
-        max_bytes=1 << 30,
-        deadline=60.0,
-        stall_timeout=0.5,
-        connect_timeout=2.0,
-        clock=NoWaitClock(),
-        origin=origin,
+    request = peerwire.fetch_request(
+        tls, token, digest=MANIFEST.digest, clock=NoWaitClock(), origin=origin
     )
     board = peersources.Board([peersources.parse_source(source.source)])
     await peerfetch.fetch(request, dest, board)

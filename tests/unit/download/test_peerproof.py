@@ -121,15 +121,8 @@ def answering(peer_: Peer, *answers: Answer) -> Proofs:
 
 
 def _request(tls: peerwire.Tls, token_file: Path, clock: Sleeps) -> peerfetch.Request:
-    return peerfetch.Request(
-        storage_key=peerwire.KEY,
-        digest=MANIFEST.digest,
-        credentials=peersources.Credentials(ca_pem=tls.ca_pem, token_file=token_file),
-        max_bytes=1 << 30,
-        deadline=30.0,
-        stall_timeout=2.0,
-        connect_timeout=2.0,
-        clock=clock,
+    return peerwire.fetch_request(
+        tls, token_file, digest=MANIFEST.digest, clock=clock, deadline=30.0, stall_timeout=2.0
     )
 
 
