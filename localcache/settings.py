@@ -141,7 +141,8 @@ FLAGS: tuple[Flag, ...] = (
              "(0: not serving)", "int"),
         Flag("--pod-ip", "POD_IP", "", "the agent pod's IP, in status.peer.endpoint"),
         Flag("--peer-image", "LOCALCACHE_PEER_IMAGE", "",
-             "localcache image of peer-mode download Jobs (empty: peer distribution off)"),
+             "localcache image of peer-mode download Jobs (empty: this agent's downloads all "
+             "come from the origin; it still hashes and serves its folders to peers)"),
         Flag("--peer-ca", "LOCALCACHE_PEER_CA", "/var/run/localcache/peer-tls/ca.crt",
              "the peer CA certificate (PEM) peer-mode download pods verify peers against"),
     ),
@@ -221,7 +222,7 @@ class Agent:
     models_roots: tuple[RootMount, ...] = ()
     peer_port: int = 0  # of the peer server (0: not serving)
     pod_ip: str = ""  # the agent pod's IP (POD_IP), in status.peer.endpoint
-    peer_image: str = ""  # of peer-mode download Jobs (empty: peer distribution off)
+    peer_image: str = ""  # of peer-mode download Jobs (empty: downloads from the origin only)
     peer_ca: Path = Path("/var/run/localcache/peer-tls/ca.crt")
 
 

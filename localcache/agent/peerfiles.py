@@ -26,9 +26,11 @@
   delays a status: the pass that promotes reports Downloaded at once. Cancelled, it tells the
   hashing thread to stop (between chunks) and awaits it.
 
-A folder that cannot be hashed (unservable, unreadable) is logged and not tried again for
-that promotion in this process. Not promised: order of hashing beyond first come, first
-served; publishing a folder whose group disabled peer distribution since.
+A folder that cannot be hashed (unservable, unreadable) is logged, not tried again for that
+promotion in this process, and published in `status.peer.unservable` with why (the planners
+of other nodes then never wait for this node to seed it). Not promised: order of hashing
+beyond first come, first served; publishing a folder whose group disabled peer distribution
+since.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ log = structlog.get_logger(__name__)
 
 Placement = tuple[nodegroup.LocalModelNodeGroup, folders.ModelDisk] | launcher.NotLaunched
 _Key = tuple[Path, str]  # (models root, folder name)
+_Why = peer.UnservableReason
 
 
 def endpoint(pod_ip: str, port: int) -> str | None:
@@ -142,7 +145,7 @@ class PeerFiles:
         self._queue: asyncio.Queue[_Hash] = asyncio.Queue()
         self._queued: set[_Key] = set()
         self._ready: dict[_Key, tuple[filelists.Stamp, peer.PeerManifest]] = {}
-        self._failed: dict[_Key, filelists.Stamp] = {}
+        self._failed: dict[_Key, tuple[filelists.Stamp, _Why]] = {}
         self._served: dict[_Key, peersource.Served] = {}
         self._pruned: set[Path] = set()
         self._stop = threading.Event()
@@ -176,9 +179,13 @@ class PeerFiles:
                 del self._ready[key]
         self._served = survey.served
         self.source.replace(survey.served.values(), survey.manifests)
+        unservable: dict[str, _Why] = {}
         for job in survey.to_hash:
             key = (job.root, job.folder)
-            if key not in self._queued and self._failed.get(key) != job.stamp:
+            failed = self._failed.get(key)
+            if failed is not None and failed[0] == job.stamp:
+                unservable.setdefault(job.storage_key, failed[1])
+            elif key not in self._queued:
                 self._queued.add(key)
                 self._queue.put_nowait(job)
         models = [s.model() for s in survey.served.values()]
@@ -194,7 +201,17 @@ class PeerFiles:
             for k, v in partial.items()
         ]
         models.sort(key=_order)
-        body = peer.PeerStatus(endpoint=self.endpoint, models=models[: peer.MAX_PEER_MODELS])
+        served_keys = {m.storage_key for m in models if m.whole}
+        refused = [
+            peer.PeerUnservable(storage_key=k, reason=why)
+            for k, why in sorted(unservable.items())
+            if k not in served_keys  # another variant of it is served
+        ]
+        body = peer.PeerStatus(
+            endpoint=self.endpoint,
+            models=models[: peer.MAX_PEER_MODELS],
+            unservable=refused[: peer.MAX_PEER_MODELS] or None,
+        )
         return {"peer": body.to_dict()}
 
     def _forget(self) -> None:
@@ -274,18 +291,24 @@ class PeerFiles:
         while True:
             job = await self._queue.get()
             key = (job.root, job.folder)
+            why: _Why | None = None
             try:
                 manifest = await self._hash(job)
-            except (OSError, filelists.Unservable, layout.DiskError) as exc:
+            except filelists.Unservable as exc:
                 log.warning("peer_file_list_failed", folder=job.folder, error=str(exc)[:300])
-                self._failed[key] = job.stamp
-                continue
+                why = _Why.UNSERVABLE
+            except (OSError, layout.DiskError) as exc:
+                log.warning("peer_file_list_failed", folder=job.folder, error=str(exc)[:300])
+                why = _Why.UNREADABLE
             except Exception:  # a bug must not end the agent: the folder is not published
                 log.exception("peer_file_list_failed", folder=job.folder)
-                self._failed[key] = job.stamp
-                continue
+                why = _Why.ERROR
             finally:
                 self._queued.discard(key)
+            if why is not None:
+                self._failed[key] = (job.stamp, why)
+                self._on_ready()  # published as unservable: its followers stop waiting
+                continue
             self._hashed += 1
             self._ready[key] = (job.stamp, manifest)
             log.info("peer_file_list_hashed", folder=job.folder, digest=manifest.digest)

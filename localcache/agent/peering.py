@@ -3,25 +3,24 @@ in, the fast fallback to the origin, and the peer numbers in status.
 
 `Peering` is consulted by the reconciler only; with the unit's node group's
 `spec.peerDistribution.enabled` off, none of its methods makes a request or changes anything
-(the Jobs and status are exactly those of an agent without peer distribution):
-- `mode(unit, ...)` when a unit must launch: after a failed peer-mode Job -> the origin (a
-  `localcache_p2p_fallbacks_total{reason}` count and a `PeerFallback` Event on the
-  LocalModelNode); when peer mode is unavailable (no `--peer-image`, no readable CA
-  certificate, the LIST refused; logged once each) -> the origin; else `peerplan.plan`
-  over the group's LocalModelNodes (one LIST through the API client, kept `LIST_TTL_S`; no
-  watch; an origin decision on a kept LIST is taken again on a fresh one: two nodes that
-  each saw no seed in an older LIST would both download from the origin) -> a
-  peer-mode Job (`Mode.transform`, `agent.jobs.peerjob`), the origin, or a `DownloadPending`
-  outcome while a seed downloads (rechecked every `SEED_RECHECK_S`, bounded by
-  `seed_wait_s`, then the origin with reason `seed-wait-timeout`);
-- `fast_fallback(action)`: a failed peer-mode Job whose pod exited "use origin"
+(the Jobs and status are those of an agent without peer distribution; a peer-mode Job left
+from before is still stopped if it never starts):
+- `mode(unit, ...)` when a unit must launch: after a failed peer-mode Job, or one stopped
+  for never starting (`agent.peerstart`) -> the origin (a `localcache_p2p_fallbacks_total
+  {reason}` count and a `PeerFallback` Event on the LocalModelNode); peer mode unavailable
+  (no `--peer-image`, no readable CA certificate, the LIST refused; logged once each) -> the
+  origin; else `peerplan.plan` over the group's LocalModelNodes (one LIST, kept
+  `LIST_TTL_S`, no watch; an origin decision on a kept LIST is taken again on a fresh one:
+  two nodes that each saw no seed in an older LIST would both use the origin) -> a peer-mode
+  Job (`Mode.transform`, `agent.jobs.peerjob`), the origin, or a `DownloadPending` outcome
+  while a seed downloads (rechecked every `SEED_RECHECK_S`; `peerplan.SEED_FALLBACKS` end it);
+- `fast_fallback(action, latest, now)`: a failed peer-mode Job whose pod exited "use origin"
   (`peer.EXIT_USE_ORIGIN`, or a `FetchReport` with outcome `use-origin`) is retried at once
-  in origin mode instead of waiting for the backoff;
+  in origin mode, not after the backoff; one whose pod never starts is stopped (`peerstart`);
 - `completed(job, outcome, ...)`: a promoted peer-mode Job's `peerBytes`/`originBytes` from
-  its pod's report (bounded by what is on disk; origin bytes there mean the peers broke a
-  file off and the pod finished it from the origin: a `resumed-at-origin` fallback, counted
-  and said in a `PeerFallback` Event); an origin Job in an enabled group:
-  `source: origin`, `originBytes` = bytes on disk; origin bytes counted in
+  its pod's report (bounded by what is on disk; origin bytes there mean the pod finished a
+  file the peers broke off from the origin: a `resumed-at-origin` fallback); an origin Job in
+  an enabled group: `source: origin`, `originBytes` = bytes on disk; origin bytes counted in
   `localcache_p2p_origin_bytes_total` (never per-source series: a report's names are a
   tenant's);
 - `carry(outcome, previous)`: a progress about a Job keeps the `source`/`originBytes`/
@@ -35,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import datetime
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -44,7 +44,7 @@ from typing import Any, Final
 import pydantic
 import structlog
 
-from localcache.agent import downloads, peerplan, peerreports, plan, report, status
+from localcache.agent import downloads, peerplan, peerreports, peerstart, plan, report, status
 from localcache.agent.jobs import launcher, peerjob
 from localcache.api import modelnode, nodegroup
 from localcache.caching import credentials
@@ -114,10 +114,12 @@ class Peering:
         self._p2p = p2p
         self._listed: tuple[float, list[modelnode.LocalModelNode]] | None = None
         self._waiting: dict[tuple[str, str, str], float] = {}
+        self._on_seed: dict[tuple[str, str, str], tuple[str, float]] = {}  # seed, since
         self._said = peerreports.Reports(api, reporter, p2p)
         self._warned: set[str] = set()
         self._fell: dict[str, None] = {}  # uids of peer Jobs whose fallback is counted
         self._known: dict[str, dict[str, Any]] = {}  # per Job name: its peer progress fields
+        self._starts = peerstart.StartWatch()
 
     async def mode(
         self,
@@ -134,12 +136,17 @@ class Peering:
             return Mode()
         origin = Mode(peerplan.SOURCE_ORIGIN)
         wait_key = (unit.storage_key, unit.scope_id, group.name)
+        not_started = self._starts.take(unit.storage_key, unit.scope_id)
         if previous is not None and peerjob.is_peer(previous.obj):
             if self._first_fallback_of(previous):  # a launch may be retried
                 said = await self.pod_report(previous)
                 await self._said.bad_sources(node, previous, said)
                 reason = "use-origin" if said.use_origin else "peer-failed"
                 await self._fell_back(node, unit, reason, f"peer-mode Job {previous.name} failed")
+            return origin
+        if not_started:
+            why = f"a peer-mode Job did not start within {int(peerstart.START_S)} s"
+            await self._fell_back(node, unit, "peer-not-started", why)
             return origin
         ca = await self._ca()
         if ca is None:
@@ -148,6 +155,8 @@ class Peering:
         self._waiting = {
             k: t for k, t in self._waiting.items() if now - t < 2 * self._settings.seed_wait_s + 60
         }
+        self._on_seed = {k: v for k, v in self._on_seed.items() if k in self._waiting}
+        seed, since = self._on_seed.get(wait_key, ("", now))
         for fresh in (False, True):  # the origin costs origin bytes: decided on a fresh LIST
             try:
                 members, cached = await self._members(group.name, fresh=fresh)
@@ -163,6 +172,7 @@ class Peering:
                     spec=spec,
                     members=members,
                     waited_s=now - self._waiting.get(wait_key, now),
+                    seed_waited=(seed, now - since),
                     seed_wait_s=self._settings.seed_wait_s,
                     provable=bool(spec.proof_origins)
                     and unit.leader.source_model_uri.startswith("s3://"),
@@ -172,6 +182,8 @@ class Peering:
                 break
         if isinstance(decision, peerplan.WaitForSeed):
             started = self._waiting.setdefault(wait_key, now)
+            if seed != decision.node:
+                self._on_seed[wait_key] = (decision.node, now)
             left = self._settings.seed_wait_s - (now - started)
             progress = modelnode.ModelProgress(message=decision.message)
             again = max(0.5, min(SEED_RECHECK_S, left))
@@ -179,9 +191,11 @@ class Peering:
                 again = max(0.05, peerplan.SETTLE_S - (now - started))
             return status.Outcome(modelnode.ModelStatus.DOWNLOAD_PENDING, progress, again)
         self._waiting.pop(wait_key, None)
+        self._on_seed.pop(wait_key, None)
         if isinstance(decision, peerplan.Origin):
-            if decision.reason == "seed-wait-timeout":
-                await self._fell_back(node, unit, decision.reason, "no seed finished in time")
+            seed_why = peerplan.SEED_FALLBACKS.get(decision.reason)
+            if seed_why is not None:
+                await self._fell_back(node, unit, decision.reason, seed_why)
             return origin
         transform = functools.partial(
             _transform,
@@ -201,11 +215,14 @@ class Peering:
         await self._fell_back(node, unit, "peer-job-refused", why)
         return Mode(peerplan.SOURCE_ORIGIN)
 
-    async def fast_fallback(self, action: plan.Action) -> plan.Action:
+    async def fast_fallback(
+        self, action: plan.Action, latest: downloads.JobRef | None, now: datetime.datetime
+    ) -> plan.Action:
         """A failed peer-mode Job that said "use origin": its retry now, not after the
-        backoff; any other action as it is."""
+        backoff; the unit's `latest` Job, peer-mode and never started: stopped
+        (`peerstart`); any other action as it is."""
         if not isinstance(action, plan.Wait) or action.failed is None:
-            return action
+            return self._starts.check(action, latest, now)
         failed = action.failed
         if not peerjob.is_peer(failed.obj) or not (await self.pod_report(failed)).use_origin:
             return action
@@ -280,8 +297,8 @@ class Peering:
         if job.uid in self._fell:
             return False
         self._fell[job.uid] = None
-        while len(self._fell) > _KEPT:
-            self._fell.pop(next(iter(self._fell)))
+        if len(self._fell) > _KEPT:
+            del self._fell[next(iter(self._fell))]
         return True
 
     async def _resumed_at_origin(
@@ -314,9 +331,8 @@ class Peering:
     async def _members(
         self, group: str, *, fresh: bool = False
     ) -> tuple[list[modelnode.LocalModelNode], bool]:
-        """The LocalModelNodes with an entry of `group` (one LIST per `LIST_TTL_S`; `fresh`:
-        per `FRESH_LIST_S`, so one pass launching many units lists once), and whether they
-        came from the kept LIST."""
+        """The LocalModelNodes with an entry of `group` (a LIST per `LIST_TTL_S`, `fresh`: per
+        `FRESH_LIST_S`, so a pass launching many units lists once); from the kept LIST?"""
         now = self._clock.now()
         age = now - self._listed[0] if self._listed is not None else None
         cached = age is not None and age <= (FRESH_LIST_S if fresh else LIST_TTL_S)

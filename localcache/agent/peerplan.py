@@ -20,11 +20,15 @@ LocalModelNodes of its node group (`members`):
   in its `status.downloadJobs` for K and S whose entry is Pending or Downloading with source
   `origin`), else the elected seed: the lowest node name among the members whose spec lists
   the same status key, not in ModelDownloadError (nor Downloaded without ever being able to
-  serve this scope); when that is not `me` -> `WaitForSeed(node, message)`, until the unit
-  has waited `seed_wait_s` -> `Origin`; when it is `me` but no other member lists the status
-  key yet, a `WaitForSeed(me)` of `SETTLE_S` first (the controller writes the group's specs
-  concurrently: a node deciding before the others' specs exist would elect itself while a
-  lower-named node does the same a moment later);
+  serve this scope, nor Downloaded and listing the key in `status.peer.unservable`); when
+  that is not `me` -> `WaitForSeed(node, message)`, until the unit has waited `seed_wait_s`
+  -> `Origin("seed-wait-timeout")`, or, once it has waited `seed_start_s` for this elected
+  seed (`seed_waited`) whose entry is still neither Downloading nor Downloaded,
+  `Origin("seed-not-started")` (its agent is down, or it cannot launch its Job); when it
+  is `me` but no other member lists the status key yet, a `WaitForSeed(me)` of `SETTLE_S`
+  first (the controller writes the group's specs concurrently: a node deciding before the
+  others' specs exist would elect itself while a lower-named node does the same a moment
+  later);
 - else -> `Origin`.
 
 Other nodes' statuses are written by their agents; tenants cannot write them. The planner
@@ -47,7 +51,13 @@ SOURCE_ORIGIN: Final = "origin"
 SOURCE_PEER_PREFIX: Final = "peer/"
 MAX_ENDPOINT: Final = 128
 SETTLE_S: Final = 1.0
+SEED_START_S: Final = 60.0
 SETTLE_MESSAGE: Final = "waiting a moment for the other nodes of the group before the origin"
+SEED_FALLBACKS: Final = {
+    "seed-wait-timeout": "no seed finished in time",
+    "seed-not-started": "the elected seed never began its download",
+}
+"""The `Origin` reasons that end a wait for a seed, and what they mean (a fallback)."""
 _IN_FLIGHT: Final = frozenset({ModelStatus.DOWNLOAD_PENDING, ModelStatus.DOWNLOADING})
 
 
@@ -71,6 +81,10 @@ class Request:
     waited_s: float = 0.0
     """How long this unit has already waited for a seed."""
     seed_wait_s: float = 300.0
+    seed_start_s: float = SEED_START_S
+    """How long an elected seed may show no download (Downloading or Downloaded) at all."""
+    seed_waited: tuple[str, float] = ("", 0.0)
+    """The seed this unit waited for last, and for how long (the `seed_start_s` count)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,7 +130,8 @@ def plan(request: Request) -> Decision:
     found = sources(request, others)
     if found is not None:
         return found
-    seed = _downloading(request, others) or _elected(request)
+    downloading = _downloading(request, others)
+    seed = downloading or _elected(request)
     if seed is None or seed == request.node_name:
         if _alone(request, others) and request.waited_s < SETTLE_S:
             # the specs of a group's nodes are written at about the same time: a node that
@@ -125,6 +140,13 @@ def plan(request: Request) -> Decision:
         return Origin("no-source")
     if request.waited_s >= request.seed_wait_s:
         return Origin("seed-wait-timeout")
+    on_seed = request.seed_waited[1] if request.seed_waited[0] == seed else 0.0
+    if (
+        downloading is None
+        and on_seed >= min(request.seed_start_s, request.seed_wait_s)
+        and not _started(request, seed)
+    ):
+        return Origin("seed-not-started")  # its agent is down, or it cannot launch
     message = (
         f"waiting for node {seed} to download the model from the origin, then fetching it "
         f"from peers (at most {int(request.seed_wait_s)}s)"
@@ -247,8 +269,24 @@ def _elected(request: Request) -> str | None:
             endpoint, model = _serves(node, request.storage_key)
             if endpoint is None or (model is not None and request.scope not in model.scopes):
                 continue  # it holds the model but will never serve it to this scope
+            if model is None and _unservable(node, request.storage_key):
+                continue  # it holds the model and said it cannot serve it
         candidates.append(node.name)
     return min(candidates) if candidates else None
+
+
+def _unservable(node: modelnode.LocalModelNode, storage_key: str) -> bool:
+    status = node.status.peer if node.status is not None else None
+    return status is not None and any(u.storage_key == storage_key for u in status.unservable or [])
+
+
+def _started(request: Request, node_name: str) -> bool:
+    """The elected seed `node_name` has begun: its entry is Downloading, or Downloaded."""
+    for node in request.members:
+        if node.name == node_name and node.status is not None:
+            state = (node.status.model_status or {}).get(request.status_key)
+            return state in (ModelStatus.DOWNLOADING, ModelStatus.DOWNLOADED)
+    return False
 
 
 def _alone(request: Request, others: Sequence[modelnode.LocalModelNode]) -> bool:

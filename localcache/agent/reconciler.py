@@ -300,7 +300,8 @@ class Reconciler:
             action = plan.decide(unit, observed)
         else:
             self._adoptions.settle(unit)
-        action = await self._peers.fast_fallback(action)
+        latest = observed.jobs[-1] if observed.jobs else None
+        action = await self._peers.fast_fallback(action, latest, observed.now)
         return await self._execute(unit, action, ctx, at)
 
     async def _execute(

@@ -77,8 +77,10 @@ class LocalModelNodeGroupSpec(meta.ApiModel):
         default=None,
         description=(
             "localcache: nodes of the group fill each other with verified files, so one copy "
-            "of each model leaves the origin (off unless enabled)."
+            "of each model leaves the origin (on by default: the apiserver fills in "
+            "{enabled: true}; under KServe's CRDs the field does not exist and it is off)."
         ),
+        json_schema_extra={"default": {}},
     )
 
     def node_selector_terms(self) -> list[dict[str, Any]] | None:

@@ -4,7 +4,8 @@ can serve, and the wire records between an agent's peer server and a peer-mode d
 localcache's own fields (KServe's CRDs do not declare them, so the apiserver prunes them under
 the with-kserve profile's CRDs, and peer distribution is then simply off).
 
-- `PeerDistributionSpec` (`LocalModelNodeGroup.spec.peerDistribution`): off unless `enabled`;
+- `PeerDistributionSpec` (`LocalModelNodeGroup.spec.peerDistribution`): on (`enabled`) by
+  default on localcache's CRDs (the apiserver fills in `{}`, then `enabled: true`);
   `maxUploads` caps the download pods one node serves at once (the planner never gives a
   source more children; the server answers 429 beyond it); `uploadBandwidth` caps one node's
   serving rate (bytes per second, a quantity).
@@ -12,7 +13,9 @@ the with-kserve profile's CRDs, and peer distribution is then simply off).
   it can serve (complete and hashed, `PeerModel`), the storage key, the content digest of its
   file manifest and the credential scopes (SHA-256 digests, as in `DownloadJob.scope`) whose
   own download Jobs proved access to that content on this node; a download still in
-  progress: `complete: false`, no digest, the scope of its Job (it serves its whole files).
+  progress: `complete: false`, no digest, the scope of its Job (it serves its whole files);
+  `unservable`: the complete folders it could not hash and will not serve, with why (a
+  follower never waits for such a seed).
 - `PeerManifest` (`GET /p2p/v1/models/{storageKey}/manifest`): every entry of the folder:
   regular files with size and sha256, directories, symlinks; `digest` is the content digest
   (`manifest_digest`), the one `agent.disk.digest.tree_digest` computes from the folder itself:
@@ -31,6 +34,7 @@ import posixpath
 import re
 import urllib.parse
 from collections.abc import Iterable
+from enum import StrEnum
 from typing import Final, Literal
 
 from pydantic import Field, field_validator
@@ -83,12 +87,14 @@ class PeerDistributionSpec(meta.ApiModel):
     """Peer distribution for a node group's downloads (localcache's own field)."""
 
     enabled: bool = Field(
-        default=False,
+        default=True,
         description=(
             "Nodes of the group fill each other: one node downloads a model from the origin, "
             "the others fetch sha256-verified files from nodes holding it in the same "
-            "credential scope, falling back to the origin."
+            "credential scope, falling back to the origin. On by default; false: every node "
+            "downloads from the origin, exactly as without peer distribution."
         ),
+        json_schema_extra={"default": True},
     )
     max_uploads: int = Field(
         default=DEFAULT_MAX_UPLOADS,
@@ -154,6 +160,23 @@ class PeerModel(meta.ApiModel):
     )
 
 
+class UnservableReason(StrEnum):
+    UNSERVABLE = "unservable"
+    UNREADABLE = "unreadable"
+    ERROR = "error"
+
+
+class PeerUnservable(meta.ApiModel):
+    """A model folder this node holds complete but will not serve to peers."""
+
+    storage_key: str = Field(description="The model's storage key.", pattern=_KEY)
+    reason: UnservableReason = Field(
+        description="unservable: an entry the wire cannot describe (a FIFO, a device, a "
+        "symlink leaving the folder, too many or too deep entries); unreadable: the folder "
+        "could not be read; error: the agent failed (its log names the folder)."
+    )
+
+
 class PeerStatus(meta.ApiModel):
     """What this node's agent serves to peer-mode download pods."""
 
@@ -165,6 +188,12 @@ class PeerStatus(meta.ApiModel):
     models: list[PeerModel] | None = Field(
         default=None,
         description="Model folders this node can serve.",
+        json_schema_extra={"maxItems": MAX_PEER_MODELS},
+    )
+    unservable: list[PeerUnservable] | None = Field(
+        default=None,
+        description="Complete model folders this node will never serve (peers fetch them "
+        "elsewhere, or from the origin, rather than wait for this node).",
         json_schema_extra={"maxItems": MAX_PEER_MODELS},
     )
 

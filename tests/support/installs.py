@@ -11,7 +11,8 @@ tests: everything goes through a kubeconfig and the kubectl / helm binaries.
   `installed()` (which profile and tool run now, read from the cluster) and `wait_gone(...)`
   polling (with a deadline) until what an uninstall deletes is gone. With `Images`, the
   profiles go in with those image references instead of the registry names (kustomize: a
-  temporary overlay with `images:` and, standalone, a patch of localcache-config's
+  temporary overlay with `images:`, the `replacements` README asks of such an overlay (the
+  agent's --peer-image follows its image) and, standalone, a patch of localcache-config's
   storageInitializer; Helm: `--set`); with-kserve's storage initializer is KServe's setting.
 - `snapshot(...)`: the full objects (resourceVersion, managedFields and all) of a list of
   identities, for byte-for-byte comparisons before and after.
@@ -195,6 +196,28 @@ def _split_ref(ref: str) -> tuple[str, str]:
     return name, tag
 
 
+_PEER_IMAGE_FOLLOWS: dict[str, Any] = {
+    # as README "What the install adds" tells an overlay that changes the image to do: the
+    # agent's --peer-image and its ServiceAccount's annotation follow the agent's image
+    "source": {
+        "kind": "DaemonSet",
+        "name": "localcache-agent",
+        "fieldPath": "spec.template.spec.containers.[name=manager].image",
+    },
+    "targets": [
+        {
+            "select": {"kind": "DaemonSet", "name": "localcache-agent"},
+            "fieldPaths": ["spec.template.spec.containers.[name=manager].args.3"],
+            "options": {"delimiter": "=", "index": 1},
+        },
+        {
+            "select": {"kind": "ServiceAccount", "name": "localcache-agent"},
+            "fieldPaths": ["metadata.annotations.[localcache.kserve.io/peer-image]"],
+        },
+    ],
+}
+
+
 def _overlay(kubectl: str, profile: str, images: Images, root: Path) -> Path:
     """A kustomization in `root` over `profile` that changes only image references."""
     base = REPO_ROOT / "manifests" / "profiles" / profile
@@ -204,6 +227,7 @@ def _overlay(kubectl: str, profile: str, images: Images, root: Path) -> Path:
         "kind": "Kustomization",
         "resources": [os.path.relpath(base, root)],  # kustomize refuses absolute bases
         "images": [{"name": PROFILE_IMAGE, "newName": name, "newTag": tag}],
+        "replacements": [_PEER_IMAGE_FOLLOWS],
     }
     (config,) = [
         d

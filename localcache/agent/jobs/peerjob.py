@@ -123,7 +123,8 @@ def peer_job(
         *(v for v in pod.get("volumes") or [] if v.get("name") not in secret_volumes),
         _token_volume(),
     ]
-    main = next(c for c in pod["containers"] if c.get("name") == jobs.CONTAINER_NAME)
+    main = _download_container(pod["containers"])
+    main["name"] = CONTAINER  # a ClusterStorageContainer's own name: the pod report is read here
     secret_env = {str(e.get("name")) for e in injection.env}
     env = [
         e
@@ -150,6 +151,17 @@ def peer_job(
         resume_uri=resume_uri,
     )
     return job
+
+
+def _download_container(containers: list[Obj]) -> Obj:
+    """The download container: ours by name, or the only one (a ClusterStorageContainer keeps
+    its own container name)."""
+    main = next((c for c in containers if c.get("name") == CONTAINER), None)
+    if main is None and len(containers) == 1:
+        main = containers[0]
+    if main is None:
+        raise ValueError("a download Job whose download container cannot be told")
+    return main
 
 
 def _resumable(injection: credentials.Injection) -> str | None:
@@ -191,12 +203,9 @@ def seed_job(job: Obj, group: nodegroup.LocalModelNodeGroup, uri: str) -> Obj:
     if spec is None or not spec.enabled or not uri.startswith("s3://"):
         return job
     job = copy.deepcopy(job)
-    containers = job["spec"]["template"]["spec"]["containers"]
-    # a ClusterStorageContainer keeps its own container name; one container is the download
-    main = next((c for c in containers if c.get("name") == CONTAINER), None)
-    if main is None and len(containers) == 1:
-        main = containers[0]
-    if main is None:
+    try:
+        main = _download_container(job["spec"]["template"]["spec"]["containers"])
+    except ValueError:
         return job
     env = main.setdefault("env", [])
     if not any(e.get("name") == SEED_FILES_ENV for e in env):

@@ -1,8 +1,9 @@
 """The peer data plane on real nodes (issue 23, "What it must show"), as its users and its
 attackers meet it, on the bed's two nodes:
 
-- mode off (no `peerDistribution`): the download Jobs are today's (storage initializer image,
-  no peer label, token volume or CA) and nothing of `status.peer` or per-model sources appears;
+- mode off (`peerDistribution.enabled: false`; it is on by default): the download Jobs are
+  today's (storage initializer image, no peer label, token volume or CA) and nothing of
+  `status.peer` or per-model sources appears;
 - one credential scope, two nodes: one node downloads from the origin, the other from it
   (`source: peer/<first node>`), the S3 store serves each object once, both nodes' files read
   through a pod are the model's;
@@ -93,7 +94,9 @@ def test_with_the_mode_off_download_jobs_and_status_are_todays(
     sources.add_file(f"{name}/model.bin", os.urandom(256 * 1024))
     uri = f"{sources.http_base}/{name}/model.bin"
     key = keys.storage_key(uri)
-    cluster.apply(cluster.node_group(group), objects.cache(name, uri, group))
+    off = cluster.node_group(group)
+    off["spec"]["peerDistribution"] = {"enabled": False}  # on by default
+    cluster.apply(off, objects.cache(name, uri, group))
     try:
         cluster.wait_ready(LMC.plural, name, timeout=180)
         jobs = peers.download_jobs(cluster, JOBS_NS, key)

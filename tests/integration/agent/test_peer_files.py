@@ -94,6 +94,9 @@ async def test_a_download_in_progress_is_published_incomplete_then_complete(agen
 
 
 async def test_nothing_is_published_or_hashed_when_disabled(agent: Agent) -> None:
+    await agent.patch(
+        LMNG.path(name=agent.group), {"spec": {"peerDistribution": {"enabled": False}}}
+    )  # on by default
     await agent.start(peer_port=8476, pod_ip="10.1.2.3")
     await _downloaded(agent)
     before = agent.reconciles()  # counted before the poke: its reconcile may finish at once

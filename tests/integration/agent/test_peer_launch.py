@@ -187,6 +187,9 @@ async def test_a_peer_job_that_says_use_origin_is_followed_by_an_origin_job_at_o
 async def test_with_peer_distribution_off_the_job_is_todays_and_nothing_is_listed(
     agent: Agent, tmp_path: Path, node_lists: list[str]
 ) -> None:
+    await agent.patch(
+        LMNG.path(name=agent.group), {"spec": {"peerDistribution": {"enabled": False}}}
+    )  # on by default
     await _peer_node(agent, scope=_scope(agent))
     await _start(agent, tmp_path)
     await agent.set_models([entry("iris", group=agent.group)])

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from localcache.api import groupversion, modelcache, modelnode, nodegroup
+from localcache.api import groupversion, modelcache, modelnode, nodegroup, peer
 from localcache.devenv.controlplane import ControlPlane
 from localcache.devenv.waiting import wait_until_sync
 
@@ -244,6 +244,9 @@ def test_reference_examples_are_accepted_and_read_back_by_the_models(
         if not info.namespaced:
             cleanup.append(info.path(name=doc["metadata"]["name"]))
         parsed = model.model_validate(created)
+        if info is LMNG:  # on by default (the apiserver fills it in)
+            doc["spec"].setdefault("peerDistribution", peer.PeerDistributionSpec().to_dict())
+            assert created["spec"]["peerDistribution"] == {"enabled": True}
         assert parsed.to_dict()["spec"] == doc["spec"]
 
 

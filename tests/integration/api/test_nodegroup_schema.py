@@ -1,7 +1,7 @@
 """The node group's PV/PVC specs carry the full core/v1 schemas and sizes must be positive: on
 the real apiserver with the generated CRDs, invalid input is refused at create time with the
-field named, KServe's samples are still accepted unchanged, and `kubectl explain` describes
-the PV fields."""
+field named, KServe's samples are still accepted unchanged (but for peer distribution, which
+the apiserver turns on by default), and `kubectl explain` describes the PV fields."""
 
 from __future__ import annotations
 
@@ -23,6 +23,8 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "unit" / "api" / "examples.yaml
 KSERVE_NODE_GROUPS = [
     doc for doc in yaml.safe_load_all(EXAMPLES.read_text()) if doc["kind"] == LMNG.kind
 ]
+PEER_DEFAULT = {"peerDistribution": {"enabled": True}}
+"""What the apiserver fills in under localcache's CRDs: peer distribution is on by default."""
 
 
 def _node_group(name: str, **spec: Any) -> dict[str, Any]:
@@ -210,7 +212,27 @@ def test_kserve_sample_node_groups_are_accepted_unchanged(
     body["metadata"] = {"name": f"{namespace}-kserve{sample}"}
     status, out = _create_group(control_plane, body, created)
     assert status == 201, out
-    assert out["spec"] == body["spec"]
+    assert out["spec"] == {**body["spec"], **PEER_DEFAULT}
+
+
+def test_peer_distribution_is_on_by_default_and_stays_off_when_turned_off(
+    control_plane: ControlPlane, crds: list[str], namespace: str, created: list[str]
+) -> None:
+    status, out = _create_group(control_plane, _node_group(f"{namespace}-peer"), created)
+    assert status == 201, out
+    assert out["spec"]["peerDistribution"] == {"enabled": True}
+    knobs = {"maxUploads": 4}  # a knob without `enabled`: still on
+    body = _node_group(f"{namespace}-knobs", peerDistribution=knobs)
+    status, out = _create_group(control_plane, body, created)
+    assert status == 201, out
+    assert out["spec"]["peerDistribution"] == {"enabled": True, "maxUploads": 4}
+    body = _node_group(f"{namespace}-off", peerDistribution={"enabled": False})
+    status, out = _create_group(control_plane, body, created)
+    assert status == 201, out
+    assert out["spec"]["peerDistribution"] == {"enabled": False}
+    status, out = control_plane.rest("GET", LMNG.path(name=f"{namespace}-off"))
+    assert status == 200, out
+    assert out["spec"]["peerDistribution"] == {"enabled": False}
 
 
 def test_integer_sizes_are_accepted_in_the_pv_and_pvc(
@@ -221,7 +243,7 @@ def test_integer_sizes_are_accepted_in_the_pv_and_pvc(
     body["spec"]["persistentVolumeClaimSpec"]["resources"]["requests"]["storage"] = 10737418240
     status, out = _create_group(control_plane, body, created)
     assert status == 201, out
-    assert out["spec"] == body["spec"]
+    assert out["spec"] == {**body["spec"], **PEER_DEFAULT}
 
 
 def test_kubectl_explain_describes_the_pv_spec(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -178,6 +179,36 @@ async def test_promoted_folder_is_published_after_it_was_hashed(tmp_path: Path) 
     assert stored is not None
     assert stored.scopes == (units[0].scope_id, both[1].scope_id)
     assert files.stats().hashed == 1
+
+
+async def test_a_folder_that_cannot_be_hashed_is_published_as_unservable(tmp_path: Path) -> None:
+    """A name that is not UTF-8 (the wire cannot carry it). Its followers must not wait for
+    it: the failure is said in `status.peer.unservable` (the pass after it is asked for at
+    once), and it is never retried for that promotion."""
+    disk = _disk(tmp_path)
+    (disk.model_path(KEY) / os.fsdecode(b"not-utf8-\xff")).write_bytes(b"x")
+    ready = Ready()
+    files = peerfiles.PeerFiles(endpoint="https://10.0.0.7:8476", on_ready=ready)
+    units = _units("a")
+    placements = {GROUP: (_group(enabled=True), disk)}
+    outcomes = _outcomes(units, _downloaded())
+    first = await files.publish(units, placements, outcomes)
+    assert first == {"peer": {"endpoint": "https://10.0.0.7:8476", "models": []}}
+
+    async def failed() -> None:
+        await wait_until(lambda: ready.count == 1, timeout=10, what="the hash to fail")
+        for _ in range(2):
+            published = await files.publish(units, placements, outcomes)
+            assert published["peer"] == {
+                "endpoint": "https://10.0.0.7:8476",
+                "models": [],
+                "unservable": [{"storageKey": KEY, "reason": "unservable"}],
+            }
+            assert files.stats().queued == 0
+        assert files.source.lookup(KEY, units[0].scope_id) is None
+
+    await _with_worker(files, failed)
+    assert files.stats().failed == 1
 
 
 async def test_turning_peer_distribution_off_drops_the_queue_and_the_index(

@@ -114,7 +114,9 @@ def _pod(code: int, message: str | None, phase: str = "Failed") -> Obj:
 
 
 class Rig:
-    def __init__(self, tmp_path: Path, api: FakeApi, *, image: str = "lc:1") -> None:
+    def __init__(
+        self, tmp_path: Path, api: FakeApi, *, image: str = "lc:1", seed_wait_s: float = 60
+    ) -> None:
         ca = tmp_path / "ca.crt"
         ca.write_text(CA)
         self.api, self.clock, self.registry = api, clock_mod.FakeClock(), metrics.Metrics()
@@ -122,7 +124,7 @@ class Rig:
         self.peers = peering.Peering(
             node_name="me",
             api=api,
-            settings=peering.PeerSettings(image=image, ca_path=ca, seed_wait_s=60),
+            settings=peering.PeerSettings(image=image, ca_path=ca, seed_wait_s=seed_wait_s),
             clock=self.clock,
             reporter=reporter,
             p2p=report.AgentMetrics(self.registry).p2p,
@@ -216,6 +218,19 @@ async def test_a_seed_is_waited_for_then_the_origin_used(tmp_path: Path) -> None
     assert rig.fallbacks("seed-wait-timeout") == 1
 
 
+async def test_a_seed_that_never_starts_is_given_up_before_the_seed_wait(
+    tmp_path: Path,
+) -> None:
+    """Its agent is down: its entry never leaves Pending, and nobody waits 5 minutes."""
+    idle = _node("a-seed", {"modelStatus": {"iris": "ModelDownloadPending"}})
+    rig = Rig(tmp_path, FakeApi([_node("me"), idle]), seed_wait_s=300)
+    assert isinstance(await rig.mode(_group(True)), status.Outcome)
+    await rig.clock.advance(peerplan.SEED_START_S)
+    assert await rig.mode(_group(True)) == peering.Mode("origin")
+    assert rig.fallbacks("seed-not-started") == 1
+    assert rig.fallbacks("seed-wait-timeout") == 0
+
+
 async def test_after_a_failed_peer_job_the_origin_is_used_and_counted(tmp_path: Path) -> None:
     said = json.dumps({"outcome": "use-origin"})
     rig = Rig(tmp_path, FakeApi([_serving("a", _unit().scope_id)], pods=[_pod(3, said)]))
@@ -252,7 +267,7 @@ async def test_use_origin_skips_the_backoff(
 ) -> None:
     rig = Rig(tmp_path, FakeApi(pods=[_pod(code, message)]))
     failed = _ref(peer=True, attempt=2)
-    action = await rig.peers.fast_fallback(_wait(failed))
+    action = await rig.peers.fast_fallback(_wait(failed), failed, NOW)
     if retried:
         assert action == plan.Launch(attempt=3, message="download Job failed", retry_of=failed)
     else:
@@ -262,9 +277,9 @@ async def test_use_origin_skips_the_backoff(
 async def test_origin_jobs_and_other_actions_keep_their_backoff(tmp_path: Path) -> None:
     rig = Rig(tmp_path, FakeApi(pods=[_pod(3, None)]))
     origin_wait = _wait(_ref(peer=False))
-    assert await rig.peers.fast_fallback(origin_wait) is origin_wait
+    assert await rig.peers.fast_fallback(origin_wait, None, NOW) is origin_wait
     empty = _wait(None)
-    assert await rig.peers.fast_fallback(empty) is empty
+    assert await rig.peers.fast_fallback(empty, None, NOW) is empty
     assert rig.api.calls == []
 
 

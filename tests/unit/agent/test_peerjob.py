@@ -247,3 +247,16 @@ def test_only_an_http_model_read_without_credentials_is_finished_from_the_origin
     parser = argparse.ArgumentParser()
     peercommand.add_arguments(parser)
     assert parser.parse_args(args).resume_origin == (uri if resumes else None)
+
+
+def test_a_cluster_storage_containers_job_becomes_a_peer_job_with_our_container_name() -> None:
+    """A ClusterStorageContainer keeps its container's own name in the origin Job: the peer
+    Job's one container is still found (the agent crashed on it) and named ours, so that its
+    pod's report is read."""
+    origin = _origin()
+    _main(origin)["name"] = "localcache-download"
+    job = _peer(origin)
+    [main] = job["spec"]["template"]["spec"]["containers"]
+    assert main["name"] == peerjob.CONTAINER
+    assert main["command"] == list(peerjob.COMMAND)
+    assert main["image"] == IMAGE

@@ -25,10 +25,11 @@ def _node(
     progress: dict[str, dict[str, Any]] | None = None,
     states: dict[str, str] | None = None,
     jobs: list[dict[str, Any]] | None = None,
+    unservable: list[dict[str, Any]] | None = None,
 ) -> modelnode.LocalModelNode:
     status: dict[str, Any] = {}
     if models is not None or endpoint is not None:
-        status["peer"] = {"endpoint": endpoint, "models": models}
+        status["peer"] = {"endpoint": endpoint, "models": models, "unservable": unservable}
     all_states = dict(states or {})
     if state is not None:
         all_states["iris"] = state
@@ -204,8 +205,40 @@ def test_a_downloaded_seed_still_hashing_is_waited_for() -> None:
     assert isinstance(peerplan.plan(_req(hashing)), peerplan.WaitForSeed)
 
 
+def test_a_downloaded_seed_that_says_it_cannot_serve_the_model_is_passed_over() -> None:
+    """It found a FIFO in the folder (say): waiting for it would last `seed_wait_s`."""
+    said = [{"storageKey": KEY, "reason": "unservable"}]
+    refusing = _node("node-a", models=[], state="ModelDownloaded", unservable=said)
+    assert peerplan.plan(_req(refusing)) == peerplan.Origin("no-source")
+    other_key = [{"storageKey": "f" * 16, "reason": "unservable"}]
+    hashing = _node("node-a", models=[], state="ModelDownloaded", unservable=other_key)
+    assert isinstance(peerplan.plan(_req(hashing)), peerplan.WaitForSeed)
+
+
+def test_an_elected_seed_that_never_starts_is_waited_for_only_seed_start_s() -> None:
+    """Its agent is down (or it cannot launch): its entry never leaves Pending."""
+    idle = _node("node-a", state="ModelDownloadPending")
+    waiting = peerplan.plan(_req(idle, seed_waited=("node-a", 59), seed_start_s=60))
+    assert isinstance(waiting, peerplan.WaitForSeed)
+    decision = peerplan.plan(_req(idle, seed_waited=("node-a", 60), seed_start_s=60))
+    assert decision == peerplan.Origin("seed-not-started")
+    silent = _node("node-a")  # no status at all
+    decision = peerplan.plan(_req(silent, seed_waited=("node-a", 60), seed_start_s=60))
+    assert decision == peerplan.Origin("seed-not-started")
+    for begun in ("ModelDownloading", "ModelDownloaded"):
+        started = _node("node-a", models=[], state=begun)
+        decision = peerplan.plan(_req(started, seed_waited=("node-a", 60), seed_start_s=60))
+        assert isinstance(decision, peerplan.WaitForSeed)
+    # a seed elected after another failed gets its own `seed_start_s`
+    failed = _node("node-a", state="ModelDownloadError")
+    newly = _node("node-b", state="ModelDownloadPending")
+    decision = peerplan.plan(_req(failed, newly, waited_s=90, seed_waited=("node-a", 90)))
+    assert isinstance(decision, peerplan.WaitForSeed)
+    assert decision.node == "node-b"
+
+
 def test_the_wait_for_a_seed_is_bounded() -> None:
-    seed = _node("node-a")
+    seed = _node("node-a", state="ModelDownloading")
     assert isinstance(
         peerplan.plan(_req(seed, waited_s=299, seed_wait_s=300)), peerplan.WaitForSeed
     )

@@ -1,0 +1,83 @@
+"""Peer-mode Jobs whose pod never starts (`agent.peerstart`): stopped `START_S` after their
+creation, and the unit's next Job is the origin's (`agent.peering`)."""
+
+from __future__ import annotations
+
+import datetime
+from pathlib import Path
+
+from localcache.agent import downloads, peering, peerstart, plan, stall, status
+from localcache.agent.jobs import peerjob
+from localcache.api import modelnode
+from localcache.runtime import clock as clock_mod
+from tests.unit.agent.test_peering import KEY, FakeApi, Rig, _group, _node, _serving, _unit
+
+Pending = modelnode.ModelStatus.DOWNLOAD_PENDING
+CREATED = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
+
+
+def _at(seconds: float) -> datetime.datetime:
+    return CREATED + datetime.timedelta(seconds=seconds)
+
+
+def _job(*, peer: bool = True, uid: str = "uid-1", attempt: int = 0) -> downloads.JobRef:
+    labels = {peerjob.PEER_LABEL: "true"} if peer else {}
+    obj = {"metadata": {"name": "job-1", "uid": uid, "labels": labels,
+                        "creationTimestamp": clock_mod.rfc3339(CREATED)}}  # fmt: skip
+    return downloads.JobRef("jobs", "job-1", uid, "iris", KEY, _unit().scope_id, attempt, obj)
+
+
+def _report(state: modelnode.ModelStatus = Pending, size: int = 0) -> plan.Report:
+    progress = modelnode.ModelProgress(bytes_on_disk=size, job_name="job-1")
+    return plan.Report(status.Outcome(state, progress, 5.0))
+
+
+def test_a_peer_job_pending_for_start_s_is_stopped_and_the_unit_marked() -> None:
+    watch = peerstart.StartWatch()
+    job = _job(attempt=1)
+    assert watch.check(_report(), job, _at(peerstart.START_S - 1)) == _report()
+    assert not watch.take(KEY, job.scope)
+    stopped = watch.check(_report(), job, _at(peerstart.START_S))
+    assert isinstance(stopped, plan.Stop)
+    assert stopped.job == job
+    progress = stopped.outcome.progress
+    assert "did not start within 120 s" in (progress.message or "")
+    # a stopped download's status: the next attempt counts as one, at once
+    assert stall.was_stopped(progress.message)
+    assert progress.attempts == 2
+    assert progress.next_retry_time == clock_mod.rfc3339(_at(peerstart.START_S))
+    assert watch.take(KEY, job.scope)
+    assert not watch.take(KEY, job.scope), "the mark is taken once"
+
+
+def test_a_peer_job_that_runs_or_wrote_bytes_and_origin_jobs_are_left_alone() -> None:
+    watch = peerstart.StartWatch()
+    late = _at(10 * peerstart.START_S)
+    for action, job in (
+        (_report(modelnode.ModelStatus.DOWNLOADING), _job()),
+        (_report(size=10), _job()),
+        (_report(), _job(peer=False)),
+    ):
+        assert watch.check(action, job, late) == action
+    assert watch.check(_report(), None, late) == _report()
+    undated = _job()
+    del undated.obj["metadata"]["creationTimestamp"]
+    assert watch.check(_report(), undated, late) == _report()
+
+
+async def test_after_a_peer_job_never_started_the_next_job_is_the_origins(
+    tmp_path: Path,
+) -> None:
+    rig = Rig(tmp_path, FakeApi([_node("me"), _serving("a", _unit().scope_id)]))
+    first = await rig.mode(_group(True))
+    assert isinstance(first, peering.Mode)
+    assert first.source == "peer/a"
+    job = _job()
+    assert await rig.peers.fast_fallback(_report(), job, _at(1)) == _report()
+    stopped = await rig.peers.fast_fallback(_report(), job, _at(peerstart.START_S))
+    assert isinstance(stopped, plan.Stop)
+    assert await rig.mode(_group(True)) == peering.Mode("origin")
+    assert rig.fallbacks("peer-not-started") == 1
+    again = await rig.mode(_group(True))
+    assert isinstance(again, peering.Mode)
+    assert again.source == "peer/a", "only the next Job is the origin's"
