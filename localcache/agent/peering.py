@@ -13,7 +13,8 @@ from before is still stopped if it never starts):
   `LIST_TTL_S`, no watch; an origin decision on a kept LIST is taken again on a fresh one:
   two nodes that each saw no seed in an older LIST would both use the origin) -> a peer-mode
   Job (`Mode.transform`, `agent.jobs.peerjob`), the origin, or a `DownloadPending` outcome
-  while a seed downloads (rechecked every `SEED_RECHECK_S`; `peerplan.SEED_FALLBACKS` end it);
+  while a seed downloads (rechecked every `SEED_RECHECK_S`, timed by `agent.peerwait`;
+  `peerplan.SEED_FALLBACKS` end it);
 - `fast_fallback(action, latest, now)`: a failed peer-mode Job whose pod exited "use origin"
   (`peer.EXIT_USE_ORIGIN`, or a `FetchReport` with outcome `use-origin`) is retried at once
   in origin mode, not after the backoff; one whose pod never starts is stopped (`peerstart`);
@@ -46,6 +47,7 @@ import structlog
 
 from localcache.agent import downloads, peerplan, peerreports, peerstart, plan, report, status
 from localcache.agent.jobs import launcher, peerjob
+from localcache.agent.peerwait import SeedWaits
 from localcache.api import modelnode, nodegroup
 from localcache.caching import credentials
 from localcache.runtime import clock as clock_mod
@@ -113,8 +115,7 @@ class Peering:
         self._report = reporter
         self._p2p = p2p
         self._listed: tuple[float, list[modelnode.LocalModelNode]] | None = None
-        self._waiting: dict[tuple[str, str, str], float] = {}
-        self._on_seed: dict[tuple[str, str, str], tuple[str, float]] = {}  # seed, since
+        self._waits = SeedWaits()
         self._said = peerreports.Reports(api, reporter, p2p)
         self._warned: set[str] = set()
         self._fell: dict[str, None] = {}  # uids of peer Jobs whose fallback is counted
@@ -152,11 +153,8 @@ class Peering:
         if ca is None:
             return origin
         now = self._clock.now()
-        self._waiting = {
-            k: t for k, t in self._waiting.items() if now - t < 2 * self._settings.seed_wait_s + 60
-        }
-        self._on_seed = {k: v for k, v in self._on_seed.items() if k in self._waiting}
-        seed, since = self._on_seed.get(wait_key, ("", now))
+        self._waits.prune(now, 2 * self._settings.seed_wait_s + 60)
+        waited_s, seed_waited = self._waits.request_fields(wait_key, now)
         for fresh in (False, True):  # the origin costs origin bytes: decided on a fresh LIST
             try:
                 members, cached = await self._members(group.name, fresh=fresh)
@@ -171,8 +169,8 @@ class Peering:
                     status_key=unit.status_keys[0],
                     spec=spec,
                     members=members,
-                    waited_s=now - self._waiting.get(wait_key, now),
-                    seed_waited=(seed, now - since),
+                    waited_s=waited_s,
+                    seed_waited=seed_waited,
                     seed_wait_s=self._settings.seed_wait_s,
                     provable=bool(spec.proof_origins)
                     and unit.leader.source_model_uri.startswith("s3://"),
@@ -181,17 +179,13 @@ class Peering:
             if not (cached and isinstance(decision, peerplan.Origin)) or fresh:
                 break
         if isinstance(decision, peerplan.WaitForSeed):
-            started = self._waiting.setdefault(wait_key, now)
-            if seed != decision.node:
-                self._on_seed[wait_key] = (decision.node, now)
-            left = self._settings.seed_wait_s - (now - started)
+            started = self._waits.waiting(wait_key, decision, now)
             progress = modelnode.ModelProgress(message=decision.message)
-            again = max(0.5, min(SEED_RECHECK_S, left))
+            again = SEED_RECHECK_S
             if decision.node == self._node:  # settling (`peerplan.SETTLE_S`), not a seed wait
                 again = max(0.05, peerplan.SETTLE_S - (now - started))
             return status.Outcome(modelnode.ModelStatus.DOWNLOAD_PENDING, progress, again)
-        self._waiting.pop(wait_key, None)
-        self._on_seed.pop(wait_key, None)
+        self._waits.done(wait_key)
         if isinstance(decision, peerplan.Origin):
             seed_why = peerplan.SEED_FALLBACKS.get(decision.reason)
             if seed_why is not None:

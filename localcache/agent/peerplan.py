@@ -21,10 +21,11 @@ LocalModelNodes of its node group (`members`):
   `origin`), else the elected seed: the lowest node name among the members whose spec lists
   the same status key, not in ModelDownloadError (nor Downloaded without ever being able to
   serve this scope, nor Downloaded and listing the key in `status.peer.unservable`); when
-  that is not `me` -> `WaitForSeed(node, message)`, until the unit has waited `seed_wait_s`
-  -> `Origin("seed-wait-timeout")`, or, once it has waited `seed_start_s` for this elected
-  seed (`seed_waited`) whose entry is still neither Downloading nor Downloaded,
-  `Origin("seed-not-started")` (its agent is down, or it cannot launch its Job); when it
+  that is not `me` -> `WaitForSeed(node, message, progress)`, until the seed's entry (its
+  state, bytes on disk and Job) has not changed for `seed_wait_s` -> `Origin(
+  "seed-wait-timeout")`, or, once it has waited `seed_start_s` for this elected seed
+  (`seed_waited`) whose entry is still neither Downloading nor Downloaded, `Origin(
+  "seed-not-started")` (its agent is down, or it cannot launch its Job); when it
   is `me` but no other member lists the status key yet, a `WaitForSeed(me)` of `SETTLE_S`
   first (the controller writes the group's specs concurrently: a node deciding before the
   others' specs exist would elect itself while a lower-named node does the same a moment
@@ -83,8 +84,10 @@ class Request:
     seed_wait_s: float = 300.0
     seed_start_s: float = SEED_START_S
     """How long an elected seed may show no download (Downloading or Downloaded) at all."""
-    seed_waited: tuple[str, float] = ("", 0.0)
-    """The seed this unit waited for last, and for how long (the `seed_start_s` count)."""
+    seed_waited: tuple[str, float, float] = ("", 0.0, 0.0)
+    """The seed this unit waited for last, how long since it was first awaited (the
+    `seed_start_s` count), and how long since its entry last changed (the `seed_wait_s`
+    count): `agent.peerwait`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,10 +114,12 @@ class Peer:
 
 @dataclass(frozen=True, slots=True)
 class WaitForSeed:
-    """Another node fetches the model from the origin first: wait for it (bounded)."""
+    """Another node fetches the model from the origin first: wait for it (bounded);
+    `progress` changes whenever the seed's entry does."""
 
     node: str
     message: str
+    progress: str = ""
 
 
 Decision = Origin | Peer | WaitForSeed
@@ -138,9 +143,9 @@ def plan(request: Request) -> Decision:
             # sees no other yet waits a moment, or two nodes would each elect themselves
             return WaitForSeed(request.node_name, SETTLE_MESSAGE)
         return Origin("no-source")
-    if request.waited_s >= request.seed_wait_s:
-        return Origin("seed-wait-timeout")
-    on_seed = request.seed_waited[1] if request.seed_waited[0] == seed else 0.0
+    on_seed, idle = request.seed_waited[1:] if request.seed_waited[0] == seed else (0.0, 0.0)
+    if idle >= request.seed_wait_s:
+        return Origin("seed-wait-timeout")  # its entry has not changed for that long
     if (
         downloading is None
         and on_seed >= min(request.seed_start_s, request.seed_wait_s)
@@ -149,9 +154,10 @@ def plan(request: Request) -> Decision:
         return Origin("seed-not-started")  # its agent is down, or it cannot launch
     message = (
         f"waiting for node {seed} to download the model from the origin, then fetching it "
-        f"from peers (at most {int(request.seed_wait_s)}s)"
+        f"from peers (while its download moves; {int(request.seed_wait_s)}s without a change "
+        "and this node uses the origin)"
     )
-    return WaitForSeed(seed, message)
+    return WaitForSeed(seed, message, _progress(request, seed))
 
 
 def children(members: Sequence[modelnode.LocalModelNode]) -> dict[str, int]:
@@ -287,6 +293,24 @@ def _started(request: Request, node_name: str) -> bool:
             state = (node.status.model_status or {}).get(request.status_key)
             return state in (ModelStatus.DOWNLOADING, ModelStatus.DOWNLOADED)
     return False
+
+
+def _progress(request: Request, seed: str) -> str:
+    """What changes while `seed` downloads the unit's model: its entry's state and bytes."""
+    for node in request.members:
+        if node.name != seed or node.status is None:
+            continue
+        keys = [
+            r.status_key
+            for r in node.status.download_jobs or []
+            if (r.storage_key, r.scope) == (request.storage_key, request.scope)
+        ]
+        key = keys[-1] if keys else request.status_key
+        entry = (node.status.model_progress or {}).get(key)
+        state = (node.status.model_status or {}).get(key)
+        done = entry.bytes_on_disk if entry is not None else None
+        return f"{state}/{done}/{entry.job_name if entry is not None else None}"
+    return ""
 
 
 def _alone(request: Request, others: Sequence[modelnode.LocalModelNode]) -> bool:

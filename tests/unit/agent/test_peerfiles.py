@@ -137,16 +137,30 @@ async def test_disabled_peer_distribution_hashes_and_writes_nothing(tmp_path: Pa
     assert sorted(p.name for p in disk.manifests.iterdir()) == before
 
 
-async def test_promoted_folder_is_published_after_it_was_hashed(tmp_path: Path) -> None:
-    disk = _disk(tmp_path)
+async def _first_publish(
+    disk: folders.ModelDisk,
+) -> tuple[
+    peerfiles.PeerFiles,
+    Ready,
+    list[downloads.Unit],
+    dict[str, peerfiles.Placement],
+    dict[str, status.Outcome],
+]:
+    """A worker-less `PeerFiles` on `disk`'s one Downloaded unit, after its first pass (the
+    folder queued for hashing, nothing listed yet)."""
     ready = Ready()
     files = peerfiles.PeerFiles(endpoint="https://10.0.0.7:8476", on_ready=ready)
     units = _units("a")
-    placements = {GROUP: (_group(enabled=True), disk)}
+    placements: dict[str, peerfiles.Placement] = {GROUP: (_group(enabled=True), disk)}
     outcomes = _outcomes(units, _downloaded())
-
     first = await files.publish(units, placements, outcomes)
     assert first == {"peer": {"endpoint": "https://10.0.0.7:8476", "models": []}}
+    return files, ready, units, placements, outcomes
+
+
+async def test_promoted_folder_is_published_after_it_was_hashed(tmp_path: Path) -> None:
+    disk = _disk(tmp_path)
+    files, ready, units, placements, outcomes = await _first_publish(disk)
     assert files.stats().queued == 1
     assert not filelists.path(disk.root, KEY).exists()
 
@@ -187,13 +201,7 @@ async def test_a_folder_that_cannot_be_hashed_is_published_as_unservable(tmp_pat
     once), and it is never retried for that promotion."""
     disk = _disk(tmp_path)
     (disk.model_path(KEY) / os.fsdecode(b"not-utf8-\xff")).write_bytes(b"x")
-    ready = Ready()
-    files = peerfiles.PeerFiles(endpoint="https://10.0.0.7:8476", on_ready=ready)
-    units = _units("a")
-    placements = {GROUP: (_group(enabled=True), disk)}
-    outcomes = _outcomes(units, _downloaded())
-    first = await files.publish(units, placements, outcomes)
-    assert first == {"peer": {"endpoint": "https://10.0.0.7:8476", "models": []}}
+    files, ready, units, placements, outcomes = await _first_publish(disk)
 
     async def failed() -> None:
         await wait_until(lambda: ready.count == 1, timeout=10, what="the hash to fail")

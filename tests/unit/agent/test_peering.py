@@ -218,6 +218,31 @@ async def test_a_seed_is_waited_for_then_the_origin_used(tmp_path: Path) -> None
     assert rig.fallbacks("seed-wait-timeout") == 1
 
 
+async def test_a_seed_whose_download_moves_is_waited_for_past_the_seed_wait(
+    tmp_path: Path,
+) -> None:
+    """An http model the seed downloads for longer than `seed_wait_s`: its followers wait
+    while its bytes grow (they cannot follow files written in place), not N times the
+    origin's bytes; once it stops moving for `seed_wait_s`, the origin."""
+
+    def seed(size: int) -> Obj:
+        return _node("a-seed", {"modelStatus": {"iris": "ModelDownloading"},
+                                "modelProgress": {"iris": {"bytesOnDisk": size}}})  # fmt: skip
+
+    api = FakeApi([_node("me"), seed(0)])
+    rig = Rig(tmp_path, api)  # seed_wait_s=60
+    for size in (10, 20, 30):
+        await rig.clock.advance(50)
+        api.nodes = [_node("me"), seed(size)]
+        waiting = await rig.mode(_group(True))
+        assert isinstance(waiting, status.Outcome), f"gave up at {size} bytes"
+    await rig.clock.advance(30)
+    assert isinstance(await rig.mode(_group(True)), status.Outcome)
+    await rig.clock.advance(31)
+    assert await rig.mode(_group(True)) == peering.Mode("origin")
+    assert rig.fallbacks("seed-wait-timeout") == 1
+
+
 async def test_a_seed_that_never_starts_is_given_up_before_the_seed_wait(
     tmp_path: Path,
 ) -> None:

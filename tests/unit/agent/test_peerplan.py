@@ -218,32 +218,52 @@ def test_a_downloaded_seed_that_says_it_cannot_serve_the_model_is_passed_over() 
 def test_an_elected_seed_that_never_starts_is_waited_for_only_seed_start_s() -> None:
     """Its agent is down (or it cannot launch): its entry never leaves Pending."""
     idle = _node("node-a", state="ModelDownloadPending")
-    waiting = peerplan.plan(_req(idle, seed_waited=("node-a", 59), seed_start_s=60))
+    waiting = peerplan.plan(_req(idle, seed_waited=("node-a", 59, 0), seed_start_s=60))
     assert isinstance(waiting, peerplan.WaitForSeed)
-    decision = peerplan.plan(_req(idle, seed_waited=("node-a", 60), seed_start_s=60))
+    decision = peerplan.plan(_req(idle, seed_waited=("node-a", 60, 0), seed_start_s=60))
     assert decision == peerplan.Origin("seed-not-started")
     silent = _node("node-a")  # no status at all
-    decision = peerplan.plan(_req(silent, seed_waited=("node-a", 60), seed_start_s=60))
+    decision = peerplan.plan(_req(silent, seed_waited=("node-a", 60, 0), seed_start_s=60))
     assert decision == peerplan.Origin("seed-not-started")
     for begun in ("ModelDownloading", "ModelDownloaded"):
         started = _node("node-a", models=[], state=begun)
-        decision = peerplan.plan(_req(started, seed_waited=("node-a", 60), seed_start_s=60))
+        decision = peerplan.plan(_req(started, seed_waited=("node-a", 60, 0), seed_start_s=60))
         assert isinstance(decision, peerplan.WaitForSeed)
     # a seed elected after another failed gets its own `seed_start_s`
     failed = _node("node-a", state="ModelDownloadError")
     newly = _node("node-b", state="ModelDownloadPending")
-    decision = peerplan.plan(_req(failed, newly, waited_s=90, seed_waited=("node-a", 90)))
+    decision = peerplan.plan(_req(failed, newly, waited_s=90, seed_waited=("node-a", 90, 90)))
     assert isinstance(decision, peerplan.WaitForSeed)
     assert decision.node == "node-b"
 
 
-def test_the_wait_for_a_seed_is_bounded() -> None:
+def test_the_wait_for_a_seed_ends_when_its_entry_stops_changing() -> None:
+    """As long as the seed's download moves (`agent.peerwait` restarts the count on each
+    change of `WaitForSeed.progress`), the unit waits; `seed_wait_s` without a change ends
+    it. The count is the awaited seed's: another seed's is not this one's."""
     seed = _node("node-a", state="ModelDownloading")
-    assert isinstance(
-        peerplan.plan(_req(seed, waited_s=299, seed_wait_s=300)), peerplan.WaitForSeed
-    )
-    decision = peerplan.plan(_req(seed, waited_s=300, seed_wait_s=300))
+    long_but_moving = _req(seed, waited_s=3600, seed_waited=("node-a", 3600, 299), seed_wait_s=300)
+    assert isinstance(peerplan.plan(long_but_moving), peerplan.WaitForSeed)
+    decision = peerplan.plan(_req(seed, seed_waited=("node-a", 300, 300), seed_wait_s=300))
     assert decision == peerplan.Origin("seed-wait-timeout")
+    other = peerplan.plan(_req(seed, seed_waited=("node-z", 300, 300), seed_wait_s=300))
+    assert isinstance(other, peerplan.WaitForSeed)
+
+
+def test_the_seed_progress_follows_its_entry() -> None:
+    def progress(bytes_on_disk: int, state: str = "ModelDownloading") -> str:
+        seed = _node(
+            "node-a",
+            state=state,
+            progress={"iris": {"bytesOnDisk": bytes_on_disk, "jobName": "j"}},
+        )
+        decision = peerplan.plan(_req(seed))
+        assert isinstance(decision, peerplan.WaitForSeed)
+        return decision.progress
+
+    assert progress(10) == progress(10)
+    assert progress(10) != progress(20)
+    assert progress(10) != progress(10, state="ModelDownloaded")
 
 
 def test_a_node_that_sees_no_other_listing_the_entry_settles_before_the_origin() -> None:
