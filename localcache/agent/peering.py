@@ -73,7 +73,7 @@ RESUMED_AT_ORIGIN: Final = "resumed-at-origin"
 class PeerSettings:
     """`image`: the agent's `--peer-image` ("" = peer distribution unavailable); `ca_path`:
     the peer CA certificate (PEM) the fetchers verify servers against; `seed_wait_s`: how
-    long a unit waits for a seed before it downloads from the origin itself."""
+    long a unit waits for a seed whose entry does not move before it uses the origin."""
 
     image: str = ""
     ca_path: Path = DEFAULT_CA_PATH
@@ -138,6 +138,8 @@ class Peering:
         origin = Mode(peerplan.SOURCE_ORIGIN)
         wait_key = (unit.storage_key, unit.scope_id, group.name)
         not_started = self._starts.take(unit.storage_key, unit.scope_id)
+        if not_started or (previous is not None and peerjob.is_peer(previous.obj)):
+            self._waits.done(wait_key)  # the origin's turn, not a wait
         if previous is not None and peerjob.is_peer(previous.obj):
             if self._first_fallback_of(previous):  # a launch may be retried
                 said = await self.pod_report(previous)
@@ -154,7 +156,7 @@ class Peering:
             return origin
         now = self._clock.now()
         self._waits.prune(now, 2 * self._settings.seed_wait_s + 60)
-        waited_s, seed_waited = self._waits.request_fields(wait_key, now)
+        waited_s, seed_clock = self._waits.request_fields(wait_key, now)
         for fresh in (False, True):  # the origin costs origin bytes: decided on a fresh LIST
             try:
                 members, cached = await self._members(group.name, fresh=fresh)
@@ -170,7 +172,7 @@ class Peering:
                     spec=spec,
                     members=members,
                     waited_s=waited_s,
-                    seed_waited=seed_waited,
+                    seed_clock=seed_clock,
                     seed_wait_s=self._settings.seed_wait_s,
                     provable=bool(spec.proof_origins)
                     and unit.leader.source_model_uri.startswith("s3://"),

@@ -21,10 +21,11 @@ LocalModelNodes of its node group (`members`):
   `origin`), else the elected seed: the lowest node name among the members whose spec lists
   the same status key, not in ModelDownloadError (nor Downloaded without ever being able to
   serve this scope, nor Downloaded and listing the key in `status.peer.unservable`); when
-  that is not `me` -> `WaitForSeed(node, message, progress)`, until the seed's entry (its
-  state, bytes on disk and Job) has not changed for `seed_wait_s` -> `Origin(
+  that is not `me` -> `WaitForSeed(node, message, progress)`, until the seed's entry has not
+  moved (`SeedProgress.moved_from`: another Job, Downloaded, more bytes than ever seen of
+  its Job) for `seed_wait_s`, or the unit has waited `seed_max_wait_s` -> `Origin(
   "seed-wait-timeout")`, or, once it has waited `seed_start_s` for this elected seed
-  (`seed_waited`) whose entry is still neither Downloading nor Downloaded, `Origin(
+  (`seed_clock`) whose entry is still neither Downloading nor Downloaded, `Origin(
   "seed-not-started")` (its agent is down, or it cannot launch its Job); when it
   is `me` but no other member lists the status key yet, a `WaitForSeed(me)` of `SETTLE_S`
   first (the controller writes the group's specs concurrently: a node deciding before the
@@ -35,13 +36,14 @@ LocalModelNodes of its node group (`members`):
 Other nodes' statuses are written by their agents; tenants cannot write them. The planner
 still bounds what it reads (endpoints must be https URLs of bounded length).
 Not promised: that a source can serve (the fetcher falls back to the next source, then to
-the origin), nor that a seed ever finishes (the wait is bounded).
+the origin), nor that a seed ever finishes (the wait ends once its entry stops moving for
+`seed_wait_s`, and after `SEED_MAX_WAIT_S` in any case).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final
 
 from localcache.api import modelnode, peer
@@ -53,13 +55,45 @@ SOURCE_PEER_PREFIX: Final = "peer/"
 MAX_ENDPOINT: Final = 128
 SETTLE_S: Final = 1.0
 SEED_START_S: Final = 60.0
+SEED_MAX_WAIT_S: Final = 6 * 3600.0
+"""However long a seed's download moves, a follower waits for it at most this long."""
 SETTLE_MESSAGE: Final = "waiting a moment for the other nodes of the group before the origin"
 SEED_FALLBACKS: Final = {
-    "seed-wait-timeout": "no seed finished in time",
+    "seed-wait-timeout": "the seed's download did not move in time",
     "seed-not-started": "the elected seed never began its download",
 }
 """The `Origin` reasons that end a wait for a seed, and what they mean (a fallback)."""
 _IN_FLIGHT: Final = frozenset({ModelStatus.DOWNLOAD_PENDING, ModelStatus.DOWNLOADING})
+
+
+@dataclass(frozen=True, slots=True)
+class SeedProgress:
+    """What moves while a seed downloads: its entry's state, Job and bytes on disk."""
+
+    state: str = ""
+    job: str = ""
+    bytes: int = 0
+
+    def moved_from(self, before: SeedProgress | None, most: int) -> bool:
+        """Another Job (a retry), the model Downloaded, or more bytes than the `most` seen
+        of this Job: never a flap back to fewer bytes or between Pending and Downloading."""
+        if before is None or self.job != before.job:
+            return True
+        done = self.state == ModelStatus.DOWNLOADED and before.state != self.state
+        return done or self.bytes > most
+
+
+@dataclass(frozen=True, slots=True)
+class SeedClock:
+    """What a unit saw of the seed it waited for last: since when it was awaited
+    (`elected_s`: the `seed_start_s` count), since when its entry last moved (`idle_s`: the
+    `seed_wait_s` count), its last `SeedProgress` and the most bytes seen of that Job."""
+
+    seed: str = ""
+    elected_s: float = 0.0
+    idle_s: float = 0.0
+    last: SeedProgress | None = None
+    most: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,10 +118,9 @@ class Request:
     seed_wait_s: float = 300.0
     seed_start_s: float = SEED_START_S
     """How long an elected seed may show no download (Downloading or Downloaded) at all."""
-    seed_waited: tuple[str, float, float] = ("", 0.0, 0.0)
-    """The seed this unit waited for last, how long since it was first awaited (the
-    `seed_start_s` count), and how long since its entry last changed (the `seed_wait_s`
-    count): `agent.peerwait`."""
+    seed_clock: SeedClock = field(default_factory=SeedClock)
+    """What this unit saw of the seed it waited for last (`agent.peerwait`)."""
+    seed_max_wait_s: float = SEED_MAX_WAIT_S
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,12 +147,12 @@ class Peer:
 
 @dataclass(frozen=True, slots=True)
 class WaitForSeed:
-    """Another node fetches the model from the origin first: wait for it (bounded);
-    `progress` changes whenever the seed's entry does."""
+    """Another node fetches the model from the origin first: wait for it while it moves
+    (`progress`: its entry now; none while settling)."""
 
     node: str
     message: str
-    progress: str = ""
+    progress: SeedProgress | None = None
 
 
 Decision = Origin | Peer | WaitForSeed
@@ -136,19 +169,21 @@ def plan(request: Request) -> Decision:
     if found is not None:
         return found
     downloading = _downloading(request, others)
-    seed = downloading or _elected(request)
+    seed = downloading[0] if downloading else _elected(request)
     if seed is None or seed == request.node_name:
         if _alone(request, others) and request.waited_s < SETTLE_S:
             # the specs of a group's nodes are written at about the same time: a node that
             # sees no other yet waits a moment, or two nodes would each elect themselves
             return WaitForSeed(request.node_name, SETTLE_MESSAGE)
         return Origin("no-source")
-    on_seed, idle = request.seed_waited[1:] if request.seed_waited[0] == seed else (0.0, 0.0)
-    if idle >= request.seed_wait_s:
-        return Origin("seed-wait-timeout")  # its entry has not changed for that long
+    clock = request.seed_clock if request.seed_clock.seed == seed else SeedClock(seed)
+    now = _progress(request, seed, downloading[1] if downloading else request.status_key)
+    idle = 0.0 if now.moved_from(clock.last, clock.most) else clock.idle_s
+    if idle >= request.seed_wait_s or request.waited_s >= request.seed_max_wait_s:
+        return Origin("seed-wait-timeout")  # its entry has not moved for that long
     if (
         downloading is None
-        and on_seed >= min(request.seed_start_s, request.seed_wait_s)
+        and clock.elected_s >= min(request.seed_start_s, request.seed_wait_s)
         and not _started(request, seed)
     ):
         return Origin("seed-not-started")  # its agent is down, or it cannot launch
@@ -157,7 +192,7 @@ def plan(request: Request) -> Decision:
         f"from peers (while its download moves; {int(request.seed_wait_s)}s without a change "
         "and this node uses the origin)"
     )
-    return WaitForSeed(seed, message, _progress(request, seed))
+    return WaitForSeed(seed, message, now)
 
 
 def children(members: Sequence[modelnode.LocalModelNode]) -> dict[str, int]:
@@ -240,8 +275,11 @@ def _source_of(node: modelnode.LocalModelNode, status_key: str) -> str:
     return (entry.source or "") if entry is not None else ""
 
 
-def _downloading(request: Request, others: Sequence[modelnode.LocalModelNode]) -> str | None:
-    """The first other node downloading K in scope S from the origin now."""
+def _downloading(
+    request: Request, others: Sequence[modelnode.LocalModelNode]
+) -> tuple[str, str] | None:
+    """The first other node downloading K in scope S from the origin now, and the status key
+    of its entry doing so."""
     for node in others:
         st = node.status
         if st is None:
@@ -257,7 +295,7 @@ def _downloading(request: Request, others: Sequence[modelnode.LocalModelNode]) -
                 and entry.source == SOURCE_ORIGIN
                 and entry.job_name == record.name
             ):
-                return node.name
+                return node.name, record.status_key
     return None
 
 
@@ -295,22 +333,18 @@ def _started(request: Request, node_name: str) -> bool:
     return False
 
 
-def _progress(request: Request, seed: str) -> str:
-    """What changes while `seed` downloads the unit's model: its entry's state and bytes."""
+def _progress(request: Request, seed: str, status_key: str) -> SeedProgress:
+    """The seed's entry `status_key` now: state, Job and bytes on disk."""
     for node in request.members:
-        if node.name != seed or node.status is None:
-            continue
-        keys = [
-            r.status_key
-            for r in node.status.download_jobs or []
-            if (r.storage_key, r.scope) == (request.storage_key, request.scope)
-        ]
-        key = keys[-1] if keys else request.status_key
-        entry = (node.status.model_progress or {}).get(key)
-        state = (node.status.model_status or {}).get(key)
-        done = entry.bytes_on_disk if entry is not None else None
-        return f"{state}/{done}/{entry.job_name if entry is not None else None}"
-    return ""
+        if node.name == seed and node.status is not None:
+            entry = (node.status.model_progress or {}).get(status_key)
+            state = (node.status.model_status or {}).get(status_key)
+            return SeedProgress(
+                str(state or ""),
+                (entry.job_name or "") if entry is not None else "",
+                (entry.bytes_on_disk or 0) if entry is not None else 0,
+            )
+    return SeedProgress()
 
 
 def _alone(request: Request, others: Sequence[modelnode.LocalModelNode]) -> bool:

@@ -215,55 +215,88 @@ def test_a_downloaded_seed_that_says_it_cannot_serve_the_model_is_passed_over() 
     assert isinstance(peerplan.plan(_req(hashing)), peerplan.WaitForSeed)
 
 
+def _clock(
+    seed: str, elected_s: float, idle_s: float = 0.0, last: peerplan.SeedProgress | None = None
+) -> peerplan.SeedClock:
+    return peerplan.SeedClock(seed, elected_s, idle_s, last, last.bytes if last else 0)
+
+
 def test_an_elected_seed_that_never_starts_is_waited_for_only_seed_start_s() -> None:
     """Its agent is down (or it cannot launch): its entry never leaves Pending."""
     idle = _node("node-a", state="ModelDownloadPending")
-    waiting = peerplan.plan(_req(idle, seed_waited=("node-a", 59, 0), seed_start_s=60))
+    waiting = peerplan.plan(_req(idle, seed_clock=_clock("node-a", 59), seed_start_s=60))
     assert isinstance(waiting, peerplan.WaitForSeed)
-    decision = peerplan.plan(_req(idle, seed_waited=("node-a", 60, 0), seed_start_s=60))
+    decision = peerplan.plan(_req(idle, seed_clock=_clock("node-a", 60), seed_start_s=60))
     assert decision == peerplan.Origin("seed-not-started")
     silent = _node("node-a")  # no status at all
-    decision = peerplan.plan(_req(silent, seed_waited=("node-a", 60, 0), seed_start_s=60))
+    decision = peerplan.plan(_req(silent, seed_clock=_clock("node-a", 60), seed_start_s=60))
     assert decision == peerplan.Origin("seed-not-started")
     for begun in ("ModelDownloading", "ModelDownloaded"):
         started = _node("node-a", models=[], state=begun)
-        decision = peerplan.plan(_req(started, seed_waited=("node-a", 60, 0), seed_start_s=60))
+        decision = peerplan.plan(_req(started, seed_clock=_clock("node-a", 60), seed_start_s=60))
         assert isinstance(decision, peerplan.WaitForSeed)
     # a seed elected after another failed gets its own `seed_start_s`
     failed = _node("node-a", state="ModelDownloadError")
     newly = _node("node-b", state="ModelDownloadPending")
-    decision = peerplan.plan(_req(failed, newly, waited_s=90, seed_waited=("node-a", 90, 90)))
+    decision = peerplan.plan(_req(failed, newly, waited_s=90, seed_clock=_clock("node-a", 90, 90)))
     assert isinstance(decision, peerplan.WaitForSeed)
     assert decision.node == "node-b"
 
 
-def test_the_wait_for_a_seed_ends_when_its_entry_stops_changing() -> None:
-    """As long as the seed's download moves (`agent.peerwait` restarts the count on each
-    change of `WaitForSeed.progress`), the unit waits; `seed_wait_s` without a change ends
-    it. The count is the awaited seed's: another seed's is not this one's."""
-    seed = _node("node-a", state="ModelDownloading")
-    long_but_moving = _req(seed, waited_s=3600, seed_waited=("node-a", 3600, 299), seed_wait_s=300)
-    assert isinstance(peerplan.plan(long_but_moving), peerplan.WaitForSeed)
-    decision = peerplan.plan(_req(seed, seed_waited=("node-a", 300, 300), seed_wait_s=300))
-    assert decision == peerplan.Origin("seed-wait-timeout")
-    other = peerplan.plan(_req(seed, seed_waited=("node-z", 300, 300), seed_wait_s=300))
-    assert isinstance(other, peerplan.WaitForSeed)
+def _downloading_seed(size: int, job: str = "j", state: str = "ModelDownloading") -> Any:
+    return _node("node-a", state=state, progress={"iris": {"bytesOnDisk": size, "jobName": job}})
 
 
-def test_the_seed_progress_follows_its_entry() -> None:
-    def progress(bytes_on_disk: int, state: str = "ModelDownloading") -> str:
-        seed = _node(
-            "node-a",
-            state=state,
-            progress={"iris": {"bytesOnDisk": bytes_on_disk, "jobName": "j"}},
-        )
-        decision = peerplan.plan(_req(seed))
-        assert isinstance(decision, peerplan.WaitForSeed)
-        return decision.progress
+def test_the_wait_for_a_seed_ends_when_its_entry_stops_moving() -> None:
+    """As long as the seed's download moves, the unit waits; `seed_wait_s` without a move
+    ends it, and so does `seed_max_wait_s` in any case. A move seen in this LIST counts
+    even when the unit last looked long ago. The count is the awaited seed's."""
+    at_10 = peerplan.SeedProgress("ModelDownloading", "j", 10)
+    seed = _downloading_seed(10)
+    moving = _req(seed, waited_s=3600, seed_clock=_clock("node-a", 3600, 299, at_10))
+    assert isinstance(peerplan.plan(moving), peerplan.WaitForSeed)
+    still = _req(seed, seed_clock=_clock("node-a", 300, 300, at_10), seed_wait_s=300)
+    assert peerplan.plan(still) == peerplan.Origin("seed-wait-timeout")
+    grew = _req(_downloading_seed(500), seed_clock=_clock("node-a", 301, 301, at_10))
+    assert isinstance(peerplan.plan(grew), peerplan.WaitForSeed)
+    other = _req(seed, seed_clock=_clock("node-z", 300, 300, at_10), seed_wait_s=300)
+    assert isinstance(peerplan.plan(other), peerplan.WaitForSeed)
+    too_long = _req(seed, waited_s=peerplan.SEED_MAX_WAIT_S, seed_clock=_clock("node-a", 1, 1))
+    assert peerplan.plan(too_long) == peerplan.Origin("seed-wait-timeout")
 
-    assert progress(10) == progress(10)
-    assert progress(10) != progress(20)
-    assert progress(10) != progress(10, state="ModelDownloaded")
+
+def test_a_seed_moves_with_another_job_more_bytes_or_downloaded_never_by_flapping() -> None:
+    before = peerplan.SeedProgress("ModelDownloading", "j", 10)
+    assert before.moved_from(None, 0)
+    assert peerplan.SeedProgress("ModelDownloading", "j", 11).moved_from(before, 10)
+    assert peerplan.SeedProgress("ModelDownloadPending", "k", 0).moved_from(before, 10)
+    assert peerplan.SeedProgress("ModelDownloaded", "j", 10).moved_from(before, 10)
+    assert not peerplan.SeedProgress("ModelDownloading", "j", 10).moved_from(before, 10)
+    assert not peerplan.SeedProgress("ModelDownloading", "j", 20).moved_from(before, 30)
+    assert not peerplan.SeedProgress("ModelDownloadPending", "j", 10).moved_from(before, 10)
+
+
+def test_the_seed_progress_is_read_from_the_entry_downloading_it() -> None:
+    """A namespace entry of the seed downloads it (its downloadJobs record names the key)."""
+    seed = _node(
+        "node-a",
+        states={"team/iris": "ModelDownloading"},
+        progress={"team/iris": {"bytesOnDisk": 7, "jobName": "j1", "source": "origin"}},
+        jobs=[
+            {
+                "name": "j1",
+                "namespace": "jobs",
+                "uid": "u1",
+                "attempt": 0,
+                "statusKey": "team/iris",
+                "storageKey": KEY,
+                "scope": SCOPE,
+            }
+        ],
+    )
+    decision = peerplan.plan(_req(seed))
+    assert isinstance(decision, peerplan.WaitForSeed)
+    assert decision.progress == peerplan.SeedProgress("ModelDownloading", "j1", 7)
 
 
 def test_a_node_that_sees_no_other_listing_the_entry_settles_before_the_origin() -> None:
