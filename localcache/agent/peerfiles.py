@@ -55,7 +55,6 @@ log = structlog.get_logger(__name__)
 
 Placement = tuple[nodegroup.LocalModelNodeGroup, folders.ModelDisk] | launcher.NotLaunched
 _Key = tuple[Path, str]  # (models root, folder name)
-_Why = peer.UnservableReason
 
 
 def endpoint(pod_ip: str, port: int) -> str | None:
@@ -145,7 +144,7 @@ class PeerFiles:
         self._queue: asyncio.Queue[_Hash] = asyncio.Queue()
         self._queued: set[_Key] = set()
         self._ready: dict[_Key, tuple[filelists.Stamp, peer.PeerManifest]] = {}
-        self._failed: dict[_Key, tuple[filelists.Stamp, _Why]] = {}
+        self._failed: dict[_Key, tuple[filelists.Stamp, peer.UnservableReason]] = {}
         self._served: dict[_Key, peersource.Served] = {}
         self._pruned: set[Path] = set()
         self._stop = threading.Event()
@@ -179,7 +178,7 @@ class PeerFiles:
                 del self._ready[key]
         self._served = survey.served
         self.source.replace(survey.served.values(), survey.manifests)
-        unservable: dict[str, _Why] = {}
+        unservable: dict[str, peer.UnservableReason] = {}
         for job in survey.to_hash:
             key = (job.root, job.folder)
             failed = self._failed.get(key)
@@ -291,18 +290,18 @@ class PeerFiles:
         while True:
             job = await self._queue.get()
             key = (job.root, job.folder)
-            why: _Why | None = None
+            why: peer.UnservableReason | None = None
             try:
                 manifest = await self._hash(job)
             except filelists.Unservable as exc:
                 log.warning("peer_file_list_failed", folder=job.folder, error=str(exc)[:300])
-                why = _Why.UNSERVABLE
+                why = peer.UnservableReason.UNSERVABLE
             except (OSError, layout.DiskError) as exc:
                 log.warning("peer_file_list_failed", folder=job.folder, error=str(exc)[:300])
-                why = _Why.UNREADABLE
+                why = peer.UnservableReason.UNREADABLE
             except Exception:  # a bug must not end the agent: the folder is not published
                 log.exception("peer_file_list_failed", folder=job.folder)
-                why = _Why.ERROR
+                why = peer.UnservableReason.ERROR
             finally:
                 self._queued.discard(key)
             if why is not None:

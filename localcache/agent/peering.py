@@ -138,9 +138,10 @@ class Peering:
         origin = Mode(peerplan.SOURCE_ORIGIN)
         wait_key = (unit.storage_key, unit.scope_id, group.name)
         not_started = self._starts.take(unit.storage_key, unit.scope_id)
-        if not_started or (previous is not None and peerjob.is_peer(previous.obj)):
+        failed_peer = previous is not None and peerjob.is_peer(previous.obj)
+        if not_started or failed_peer:
             self._waits.done(wait_key)  # the origin's turn, not a wait
-        if previous is not None and peerjob.is_peer(previous.obj):
+        if previous is not None and failed_peer:
             if self._first_fallback_of(previous):  # a launch may be retried
                 said = await self.pod_report(previous)
                 await self._said.bad_sources(node, previous, said)

@@ -181,10 +181,11 @@ def plan(request: Request) -> Decision:
     idle = 0.0 if now.moved_from(clock.last, clock.most) else clock.idle_s
     if idle >= request.seed_wait_s or request.waited_s >= request.seed_max_wait_s:
         return Origin("seed-wait-timeout")  # its entry has not moved for that long
+    began = now.state in (ModelStatus.DOWNLOADING, ModelStatus.DOWNLOADED)
     if (
         downloading is None
         and clock.elected_s >= min(request.seed_start_s, request.seed_wait_s)
-        and not _started(request, seed)
+        and not began
     ):
         return Origin("seed-not-started")  # its agent is down, or it cannot launch
     message = (
@@ -322,15 +323,6 @@ def _elected(request: Request) -> str | None:
 def _unservable(node: modelnode.LocalModelNode, storage_key: str) -> bool:
     status = node.status.peer if node.status is not None else None
     return status is not None and any(u.storage_key == storage_key for u in status.unservable or [])
-
-
-def _started(request: Request, node_name: str) -> bool:
-    """The elected seed `node_name` has begun: its entry is Downloading, or Downloaded."""
-    for node in request.members:
-        if node.name == node_name and node.status is not None:
-            state = (node.status.model_status or {}).get(request.status_key)
-            return state in (ModelStatus.DOWNLOADING, ModelStatus.DOWNLOADED)
-    return False
 
 
 def _progress(request: Request, seed: str, status_key: str) -> SeedProgress:
