@@ -23,7 +23,9 @@ LocalModelNodes of its node group (`members`):
   serve this scope, nor Downloaded and listing the key in `status.peer.unservable`); when
   that is not `me` -> `WaitForSeed(node, message, progress)`, until the seed's entry has not
   moved (`SeedProgress.moved_from`: another Job, Downloaded, more bytes than ever seen of
-  its Job) for `seed_wait_s`, or the unit has waited `seed_max_wait_s` -> `Origin(
+  its Job) for `seed_wait_s` (a Downloaded seed, which hashes its folder before it serves,
+  for that plus its bytes at `HASH_FLOOR_BPS`: `SeedProgress.idle_limit`), or the unit has
+  waited `seed_max_wait_s` -> `Origin(
   "seed-wait-timeout")`, or, once it has waited `seed_start_s` for this elected seed
   (`seed_clock`) whose entry is still neither Downloading nor Downloaded, `Origin(
   "seed-not-started")` (its agent is down, or it cannot launch its Job); when it
@@ -57,6 +59,9 @@ SETTLE_S: Final = 1.0
 SEED_START_S: Final = 60.0
 SEED_MAX_WAIT_S: Final = 6 * 3600.0
 """However long a seed's download moves, a follower waits for it at most this long."""
+HASH_FLOOR_BPS: Final = 32 << 20
+"""The slowest hashing rate a Downloaded seed is allowed (a slow disk): it hashes its whole
+folder before it serves it, and nothing of its entry moves meanwhile."""
 SETTLE_MESSAGE: Final = "waiting a moment for the other nodes of the group before the origin"
 SEED_FALLBACKS: Final = {
     "seed-wait-timeout": "the seed's download did not move in time",
@@ -81,6 +86,12 @@ class SeedProgress:
             return True
         done = self.state == ModelStatus.DOWNLOADED and before.state != self.state
         return done or self.bytes > most
+
+    def idle_limit(self, seed_wait_s: float) -> float:
+        """How long this entry may stay unmoved: `seed_wait_s`, plus the time to hash its
+        bytes at `HASH_FLOOR_BPS` once Downloaded (it serves only once hashed)."""
+        hashing = self.bytes / HASH_FLOOR_BPS if self.state == ModelStatus.DOWNLOADED else 0.0
+        return seed_wait_s + hashing
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,7 +190,7 @@ def plan(request: Request) -> Decision:
     clock = request.seed_clock if request.seed_clock.seed == seed else SeedClock(seed)
     now = _progress(request, seed, downloading[1] if downloading else request.status_key)
     idle = 0.0 if now.moved_from(clock.last, clock.most) else clock.idle_s
-    if idle >= request.seed_wait_s or request.waited_s >= request.seed_max_wait_s:
+    if idle >= now.idle_limit(request.seed_wait_s) or request.waited_s >= request.seed_max_wait_s:
         return Origin("seed-wait-timeout")  # its entry has not moved for that long
     began = now.state in (ModelStatus.DOWNLOADING, ModelStatus.DOWNLOADED)
     if (

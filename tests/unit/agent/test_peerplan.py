@@ -265,6 +265,33 @@ def test_the_wait_for_a_seed_ends_when_its_entry_stops_moving() -> None:
     assert peerplan.plan(too_long) == peerplan.Origin("seed-wait-timeout")
 
 
+def test_a_downloaded_seed_is_waited_for_while_it_could_still_be_hashing() -> None:
+    """A large model is Downloaded, then hashed before it is served: nothing of the seed's
+    entry moves meanwhile, so the wait allows its bytes at `HASH_FLOOR_BPS` beyond
+    `seed_wait_s` (before, a 100 GiB http model sent every follower to the origin)."""
+    size = 100 << 30
+    hashing_for = size / peerplan.HASH_FLOOR_BPS
+    done = peerplan.SeedProgress("ModelDownloaded", "j", size)
+    seed = _node(
+        "node-a",
+        models=[],
+        state="ModelDownloaded",
+        progress={"iris": {"bytesOnDisk": size, "jobName": "j"}},
+    )
+
+    def after(idle: float) -> peerplan.Decision:
+        return peerplan.plan(
+            _req(seed, seed_clock=_clock("node-a", idle, idle, done), seed_wait_s=300)
+        )
+
+    assert isinstance(after(300 + hashing_for - 1), peerplan.WaitForSeed)
+    assert after(300 + hashing_for) == peerplan.Origin("seed-wait-timeout")
+    # a seed still downloading gets no such allowance
+    downloading = peerplan.SeedProgress("ModelDownloading", "j", size)
+    assert downloading.idle_limit(300) == 300
+    assert done.idle_limit(300) == 300 + hashing_for
+
+
 def test_a_seed_moves_with_another_job_more_bytes_or_downloaded_never_by_flapping() -> None:
     before = peerplan.SeedProgress("ModelDownloading", "j", 10)
     assert before.moved_from(None, 0)
