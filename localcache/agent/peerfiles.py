@@ -125,6 +125,7 @@ class _Hash:
     folder: str
     storage_key: str
     stamp: filelists.Stamp
+    uri: str
 
 
 @dataclass(slots=True)
@@ -260,7 +261,7 @@ class PeerFiles:
                 files, dirty = filelists.current(root, want.folder, manifest), False
             if files is None:  # none yet, or computed for an earlier promotion
                 filelists.remove(root, want.folder)
-                out.to_hash.append(_Hash(root, want.folder, want.storage_key, stamp))
+                out.to_hash.append(_Hash(root, want.folder, want.storage_key, stamp, manifest.uri))
                 continue
             scopes = _scopes(files.scopes, want)
             if dirty or scopes != files.scopes:
@@ -293,6 +294,9 @@ class PeerFiles:
             why: peer.UnservableReason | None = None
             try:
                 manifest = await self._hash(job)
+            except filelists.OriginMismatch as exc:
+                log.error("peer_file_list_not_origin", folder=job.folder, error=str(exc)[:300])
+                why = peer.UnservableReason.ORIGIN_MISMATCH
             except filelists.Unservable as exc:
                 log.warning("peer_file_list_failed", folder=job.folder, error=str(exc)[:300])
                 why = peer.UnservableReason.UNSERVABLE
@@ -320,6 +324,7 @@ class PeerFiles:
                 filelists.compute,
                 folder,
                 job.storage_key,
+                uri=job.uri,
                 stop=self._stop.is_set,
                 known=self.progress.known(_staging_of(job)),
             )

@@ -24,7 +24,8 @@ LocalModelNodes of its node group (`members`):
   that is not `me` -> `WaitForSeed(node, message, progress)`, until the seed's entry has not
   moved (`SeedProgress.moved_from`: another Job, Downloaded, more bytes than ever seen of
   its Job) for `seed_wait_s` (a Downloaded seed, which hashes its folder before it serves,
-  for that plus its bytes at `HASH_FLOOR_BPS`: `SeedProgress.idle_limit`), or the unit has
+  for that plus its bytes at `HASH_FLOOR_BPS`, at most `HASH_MAX_S` more:
+  `SeedProgress.idle_limit`), or the unit has
   waited `seed_max_wait_s` -> `Origin(
   "seed-wait-timeout")`, or, once it has waited `seed_start_s` for this elected seed
   (`seed_clock`) whose entry is still neither Downloading nor Downloaded, `Origin(
@@ -62,6 +63,9 @@ SEED_MAX_WAIT_S: Final = 6 * 3600.0
 HASH_FLOOR_BPS: Final = 32 << 20
 """The slowest hashing rate a Downloaded seed is allowed (a slow disk): it hashes its whole
 folder before it serves it, and nothing of its entry moves meanwhile."""
+HASH_MAX_S: Final = 2 * 3600.0
+"""The most a Downloaded seed's hashing adds to the wait (its size is its files' apparent
+size: a sparse file must not hold its followers for hours)."""
 SETTLE_MESSAGE: Final = "waiting a moment for the other nodes of the group before the origin"
 SEED_FALLBACKS: Final = {
     "seed-wait-timeout": "the seed's download did not move in time",
@@ -90,8 +94,9 @@ class SeedProgress:
     def idle_limit(self, seed_wait_s: float) -> float:
         """How long this entry may stay unmoved: `seed_wait_s`, plus the time to hash its
         bytes at `HASH_FLOOR_BPS` once Downloaded (it serves only once hashed)."""
-        hashing = self.bytes / HASH_FLOOR_BPS if self.state == ModelStatus.DOWNLOADED else 0.0
-        return seed_wait_s + hashing
+        if self.state != ModelStatus.DOWNLOADED:
+            return seed_wait_s
+        return seed_wait_s + min(self.bytes / HASH_FLOOR_BPS, HASH_MAX_S)
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,8 +206,8 @@ def plan(request: Request) -> Decision:
         return Origin("seed-not-started")  # its agent is down, or it cannot launch
     message = (
         f"waiting for node {seed} to download the model from the origin, then fetching it "
-        f"from peers (while its download moves; {int(request.seed_wait_s)}s without a change "
-        "and this node uses the origin)"
+        f"from peers (while its download moves; {int(now.idle_limit(request.seed_wait_s))}s "
+        "without a change and this node uses the origin)"
     )
     return WaitForSeed(seed, message, now)
 

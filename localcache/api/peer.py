@@ -29,15 +29,12 @@ Bounds: a manifest holds at most `MAX_FILES` entries, paths at most `MAX_PATH` c
 from __future__ import annotations
 
 import hashlib
-import mimetypes
-import posixpath
 import re
-import urllib.parse
 from collections.abc import Iterable
 from enum import StrEnum
 from typing import Final, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from localcache.api import meta
 from localcache.api.quantity import Quantity
@@ -66,7 +63,6 @@ first complete manifest a source serves decides the content."""
 PART_SUFFIX: Final = ".localcache-part"
 """A file a peer-mode download pod is still writing: `<path>.localcache-part`, renamed to
 `<path>` once verified (so a complete name in its staging folder is a verified file)."""
-_UNPACKED: Final = frozenset({"application/x-tar", "application/zip"})
 MAX_PROOF_ORIGINS: Final = 8
 PROOF_EXPIRES_S: Final = 60
 """The longest validity of a presigned HEAD a proof may carry (`X-Amz-Expires`)."""
@@ -164,16 +160,19 @@ class UnservableReason(StrEnum):
     UNSERVABLE = "unservable"
     UNREADABLE = "unreadable"
     ERROR = "error"
+    ORIGIN_MISMATCH = "origin-mismatch"
 
 
 class PeerUnservable(meta.ApiModel):
     """A model folder this node holds complete but will not serve to peers."""
 
     storage_key: str = Field(description="The model's storage key.", pattern=_KEY)
-    reason: UnservableReason = Field(
+    reason: str = Field(  # an `UnservableReason`; a string, so a new one never fails a write
+        max_length=32,
         description="unservable: an entry the wire cannot describe (a FIFO, a device, a "
         "symlink leaving the folder, too many or too deep entries); unreadable: the folder "
-        "could not be read; error: the agent failed (its log names the folder)."
+        "could not be read; error: the agent failed (its log names the folder); "
+        "origin-mismatch: a file's bytes are not the SHA-256 its origin published.",
     )
 
 
@@ -202,11 +201,24 @@ class ManifestFile(meta.ApiModel):
     path: str
     size: int = Field(ge=0)
     sha256: str = Field(pattern=_SHA256_HEX)
+    origin_sha256: str | None = Field(
+        default=None,
+        pattern=_SHA256_HEX,
+        description="The SHA-256 the origin published for this file (a Hugging Face LFS "
+        "file's), as the download recorded it; always `sha256` (checked when the list is made). "
+        "This node's record: never served (`PeerManifest.wire_json`).",
+    )
 
     @field_validator("path")
     @classmethod
     def _relative(cls, value: str) -> str:
         return check_path(value)
+
+    @model_validator(mode="after")
+    def _attested_is_own(self) -> ManifestFile:
+        if self.origin_sha256 is not None and self.origin_sha256 != self.sha256:
+            raise ValueError(f"{self.path}: the origin's sha256 is not the file's")
+        return self
 
 
 class ManifestLink(meta.ApiModel):
@@ -250,6 +262,13 @@ class PeerManifest(meta.ApiModel):
     @property
     def bytes(self) -> int:
         return sum(f.size for f in self.files)
+
+    def wire_json(self) -> str:
+        """The manifest as a peer serves it: without `originSha256`, which receivers never
+        compare (a follower compares a source's partial and complete manifests entry by
+        entry, and fetchers of earlier versions too)."""
+        drop = {"files": {"__all__": {"origin_sha256"}}}
+        return self.model_dump_json(by_alias=True, exclude=drop)
 
     def computed_digest(self) -> str:
         return manifest_digest(
@@ -326,42 +345,6 @@ class ProofAnswer(meta.ApiModel):
     proven: bool
     digest: str | None = Field(default=None, pattern=_DIGEST)
     reason: str | None = Field(default=None, max_length=MAX_BAD_REASON)
-
-
-def parse_s3(uri: str) -> tuple[str, str]:
-    """(bucket, prefix) of `s3://bucket/prefix` as KServe's storage initializer splits it (the
-    prefix is the path without its leading "/"); `ValueError` with a one-line reason."""
-    if len(uri) > MAX_URI or not uri.startswith("s3://") or not uri.isprintable():
-        raise ValueError(f"not an s3:// URI of at most {MAX_URI} characters: {uri[:80]!r}")
-    parts = urllib.parse.urlparse(uri)
-    if not parts.netloc:
-        raise ValueError(f"no bucket in {uri[:80]!r}")
-    return parts.netloc, parts.path.lstrip("/")
-
-
-def s3_folder_path(prefix: str, key: str) -> str:
-    """The folder path KServe's storage initializer writes object `key` of `prefix` to: a
-    proof names each file's object by this mapping (`POST .../proofs`)."""
-    return key.rsplit("/", 1)[-1] if prefix == key else key.replace(prefix, "", 1).lstrip("/")
-
-
-def http_origin_path(uri: str) -> str:
-    """The folder path of the one file KServe's storage initializer stores for `uri` when it
-    stores the origin's bytes as they are: an `http(s)://` URI without credentials whose name
-    is no archive or compressed file (those it unpacks); `ValueError` with a reason else."""
-    if len(uri) > MAX_URI or not uri.isprintable():
-        raise ValueError(f"not a URI of at most {MAX_URI} printable characters")
-    parts = urllib.parse.urlparse(uri)  # as the storage initializer: `;params` are no path
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError("not an http(s):// URI")
-    if parts.username or parts.password:
-        raise ValueError("a URI with credentials")
-    kind, encoding = mimetypes.guess_type(parts.path)
-    if kind is None and parts.query:  # the storage initializer's rule for the type
-        kind, encoding = mimetypes.guess_type(parts.query)
-    if kind in _UNPACKED or encoding is not None:
-        raise ValueError("an archive or compressed file, which the origin Job unpacks")
-    return check_path(posixpath.basename(parts.path))
 
 
 def check_path(value: str) -> str:

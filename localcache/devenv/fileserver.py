@@ -27,6 +27,9 @@ connection):
 - A GET of a file with `Range: bytes=N-` or `bytes=N-M` (one range) answers 206 with
   `Content-Range` and those bytes (416 when N is past the end; throttled and counted as any
   body, never stalled); another or an invalid Range header is ignored (200, the whole file).
+- Headers on demand: when `<file>.headers` exists beside a served file and holds a JSON
+  object, its entries are added to every answer for that file (GET, HEAD, ranges): what a
+  Hub stand-in answers (`X-Repo-Commit`, `X-Linked-Etag`), with static files for its API.
 - SIGTERM closes the listening socket and exits 0.
 Not promised: multiple ranges, keep-alive (HTTP/1.0: one request per connection), TLS,
 uploads, any order between the counts of concurrent requests and their bodies' completion.
@@ -56,6 +59,7 @@ from typing import Any, BinaryIO
 STATS_PATH = "/_stats"
 MAX_CHUNK = 64 * 1024
 STALL_SUFFIX = ".stall"
+HEADERS_SUFFIX = ".headers"
 STALL_HOLD_S = 600.0
 _RANGE = re.compile(r"bytes=(\d+)-(\d*)")
 
@@ -118,6 +122,20 @@ class _Handler(http.server.SimpleHTTPRequestHandler):
     def do_HEAD(self) -> None:
         self.counters.count_request(self._url_path())
         super().do_HEAD()
+
+    def end_headers(self) -> None:
+        for name, value in self._extra_headers().items():
+            self.send_header(name, value)
+        super().end_headers()
+
+    def _extra_headers(self) -> dict[str, str]:
+        """What `<file>.headers` adds to the answers for `file` (module doc)."""
+        sidecar = Path(self.translate_path(self.path) + HEADERS_SUFFIX)
+        try:
+            data = json.loads(sidecar.read_text())
+        except (OSError, ValueError):
+            return {}
+        return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {}
 
     def _ranged(self) -> bool:
         """Answer a GET with one byte range of a file (module doc); False: not such a GET."""

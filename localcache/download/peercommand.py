@@ -40,7 +40,7 @@ from typing import Final, Literal
 
 import structlog
 
-from localcache.api import peer
+from localcache.api import originpaths, peer
 from localcache.api import quantity as quantity_mod
 from localcache.download import http, peerfetch, peerorigin, peersources, program
 
@@ -197,7 +197,7 @@ def _request(args: argparse.Namespace) -> tuple[peerfetch.Request, peersources.B
         raise bad("a --source node is given twice")
     if args.prove_s3 is not None:
         try:
-            peer.parse_s3(args.prove_s3)
+            originpaths.parse_s3(args.prove_s3)
         except ValueError as exc:
             raise bad(f"invalid --prove-s3: {exc}") from None
     origin = None

@@ -7,7 +7,7 @@ named after the URL's last path segment, no archive, no compression (`Origin.of`
 without credentials (the agent passes `--resume-origin` only to Jobs that carry none).
 
 Contract:
-- `Origin.of(uri)` is that origin (`api.peer.http_origin_path`), or `ValueError` saying why
+- `Origin.of(uri)` is that origin (`api.originpaths.http_origin_path`), or `ValueError` saying why
   the URI is not one.
 - `complete(origin, file, board, why, ...)`: the rest of `file` (which no peer could finish:
   `why`) from the origin (`finish`), its bytes counted in `board.origin_bytes`; the file must
@@ -38,7 +38,7 @@ from typing import Final
 import aiohttp
 import structlog
 
-from localcache.api import peer
+from localcache.api import originpaths
 from localcache.download import http, peerfile, peersources
 from localcache.runtime import clock as clock_mod
 
@@ -60,7 +60,7 @@ class Origin:
 
     @classmethod
     def of(cls, uri: str) -> Origin:
-        return cls(url=uri, path=peer.http_origin_path(uri))
+        return cls(url=uri, path=originpaths.http_origin_path(uri))
 
 
 async def complete(

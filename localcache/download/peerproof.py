@@ -18,7 +18,7 @@ Contract:
 - Errors: `peersources.FetchError`. "Use origin" when the origin refuses or cannot serve the
   listing or presign (no credentials, AccessDenied, no such bucket, anonymous), when no object
   is found, and when no source accepts the proof (its reason lists theirs); a local failure
-  (an unreadable token file) otherwise. `peer.parse_s3` raises `ValueError`.
+  (an unreadable token file) otherwise. `originpaths.parse_s3` raises `ValueError`.
 - Never logged or put in a reason: credentials and presigned URLs (they carry signatures);
   only counts, node names, statuses and the peers' reasons.
 Not promised: that a source which accepted serves the files (the transfer checks them), nor

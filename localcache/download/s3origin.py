@@ -15,7 +15,7 @@ Contract:
 - `S3Origin(settings)`: a botocore client (SigV4, connect `CONNECT_TIMEOUT_S`, read
   `READ_TIMEOUT_S`, standard retries). `objects(uri)` lists `s3://bucket/prefix`
   (ListObjectsV2, paginated, keys ending in "/" skipped, at most `peer.MAX_FILES`) and maps
-  each key to its folder path as the storage initializer does (`peer.s3_folder_path`);
+  each key to its folder path as the storage initializer does (`originpaths.s3_folder_path`);
   `proof(uri, objects, nonce)` presigns a HEAD of each (`peer.PROOF_EXPIRES_S`), signing the
   serving node's nonce as `If-None-Match` (`peer.nonce_header`) and the checksum mode. Both
   block: run them in a thread.
@@ -36,7 +36,7 @@ import botocore.config
 import botocore.exceptions
 import botocore.session
 
-from localcache.api import peer
+from localcache.api import originpaths, peer
 from localcache.download import peersources
 
 DEFAULT_REGION: Final = "us-east-1"
@@ -153,7 +153,7 @@ def _storage_config(env: Mapping[str, str]) -> dict[str, str]:
 @dataclasses.dataclass(frozen=True)
 class S3Object:
     path: str
-    """Its path in the model folder (`peer.s3_folder_path`)."""
+    """Its path in the model folder (`originpaths.s3_folder_path`)."""
     key: str
 
 
@@ -172,7 +172,7 @@ class S3Origin:
         """The model's objects with their folder paths; "use origin" when the origin refuses
         or the listing is empty, too long, or names a path the manifest cannot hold."""
         try:
-            bucket, prefix = peer.parse_s3(uri)
+            bucket, prefix = originpaths.parse_s3(uri)
         except ValueError as exc:
             raise peersources.local_failure(str(exc)) from None
         found: dict[str, S3Object] = {}  # the storage initializer's last write of a path wins
@@ -189,7 +189,7 @@ class S3Origin:
                         raise peersources.use_origin(
                             f"{uri[:80]} holds more than {peer.MAX_FILES} objects"
                         )
-                    path = peer.s3_folder_path(prefix, key)
+                    path = originpaths.s3_folder_path(prefix, key)
                     try:
                         peer.check_path(path)
                     except ValueError:
@@ -208,7 +208,7 @@ class S3Origin:
     def proof(self, uri: str, objects: Sequence[S3Object], nonce: str) -> peer.ProofRequest:
         """Presigned HEADs of `objects`, valid `peer.PROOF_EXPIRES_S` from now, signing the
         serving node's `nonce` (`If-None-Match`) and the checksum mode."""
-        bucket, _ = peer.parse_s3(uri)
+        bucket, _ = originpaths.parse_s3(uri)
         heads: list[peer.ProofHead] = []
         try:
             for item in objects:

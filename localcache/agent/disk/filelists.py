@@ -13,11 +13,14 @@ Contract:
   `peer.MAX_DEPTH` levels) and raises `Unservable` for a folder the wire cannot describe
   (too many entries or levels, a path longer than `peer.MAX_PATH` or not UTF-8), `OSError`
   when it cannot read it, `digest.Stopped` when `stop()` turned true. It blocks: call it in
-  a thread.
+  a thread. Each file's `originSha256` is the one its origin published (`originsums`: Hugging
+  Face LFS files); `OriginMismatch` (an `Unservable`) when a file's bytes are not that.
 - `write` stores atomically (`runtime.durable`); `read` returns the stored list only when it
   is whole and consistent (schema, folder name, storage key, digest recomputed from the
   entries, scopes), else None; `current` also requires the stamp of the folder's manifest
-  in force: a list computed for an earlier promotion of the folder is never returned.
+  in force: a list computed for an earlier promotion of the folder is never returned, nor
+  one stored before origin checksums were checked, of a model whose origin publishes them
+  (it is made again, once).
 - The list goes with its folder: `trash.Trash.delete_unreferenced` removes it before the
   folder's manifest, `folders.ModelDisk` before a folder is moved into place, and `prune`
   removes the lists whose folder is not complete.
@@ -33,7 +36,7 @@ from typing import Any, Final
 
 import pydantic
 
-from localcache.agent.disk import digest, layout, tree
+from localcache.agent.disk import digest, layout, originsums, tree
 from localcache.api import peer
 from localcache.runtime import durable
 
@@ -42,6 +45,10 @@ FORMAT_VERSION: Final = 1
 
 class Unservable(Exception):
     """The folder cannot be described by a peer manifest (the message says why)."""
+
+
+class OriginMismatch(Unservable):
+    """Files of the folder are not the SHA-256 their origin published (`originsums`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +69,9 @@ class FileList:
     stamp: Stamp
     manifest: peer.PeerManifest
     scopes: tuple[str, ...]
+    origin_checked: bool = True
+    """Made by a version that checks the origin's checksums (`originsums`); a list stored
+    before is read with False."""
 
 
 def path(root: Path, folder: str) -> Path:
@@ -79,10 +89,12 @@ def compute(
     folder: Path,
     storage_key: str,
     *,
+    uri: str = "",
     stop: Callable[[], bool] = _never,
     known: Mapping[digest.Identity, str] | None = None,
 ) -> peer.PeerManifest:
-    """The folder's peer manifest (module contract); `known`: see `digest.listing`."""
+    """The folder's peer manifest (module contract) of a download of `uri`; `known`: see
+    `digest.listing`."""
     try:
         found = digest.listing(
             folder, max_entries=peer.MAX_FILES, max_depth=peer.MAX_DEPTH, stop=stop, known=known
@@ -96,12 +108,19 @@ def compute(
             text.encode("utf-8")
         except UnicodeEncodeError:
             raise Unservable(f"{folder}: a name is not UTF-8") from None
+    sums = originsums.published(folder, uri, found.files)
+    differ = originsums.mismatches(found.files, sums)
+    if differ:
+        raise OriginMismatch(
+            f"{folder}: {len(differ)} file(s) are not the SHA-256 the origin published, "
+            f"first {differ[0][:200]!r}"
+        )
     try:
         return peer.PeerManifest(
             storage_key=storage_key,
             digest=found.digest(),
             files=[
-                peer.ManifestFile(path=p, size=size, sha256=sha)
+                peer.ManifestFile(path=p, size=size, sha256=sha, origin_sha256=sums.get(p))
                 for p, size, sha in sorted(found.files)
             ],
             dirs=sorted(found.dirs),
@@ -128,6 +147,7 @@ def write(root: Path, files: FileList) -> None:
         "stamp": {"job": files.stamp.job, "completedAt": files.stamp.completed_at},
         "scopes": list(files.scopes),
         "manifest": files.manifest.to_dict(),
+        "originChecked": files.origin_checked,
     }
     durable.write_json_atomic(path(root, files.folder), data)
 
@@ -150,7 +170,7 @@ def read(root: Path, folder: str) -> FileList | None:
         or manifest.computed_digest() != manifest.digest
     ):
         return None
-    return FileList(folder, stamp, manifest, scopes)
+    return FileList(folder, stamp, manifest, scopes, data.get("originChecked") is True)
 
 
 def _scopes_ok(scopes: Sequence[str]) -> bool:
@@ -161,9 +181,13 @@ def _scopes_ok(scopes: Sequence[str]) -> bool:
 
 
 def current(root: Path, folder: str, manifest: layout.Manifest) -> FileList | None:
-    """`read`, only when computed for the promotion `manifest` records."""
+    """`read`, only when computed for the promotion `manifest` records (and, for a model
+    whose origin publishes checksums, by a version that checks them)."""
     files = read(root, folder)
-    return files if files is not None and files.stamp == Stamp.of(manifest) else None
+    if files is None or files.stamp != Stamp.of(manifest):
+        return None
+    unchecked = not files.origin_checked and originsums.publishes(manifest.uri)
+    return None if unchecked else files
 
 
 def remove(root: Path, folder: str) -> None:

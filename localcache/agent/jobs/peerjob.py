@@ -33,7 +33,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from localcache.agent.jobs import jobs
-from localcache.api import nodegroup, peer
+from localcache.api import nodegroup, originpaths, peer
 from localcache.caching import credentials
 
 Obj = dict[str, Any]
@@ -166,11 +166,11 @@ def _download_container(containers: list[Obj]) -> Obj:
 
 def _resumable(injection: credentials.Injection) -> str | None:
     """The URI a fetcher may finish a broken file from: one read without credentials whose
-    bytes the storage initializer stores as they are (`api.peer.http_origin_path`)."""
+    bytes the storage initializer stores as they are (`api.originpaths.http_origin_path`)."""
     if injection.env or injection.volumes or injection.volume_mounts:
         return None
     try:
-        peer.http_origin_path(injection.uri)
+        originpaths.http_origin_path(injection.uri)
     except ValueError:
         return None
     return injection.uri

@@ -25,7 +25,7 @@ SSE-KMS's, or no part size fits): the copy is then not provably the origin's. Bl
 run it in a thread.
 
 Object keys map to folder paths as KServe's storage initializer writes them
-(`peer.s3_folder_path`).
+(`originpaths.s3_folder_path`).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final, Literal
 
-from localcache.api import peer
+from localcache.api import originpaths, peer
 
 CLOCK_SKEW_S: Final = 15
 MIB: Final = 1024 * 1024
@@ -124,7 +124,7 @@ def check_head(url: str, path: str, origin: Origin, *, now: float) -> Head | Bad
     bucket, key = located
     if bucket != origin.bucket or not key.startswith(origin.prefix):
         return Bad("proof-object")
-    if key.endswith("/") or peer.s3_folder_path(origin.prefix, key) != path:
+    if key.endswith("/") or originpaths.s3_folder_path(origin.prefix, key) != path:
         return Bad("proof-object")
     query = _check_query(parts.query, now)
     return query if isinstance(query, Bad) else Head(url, *query)

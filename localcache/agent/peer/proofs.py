@@ -61,7 +61,7 @@ import yarl
 from aiohttp import web
 
 from localcache.agent.peer import files, presigned
-from localcache.api import peer
+from localcache.api import originpaths, peer
 from localcache.caching import keys
 from localcache.runtime import clock as clock_mod
 
@@ -240,7 +240,7 @@ class Prover:
         if not endpoints:
             raise _Failed(403, "proof-disabled")
         try:
-            located = peer.parse_s3(request.uri)
+            located = originpaths.parse_s3(request.uri)
         except ValueError:
             raise _Failed(403, "proof-scheme") from None
         if keys.storage_key(request.uri) != folder.manifest.storage_key:

@@ -206,7 +206,7 @@ class PeerServer:
             served, _ = await self._admit(request)
         except _Refused as refused:
             return self._refused(refused)
-        body = served.manifest.model_dump_json(by_alias=True)
+        body = served.manifest.wire_json()
         return web.Response(text=body, content_type="application/json")
 
     async def _nonce(self, request: web.Request) -> web.StreamResponse:

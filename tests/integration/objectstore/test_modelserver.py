@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import http.client
+import json
 import os
 import socket
 import time
@@ -147,3 +148,31 @@ def test_a_stall_marker_holds_the_first_get_after_half_the_body(
         with pytest.raises(TimeoutError):
             sock.recv(1)  # nothing more comes: the origin stalls
     assert modelserver.http_get(server.url("stalls.bin")) == (200, data)
+
+
+def test_a_headers_sidecar_adds_its_headers_to_every_answer_for_its_file(
+    server: modelserver.ModelServer, models: Path
+) -> None:
+    """What a Hub stand-in needs (`tests.support.hubstandin`): its resolve answers carry
+    `X-Repo-Commit` and the ETags huggingface_hub reads."""
+    (models / "hub.bin").write_bytes(b"0123456789")
+    sidecar = {"X-Repo-Commit": "c0ffee", "X-Linked-Etag": '"abc"'}
+    (models / "hub.bin.headers").write_text(json.dumps(sidecar))
+    url = server.url("hub.bin")
+    for method, headers in (("HEAD", {}), ("GET", {}), ("GET", {"Range": "bytes=2-"})):
+        parts = urllib.parse.urlsplit(url)
+        conn = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=5)
+        try:
+            conn.request(method, parts.path, headers=headers)
+            response = conn.getresponse()
+            response.read()
+            got = {name: response.getheader(name) for name in sidecar}
+        finally:
+            conn.close()
+        assert got == sidecar, (method, headers)
+    conn = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=5)
+    try:
+        conn.request("HEAD", urllib.parse.urlsplit(server.url("big.bin")).path)
+        assert conn.getresponse().getheader("X-Repo-Commit") is None
+    finally:
+        conn.close()

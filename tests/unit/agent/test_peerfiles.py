@@ -67,13 +67,13 @@ def _outcomes(units: list[downloads.Unit], outcome: status.Outcome) -> dict[str,
     return {key: outcome for unit in units for key in unit.status_keys}
 
 
-def _disk(tmp_path: Path, *, job: str = "lmd-job-0-abcdefgh") -> folders.ModelDisk:
+def _disk(tmp_path: Path, *, job: str = "lmd-job-0-abcdefgh", uri: str = URI) -> folders.ModelDisk:
     disk = folders.ModelDisk(tmp_path / "root")
     disk.ensure_layout()
     staging = disk.prepare_staging(KEY, "job")
     (staging / "model.bin").write_bytes(b"weights")
     manifest = layout.Manifest(
-        storage_key=KEY, uri=URI, bytes=7, completed_at="2026-01-01T00:00:00Z", job=job
+        storage_key=KEY, uri=uri, bytes=7, completed_at="2026-01-01T00:00:00Z", job=job
     )
     disk.promote(staging, KEY, manifest)
     return disk
@@ -195,12 +195,32 @@ async def test_promoted_folder_is_published_after_it_was_hashed(tmp_path: Path) 
     assert files.stats().hashed == 1
 
 
-async def test_a_folder_that_cannot_be_hashed_is_published_as_unservable(tmp_path: Path) -> None:
-    """A name that is not UTF-8 (the wire cannot carry it). Its followers must not wait for
-    it: the failure is said in `status.peer.unservable` (the pass after it is asked for at
-    once), and it is never retried for that promotion."""
+def _not_utf8(tmp_path: Path) -> folders.ModelDisk:
     disk = _disk(tmp_path)
     (disk.model_path(KEY) / os.fsdecode(b"not-utf8-\xff")).write_bytes(b"x")
+    return disk
+
+
+def _not_the_hubs(tmp_path: Path) -> folders.ModelDisk:
+    """An `hf://` download whose file is not the SHA-256 the Hub published for it."""
+    disk = _disk(tmp_path, uri="hf://org/model")
+    meta = disk.model_path(KEY) / ".cache" / "huggingface" / "download"
+    meta.mkdir(parents=True)
+    (meta / "model.bin.metadata").write_text(f"{'c' * 40}\n{'0' * 64}\n1712656091.1\n")
+    return disk
+
+
+@pytest.mark.parametrize(
+    ("folder", "reason"), [(_not_utf8, "unservable"), (_not_the_hubs, "origin-mismatch")]
+)
+async def test_a_folder_that_cannot_be_hashed_is_published_as_unservable(
+    tmp_path: Path, folder: Callable[[Path], folders.ModelDisk], reason: str
+) -> None:
+    """A name that is not UTF-8 (the wire cannot carry it), or a file that is not what its
+    origin published. Its followers must not wait for it: the failure is said in
+    `status.peer.unservable` (the pass after it is asked for at once), and it is never
+    retried for that promotion."""
+    disk = folder(tmp_path)
     files, ready, units, placements, outcomes = await _first_publish(disk)
 
     async def failed() -> None:
@@ -210,7 +230,7 @@ async def test_a_folder_that_cannot_be_hashed_is_published_as_unservable(tmp_pat
             assert published["peer"] == {
                 "endpoint": "https://10.0.0.7:8476",
                 "models": [],
-                "unservable": [{"storageKey": KEY, "reason": "unservable"}],
+                "unservable": [{"storageKey": KEY, "reason": reason}],
             }
             assert files.stats().queued == 0
         assert files.source.lookup(KEY, units[0].scope_id) is None
@@ -289,7 +309,12 @@ async def test_cancelling_the_worker_stops_and_awaits_the_hashing_thread(
     started, finished = threading.Event(), threading.Event()
 
     def slow(
-        folder: Path, storage_key: str, *, stop: Callable[[], bool], known: object = None
+        folder: Path,
+        storage_key: str,
+        *,
+        uri: str,
+        stop: Callable[[], bool],
+        known: object = None,
     ) -> peer.PeerManifest:
         started.set()
         try:

@@ -290,6 +290,9 @@ def test_a_downloaded_seed_is_waited_for_while_it_could_still_be_hashing() -> No
     downloading = peerplan.SeedProgress("ModelDownloading", "j", size)
     assert downloading.idle_limit(300) == 300
     assert done.idle_limit(300) == 300 + hashing_for
+    # its size is its files' apparent size: a sparse file adds at most HASH_MAX_S
+    huge = peerplan.SeedProgress("ModelDownloaded", "j", 1 << 60)
+    assert huge.idle_limit(300) == 300 + peerplan.HASH_MAX_S
 
 
 def test_a_seed_moves_with_another_job_more_bytes_or_downloaded_never_by_flapping() -> None:

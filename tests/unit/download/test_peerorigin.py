@@ -5,7 +5,7 @@ Matrix: the lone peer goes down mid-file -> the origin sends exactly the rest (o
 request at the written offset), verified, and the report counts origin bytes; the origin cut
 once is asked again from where it stopped; an origin that ignores Range, sends other bytes, or
 is not the file's -> "use origin" and nothing in DEST; no `origin` -> "use origin" as before.
-Which URIs an origin is (`api.peer.http_origin_path`): the storage initializer's file name,
+Which URIs an origin is (`api.originpaths.http_origin_path`): the storage initializer's file name,
 never an archive, a compressed file, credentials in the URI or another scheme.
 """
 
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from localcache.api import peer
+from localcache.api import originpaths
 from localcache.download import peerfetch, peerorigin, peersources
 from tests.support import peerwire
 from tests.support.peerwire import HttpOrigin, Peer
@@ -146,7 +146,7 @@ async def test_without_an_origin_or_for_another_file_the_run_ends_with_use_origi
     ],
 )
 def test_an_http_origin_names_the_file_as_the_storage_initializer_does(uri: str, path: str) -> None:
-    assert peer.http_origin_path(uri) == path
+    assert originpaths.http_origin_path(uri) == path
     assert peerorigin.Origin.of(uri) == peerorigin.Origin(url=uri, path=path)
 
 
@@ -168,7 +168,7 @@ def test_an_http_origin_names_the_file_as_the_storage_initializer_does(uri: str,
 )
 def test_uris_whose_stored_bytes_are_not_the_origins_are_no_origin(uri: str, why: str) -> None:
     with pytest.raises(ValueError, match=why):
-        peer.http_origin_path(uri)
+        originpaths.http_origin_path(uri)
 
 
 async def test_an_origin_busy_once_is_asked_again_at_the_same_offset(

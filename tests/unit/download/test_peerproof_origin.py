@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from localcache.api import peer
+from localcache.api import originpaths, peer
 from localcache.download import peersources, s3origin
 from tests.support import objectstore
 
@@ -182,7 +182,7 @@ def test_the_client_signs_sigv4_path_style_with_bounded_timeouts_and_retries() -
 )
 def test_parse_uri_refuses_what_is_not_an_s3_uri(uri: str) -> None:
     with pytest.raises(ValueError, match=r"."):
-        peer.parse_s3(uri)
+        originpaths.parse_s3(uri)
 
 
 # ---- listing: the storage initializer's folder paths --------------------------------------

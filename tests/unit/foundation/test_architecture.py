@@ -134,7 +134,8 @@ def _settings(i: Import) -> bool:
 
 #: What the download program (`localcache download`, inside download Jobs) may import from
 #: localcache: itself, the durable writes it shares with the agent, leaf modules, and the peer
-#: wire models `localcache fetch` speaks (`api.peer`, on `api.meta` and `api.quantity`).
+#: wire models `localcache fetch` speaks (`api.peer`, on `api.meta` and `api.quantity`), and
+#: where the storage initializer puts an origin's files (`api.originpaths`, on `api.peer`).
 DOWNLOAD_NEEDS = (
     "localcache.download",
     "localcache.runtime.durable",
@@ -143,6 +144,7 @@ DOWNLOAD_NEEDS = (
     "localcache.runtime.errors",
     "localcache.api.quantity",
     "localcache.api.peer",
+    "localcache.api.originpaths",
     "localcache.api.meta",
 )
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from localcache.agent.peer import presigned
-from localcache.api import peer
+from localcache.api import originpaths
 
 NOW = calendar.timegm((2026, 12, 6, 9, 0, 0))
 DATE = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(NOW - 10))
@@ -72,8 +72,8 @@ def test_a_single_object_model_maps_to_its_base_name() -> None:
     origin = presigned.Origin(ORIGIN.endpoints, "models", "bert/model.bin")
     url = _url()
     assert presigned.check_head(url, "model.bin", origin, now=NOW) == presigned.Head(url, NOW + 50)
-    assert peer.s3_folder_path("bert", "bert/tok/vocab.txt") == "tok/vocab.txt"
-    assert peer.s3_folder_path("", "a/b") == "a/b"
+    assert originpaths.s3_folder_path("bert", "bert/tok/vocab.txt") == "tok/vocab.txt"
+    assert originpaths.s3_folder_path("", "a/b") == "a/b"
 
 
 @pytest.mark.parametrize(

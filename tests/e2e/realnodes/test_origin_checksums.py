@@ -1,0 +1,105 @@
+"""The SHA-256 an origin published for a model's files, recorded in each node's peer manifest and
+checked against the bytes (`agent.disk.originsums`), on real nodes: KServe's storage
+initializer (huggingface_hub) downloads `hf://` models from a Hub stand-in
+(`tests.support.hubstandin`, through the test file server, `HF_ENDPOINT`).
+
+- A model whose bytes are the ones the Hub published: every node serves it to peers, and the
+  file list each holds records each LFS file's published SHA-256 (none for a git file).
+- A model whose weights the Hub publishes with another SHA-256 (the download is not what the
+  Hub sent): every node reports it downloaded (hashing never holds a node's own readiness),
+  but no node serves it to peers: each lists it in `status.peer.unservable` as
+  `origin-mismatch`, and no node fetched it from a peer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import uuid
+
+import pytest
+
+from localcache.agent.disk import filelists
+from localcache.caching import keys
+from tests.e2e.realnodes import objects, peers
+from tests.e2e.realnodes.cluster import Cluster, Sources
+from tests.e2e.realnodes.objects import LMC
+from tests.support import hubstandin
+
+pytestmark = pytest.mark.timeout(300)
+
+WEIGHTS = "model.safetensors"
+CONFIG = "config.json"
+
+
+def _hub_model(sources: Sources, repo: str, *, published: str | None = None) -> dict[str, bytes]:
+    files = {WEIGHTS: os.urandom(512 * 1024), CONFIG: b'{"architectures": ["Bert"]}\n'}
+    lies = {WEIGHTS: published} if published else None
+    for path, data in hubstandin.hub_files(repo, files, lfs={WEIGHTS}, published=lies).items():
+        sources.add_file(path, data)
+    return files
+
+
+def _hf_cache(sources: Sources, name: str, repo: str, group: str) -> dict[str, object]:
+    cache = objects.cache(name, f"hf://{repo}", group)
+    endpoint = f"{sources.http_base}/{hubstandin.PREFIX}"
+    cache["spec"]["download"] = {"env": [{"name": "HF_ENDPOINT", "value": endpoint}]}
+    return cache
+
+
+def _unservable(cluster: Cluster, node: str, key: str) -> str | None:
+    for entry in (peers.lmn_status(cluster, node).get("peer") or {}).get("unservable") or []:
+        if entry.get("storageKey") == key:
+            reason: str = entry.get("reason") or ""
+            return reason
+    return None
+
+
+def test_an_hf_models_published_checksums_are_recorded_and_a_mismatch_is_never_served(
+    cluster: Cluster, sources: Sources
+) -> None:
+    run = uuid.uuid4().hex[:6]
+    group = f"g-sums-{run}"
+    good, bad = f"org/good-{run}", f"org/bad-{run}"
+    good_files = _hub_model(sources, good)
+    _hub_model(sources, bad, published=hashlib.sha256(b"the hub's own bytes").hexdigest())
+    cluster.apply(
+        peers.peer_group(cluster, group),
+        _hf_cache(sources, f"good-{run}", good, group),
+        _hf_cache(sources, f"bad-{run}", bad, group),
+    )
+    try:
+        _check(cluster, run, good, bad, good_files)
+    finally:
+        cluster.kubectl("delete", LMC.plural, f"good-{run}", f"bad-{run}", "--wait=true")
+
+
+def _check(cluster: Cluster, run: str, good: str, bad: str, good_files: dict[str, bytes]) -> None:
+    good_key, bad_key = keys.storage_key(f"hf://{good}"), keys.storage_key(f"hf://{bad}")
+    nodes = cluster.node_names
+
+    def served_everywhere() -> bool:
+        return all(peers.served(cluster, n, good_key) for n in nodes)
+
+    cluster.wait(served_everywhere, timeout=180, what=f"every node serves {good} to peers")
+    weights_sha = hashlib.sha256(good_files[WEIGHTS]).hexdigest()
+    for node in nodes:
+        listed = filelists.read(cluster.models_root(node), good_key)
+        assert listed is not None, f"no file list of {good} on {node}"
+        sums = {f.path: f.origin_sha256 for f in listed.manifest.files}
+        assert sums[WEIGHTS] == weights_sha, f"{node}: {sums}"
+        assert sums[CONFIG] is None, f"{node}: a git file is attested: {sums}"
+
+    def refused_everywhere() -> bool:
+        return all(_unservable(cluster, n, bad_key) == "origin-mismatch" for n in nodes)
+
+    cluster.wait(
+        refused_everywhere,
+        timeout=180,
+        what=f"every node lists {bad} in status.peer.unservable as origin-mismatch",
+    )
+    for node in nodes:
+        assert cluster.node_status(node).get(f"bad-{run}") == "ModelDownloaded", node
+        assert peers.served(cluster, node, bad_key) is None, f"{node} serves {bad}"
+        source = peers.progress(cluster, node, f"bad-{run}").get("source")
+        assert source == "origin", f"{node} fetched {bad} from {source}"
