@@ -147,6 +147,7 @@ class PeerFiles:
         self._ready: dict[_Key, tuple[filelists.Stamp, peer.PeerManifest]] = {}
         self._failed: dict[_Key, tuple[filelists.Stamp, peer.UnservableReason]] = {}
         self._served: dict[_Key, peersource.Served] = {}
+        self._attested: dict[_Key, tuple[str, dict[str, str]]] = {}
         self._pruned: set[Path] = set()
         self._stop = threading.Event()
         self._hashed = 0
@@ -156,6 +157,14 @@ class PeerFiles:
         return Stats(
             len(self._queued), len(self._ready), len(self._served), self._hashed, len(self._failed)
         )
+
+    def origin_sums(self, folder: Path, digest: str, sums: Mapping[str, str]) -> None:
+        """The origin answered these SHA-256s for the files of `folder` (at `digest`) to a
+        proof this node ran (`agent.peer.proofs`): the next pass records them in its list."""
+        self._attested[(folder.parent.parent, folder.name)] = (digest, dict(sums))
+        while len(self._attested) > peer.MAX_PEER_MODELS:
+            self._attested.pop(next(iter(self._attested)))
+        self._on_ready()
 
     # ---- publishing (the reconciler's pass) -----------------------------------------
     async def publish(
@@ -172,11 +181,12 @@ class PeerFiles:
         downloading = peerprogress.in_flight(units, roots, outcomes)
         finished = peerprogress.in_flight(units, roots, outcomes, states=peerprogress.DONE)
         self.progress.track(downloading, finished=finished)
-        ready, served = dict(self._ready), dict(self._served)
-        survey = await asyncio.to_thread(self._survey, wants, ready, served)
-        for key, result in ready.items():
-            if self._ready.get(key) is result:  # consumed (or outdated); not a newer one
-                del self._ready[key]
+        ready, served, attested = dict(self._ready), dict(self._served), dict(self._attested)
+        survey = await asyncio.to_thread(self._survey, wants, ready, served, attested)
+        for consumed, done in ((self._ready, ready), (self._attested, attested)):
+            for key, result in done.items():
+                if consumed.get(key) is result:  # consumed (or outdated); not a newer one
+                    del consumed[key]
         self._served = survey.served
         self.source.replace(survey.served.values(), survey.manifests)
         unservable: dict[str, peer.UnservableReason] = {}
@@ -231,6 +241,7 @@ class PeerFiles:
         wants: list[Want],
         ready: Mapping[_Key, tuple[filelists.Stamp, peer.PeerManifest]],
         served: Mapping[_Key, peersource.Served],
+        attested: Mapping[_Key, tuple[str, dict[str, str]]],
     ) -> _Survey:
         """In a thread: store what is ready, check what is published, find what to hash."""
         out = _Survey({}, {}, [])
@@ -254,6 +265,7 @@ class PeerFiles:
                 before is not None
                 and before.stamp == stamp
                 and before.scopes == _scopes(before.scopes, want)
+                and key not in attested
             ):
                 out.served[key] = before  # unchanged since the last pass: no I/O
                 continue
@@ -263,7 +275,11 @@ class PeerFiles:
                 filelists.remove(root, want.folder)
                 out.to_hash.append(_Hash(root, want.folder, want.storage_key, stamp, manifest.uri))
                 continue
-            scopes = _scopes(files.scopes, want)
+            scopes, sums = _scopes(files.scopes, want), attested.get(key)
+            if sums is not None and sums[0] == files.manifest.digest:
+                recorded = _with_origin_sums(files.manifest, sums[1])
+                dirty = dirty or recorded != files.manifest
+                files = filelists.FileList(want.folder, stamp, recorded, files.scopes)
             if dirty or scopes != files.scopes:
                 files = filelists.FileList(want.folder, stamp, files.manifest, scopes)
                 filelists.write(root, files)
@@ -336,6 +352,15 @@ class PeerFiles:
             with contextlib.suppress(Exception, asyncio.CancelledError):
                 await work
             raise
+
+
+def _with_origin_sums(manifest: peer.PeerManifest, sums: Mapping[str, str]) -> peer.PeerManifest:
+    """`manifest` with `originSha256` set where `sums` holds the file's own SHA-256."""
+    files = [
+        f.model_copy(update={"origin_sha256": f.sha256}) if sums.get(f.path) == f.sha256 else f
+        for f in manifest.files
+    ]
+    return manifest.model_copy(update={"files": files})
 
 
 def _scopes(stored: Sequence[str], want: Want) -> tuple[str, ...]:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Final
 
@@ -144,10 +144,12 @@ class PeerServing:
         metrics: metrics_mod.Metrics,
         clock: clock_mod.Clock,
         host: str = "0.0.0.0",  # pods of other nodes connect to the pod IP
+        on_origin_sums: Callable[[Path, str, dict[str, str]], None] | None = None,
     ) -> None:
         self._kube, self._folders, self._groups = kube, folders, groups
         self._port, self._tls_dir, self._host = port, tls_dir, host
         self._metrics, self._clock = metrics, clock
+        self._on_origin_sums = on_origin_sums
 
     async def run(self) -> None:
         reloadable = await self._wait_for_tls()
@@ -161,7 +163,12 @@ class PeerServing:
             on_refusal=lambda reason, key: log.info(
                 "peer_request_refused", reason=reason, storage_key=key
             ),
-            prover=proofs.Prover(clock=self._clock, origins=caps.origins, wall=time.time),
+            prover=proofs.Prover(
+                clock=self._clock,
+                origins=caps.origins,
+                wall=time.time,
+                on_origin_sums=self._on_origin_sums,
+            ),
         )
         await srv.start(self._host, self._port, reloadable.context)
         log.info("peer_server_started", port=srv.port)

@@ -229,6 +229,7 @@ def setup(
         serving = peerserving.PeerServing(
             kube=kube, folders=peer_files.source, groups=groups.reader(),
             port=settings.peer_port, tls_dir=settings.peer_tls_dir, metrics=metrics, clock=clock,
+            on_origin_sums=peer_files.origin_sums,
         )  # fmt: skip
         manager.add_runnable(f"peer-server {settings.controller_name}", serving, needs_leader=False)
     return peer_files.source

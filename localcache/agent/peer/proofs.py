@@ -31,10 +31,12 @@ folder does not list; `read(limit)` reads and parses the body, `read_request`) a
   (`presigned.etag_matches`, at most `HASHING_AT_ONCE` files at once on this node, one
   hashing per folder digest, path and ETag however many proofs wait for it, which goes on
   when they give up, its result kept for `MD5_CACHE` files: a model is hashed once);
-- else 200 `proven` with the folder's digest: `ProofBook` records (requester scope, storage
-  key) -> (the folder's scope, digest), at most `MAX_PROOFS` (LRU); `proven(scope, key)`
-  answers it for `PROOF_TTL_S` after its last use, at most `MAX_PROOF_LIFE_S` after the proof
-  (a long transfer keeps it; a scope that stops fetching must prove again).
+- else 200 `proven` with the folder's digest (the SHA-256s the origin answered go to
+  `on_origin_sums(folder path, digest, {path: sha256})`, for the file list); `ProofBook`
+  records (requester scope, storage key) -> (the folder's scope, digest), at most
+  `MAX_PROOFS` (LRU); `proven(scope, key)` answers it for `PROOF_TTL_S` after its last use,
+  at most `MAX_PROOF_LIFE_S` after the proof (a long transfer keeps it; a scope that stops
+  fetching must prove again).
 Nothing of the request is logged but counts and reasons (presigned URLs carry signatures).
 No node's or pod's word is taken: the origin answers for the requester's credentials, and
 its checksum or ETag is checked against this node's own bytes. `close()` cancels and awaits
@@ -183,8 +185,10 @@ class Prover:
         origins: Callable[[], Sequence[str]],
         wall: Callable[[], float],
         session: Callable[[], aiohttp.ClientSession] | None = None,
+        on_origin_sums: Callable[[Path, str, dict[str, str]], None] | None = None,
     ) -> None:
         self.book = ProofBook(clock)
+        self._on_origin_sums = on_origin_sums
         self.nonces = Nonces(clock)
         self._origins, self._wall = origins, wall
         self._session_factory = session or _default_session
@@ -288,6 +292,9 @@ class Prover:
                 same = await self._same_bytes(folder, entry, answer.etag)
             if not same:
                 raise _Failed(409, "proof-mismatch")
+        sums = {e.path: a.sha256 for e, _ in heads if (a := answers[e.path]).sha256 is not None}
+        if sums and self._on_origin_sums is not None:
+            self._on_origin_sums(folder.path, manifest.digest, sums)
 
     async def _same_bytes(self, folder: Folder, entry: peer.ManifestFile, etag: str) -> bool:
         cache_key = (folder.manifest.digest, entry.path, etag)

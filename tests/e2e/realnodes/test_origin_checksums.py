@@ -78,10 +78,10 @@ def _check(cluster: Cluster, run: str, good: str, bad: str, good_files: dict[str
     good_key, bad_key = keys.storage_key(f"hf://{good}"), keys.storage_key(f"hf://{bad}")
     nodes = cluster.node_names
 
-    def served_everywhere() -> bool:
-        return all(peers.served(cluster, n, good_key) for n in nodes)
+    def served_everywhere() -> bool:  # complete and hashed: with its digest
+        return all((peers.served(cluster, n, good_key) or {}).get("digest") for n in nodes)
 
-    cluster.wait(served_everywhere, timeout=180, what=f"every node serves {good} to peers")
+    cluster.wait(served_everywhere, timeout=180, what=f"every node serves all of {good}")
     weights_sha = hashlib.sha256(good_files[WEIGHTS]).hexdigest()
     for node in nodes:
         listed = filelists.read(cluster.models_root(node), good_key)

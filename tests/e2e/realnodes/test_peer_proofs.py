@@ -7,7 +7,8 @@ as its users and its attackers meet it:
 - tenant B, with valid but different credentials, caches the same URI: each of its nodes
   proves at the store (presigned HEADs its own download pod signs, run by the other node's
   agent) and then fetches the model from that node: the store serves B a listing and HEADs,
-  not one object byte, and B's pods read the model;
+  not one object byte, and B's pods read the model; each node's file list then records the
+  store's own SHA-256 of the object stored with one;
 - tenant C, whose credentials read only a bucket of its own, forges proofs with the identity
   of its own download pod: HEADs signed with a wrong secret, its own valid signatures of the
   model's objects (which the store refuses it), valid signatures of its own objects, a
@@ -18,6 +19,7 @@ as its users and its attackers meet it:
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -30,7 +32,7 @@ from typing import Any
 
 import pytest
 
-from localcache.agent.disk import layout
+from localcache.agent.disk import filelists, layout
 from localcache.caching import jobfailures, keys
 from tests.e2e.realnodes import objects, peers
 from tests.e2e.realnodes.cluster import Cluster, Obj, Sources
@@ -166,8 +168,24 @@ def test_a_tenant_with_other_valid_credentials_is_served_by_peers_after_its_proo
                 node=node,
             )  # fmt: skip
             assert seen == proofed.digests, f"the model as B's pod on {node} reads it"
+        # Each node ran B's proof: the store's own SHA-256 of model.bin (stored with one) is
+        # recorded in that node's file list; the files proven by their ETag have none.
+        for node in cluster.node_names:
+            cluster.wait(
+                functools.partial(_origin_sums_recorded, cluster, proofed, node),
+                timeout=60,
+                what=f"{node}'s file list records the store's SHA-256 of model.bin",
+            )
     finally:
         _drop(cluster, tenant)
+
+
+def _origin_sums_recorded(cluster: Cluster, proofed: Proofed, node: str) -> bool:
+    listed = filelists.read(cluster.models_root(node), proofed.key)
+    recorded = {f.path: f.origin_sha256 for f in listed.manifest.files} if listed else {}
+    want = {p: hashlib.sha256(d).hexdigest() if p == "model.bin" else None
+            for p, d in proofed.files.items()}  # fmt: skip
+    return recorded == want
 
 
 def _heads(proofed: Proofed) -> Counter[str]:

@@ -195,6 +195,42 @@ async def test_promoted_folder_is_published_after_it_was_hashed(tmp_path: Path) 
     assert files.stats().hashed == 1
 
 
+async def test_the_origins_checksums_a_proof_saw_are_recorded_in_the_file_list(
+    tmp_path: Path,
+) -> None:
+    """The SHA-256s an S3 origin answered to a proof this node ran go into the folder's
+    list at the next pass: only for the content proven (its digest) and only where they are
+    the file's own."""
+    disk = _disk(tmp_path)
+    files, ready, units, placements, outcomes = await _first_publish(disk)
+    await _with_worker(
+        files, lambda: wait_until(lambda: ready.count == 1, timeout=10, what="the folder hashed")
+    )
+    await files.publish(units, placements, outcomes)
+    stored = filelists.read(disk.root, KEY)
+    assert stored is not None
+    own = stored.manifest.files[0].sha256
+    folder, digest_now = disk.model_path(KEY), stored.manifest.digest
+
+    files.origin_sums(folder, "sha256:" + "0" * 64, {"model.bin": own})  # another content
+    files.origin_sums(tmp_path / "elsewhere" / "models" / KEY, digest_now, {"model.bin": own})
+    assert ready.count == 3  # each asks for a pass
+    await files.publish(units, placements, outcomes)
+    assert filelists.read(disk.root, KEY) == stored
+
+    files.origin_sums(folder, digest_now, {"model.bin": "9" * 64})  # not the file's own
+    await files.publish(units, placements, outcomes)
+    assert filelists.read(disk.root, KEY) == stored
+
+    files.origin_sums(folder, digest_now, {"model.bin": own, "not-in-it": own})
+    await files.publish(units, placements, outcomes)
+    recorded = filelists.read(disk.root, KEY)
+    assert recorded is not None
+    assert [(f.path, f.origin_sha256) for f in recorded.manifest.files] == [("model.bin", own)]
+    assert recorded.manifest.digest == digest_now
+    assert files.stats().hashed == 1  # recorded without hashing again
+
+
 def _not_utf8(tmp_path: Path) -> folders.ModelDisk:
     disk = _disk(tmp_path)
     (disk.model_path(KEY) / os.fsdecode(b"not-utf8-\xff")).write_bytes(b"x")

@@ -97,6 +97,8 @@ class Bed:
     clock: clock.FakeClock
     registry: metrics.Metrics
     session: aiohttp.ClientSession
+    origin_sums: list[tuple[Path, str, dict[str, str]]]
+    """What the prover passed on of the origin's SHA-256s (`on_origin_sums`)."""
 
     def presign(
         self, path: str, *, signature: str = "ab" * 32, at: float | None = None,
@@ -162,13 +164,19 @@ async def bed(tmp_path: Path) -> AsyncIterator[Bed]:
         slots=throttle.UploadSlots(lambda: 4),
         bucket=throttle.TokenBucket(lambda: None, clock=fake),
         metrics=registry.peer(),
-        prover=proofs.Prover(clock=fake, origins=lambda: [origin.endpoint], wall=time.time),
+        prover=proofs.Prover(
+            clock=fake,
+            origins=lambda: [origin.endpoint],
+            wall=time.time,
+            on_origin_sums=lambda *said: sums.append(said),
+        ),
     )
+    sums: list[tuple[Path, str, dict[str, str]]] = []
     port = await srv.start("127.0.0.1", 0, None)
     session = aiohttp.ClientSession()
     try:
         yield Bed(f"http://127.0.0.1:{port}{peer.WIRE_PREFIX}/models/", folders, origin, fake,
-                  registry, session)  # fmt: skip
+                  registry, session, sums)  # fmt: skip
     finally:
         await session.close()
         await srv.stop()
@@ -287,6 +295,25 @@ async def test_the_origins_own_sha256_proves_a_copy_whose_etag_is_no_md5(bed: Be
     status, answer = await bed.prove(bed.proof(signed=CHECKSUM_MODE))
     assert (status, answer["proven"]) == (200, True), answer
     assert await bed.status("files/config.json") == 200
+    # the origin's own SHA-256s go on to be recorded in the folder's file list
+    ((folder, digest, sums),) = bed.origin_sums
+    assert (folder.name, digest) == (KEY, answer["digest"])
+    assert sums == {p: hashlib.sha256(d).hexdigest() for p, d in FILES.items()}
+
+
+async def test_only_the_checksums_the_origin_answered_are_passed_on(bed: Bed) -> None:
+    """Files proven by their ETag have no SHA-256 of the origin's; a refused proof passes
+    nothing on."""
+    bed.origin.checksums["bert/config.json"] = _sha256_b64(FILES["config.json"])
+    status, _ = await bed.prove(bed.proof(signed=CHECKSUM_MODE))
+    assert status == 200
+    assert [sums for _, _, sums in bed.origin_sums] == [
+        {"config.json": hashlib.sha256(FILES["config.json"]).hexdigest()}
+    ]
+    bed.origin.checksums["bert/config.json"] = _sha256_b64(b"other bytes")
+    status, answer = await bed.prove(bed.proof(signed=CHECKSUM_MODE))
+    assert (status, answer["reason"]) == (409, "proof-mismatch")
+    assert len(bed.origin_sums) == 1
 
 
 async def test_an_origin_checksum_other_than_the_manifests_is_a_mismatch(bed: Bed) -> None:
