@@ -26,6 +26,9 @@
   delays a status: the pass that promotes reports Downloaded at once. Cancelled, it tells the
   hashing thread to stop (between chunks) and awaits it.
 
+`origin_sums(folder, digest, sums)`: the origin's own SHA-256s a proof saw, recorded in the
+folder's list by the next pass (`originSha256`, only where they are the file's own).
+
 A folder that cannot be hashed (unservable, unreadable) is logged, not tried again for that
 promotion in this process, and published in `status.peer.unservable` with why (the planners
 of other nodes then never wait for this node to seed it). Not promised: order of hashing
@@ -160,7 +163,8 @@ class PeerFiles:
 
     def origin_sums(self, folder: Path, digest: str, sums: Mapping[str, str]) -> None:
         """The origin answered these SHA-256s for the files of `folder` (at `digest`) to a
-        proof this node ran (`agent.peer.proofs`): the next pass records them in its list."""
+        proof this node ran (`agent.peer.proofs`): the next pass records them in its list
+        (if that pass does not publish the folder, they wait for the next proof)."""
         self._attested[(folder.parent.parent, folder.name)] = (digest, dict(sums))
         while len(self._attested) > peer.MAX_PEER_MODELS:
             self._attested.pop(next(iter(self._attested)))

@@ -292,8 +292,9 @@ class Prover:
                 same = await self._same_bytes(folder, entry, answer.etag)
             if not same:
                 raise _Failed(409, "proof-mismatch")
-        sums = {e.path: a.sha256 for e, _ in heads if (a := answers[e.path]).sha256 is not None}
-        if sums and self._on_origin_sums is not None:
+        answered = {e.path: (e, answers[e.path].sha256) for e, _ in heads}
+        sums = {p: sha for p, (e, sha) in answered.items() if sha and e.origin_sha256 != sha}
+        if sums and self._on_origin_sums is not None:  # only what the list does not hold
             self._on_origin_sums(folder.path, manifest.digest, sums)
 
     async def _same_bytes(self, folder: Folder, entry: peer.ManifestFile, etag: str) -> bool:

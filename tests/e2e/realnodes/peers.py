@@ -73,6 +73,15 @@ def served(cluster: Cluster, node: str, storage_key: str) -> Obj | None:
     return None
 
 
+def unservable(cluster: Cluster, node: str, storage_key: str) -> str | None:
+    """The reason `node` lists `storage_key` in `status.peer.unservable`, if it does."""
+    for entry in (lmn_status(cluster, node).get("peer") or {}).get("unservable") or []:
+        if entry.get("storageKey") == storage_key:
+            reason: str = entry.get("reason") or ""
+            return reason
+    return None
+
+
 def endpoint(cluster: Cluster, node: str) -> str | None:
     found: str | None = (lmn_status(cluster, node).get("peer") or {}).get("endpoint")
     return found

@@ -47,14 +47,6 @@ def _hf_cache(sources: Sources, name: str, repo: str, group: str) -> dict[str, o
     return cache
 
 
-def _unservable(cluster: Cluster, node: str, key: str) -> str | None:
-    for entry in (peers.lmn_status(cluster, node).get("peer") or {}).get("unservable") or []:
-        if entry.get("storageKey") == key:
-            reason: str = entry.get("reason") or ""
-            return reason
-    return None
-
-
 def test_an_hf_models_published_checksums_are_recorded_and_a_mismatch_is_never_served(
     cluster: Cluster, sources: Sources
 ) -> None:
@@ -91,7 +83,7 @@ def _check(cluster: Cluster, run: str, good: str, bad: str, good_files: dict[str
         assert sums[CONFIG] is None, f"{node}: a git file is attested: {sums}"
 
     def refused_everywhere() -> bool:
-        return all(_unservable(cluster, n, bad_key) == "origin-mismatch" for n in nodes)
+        return all(peers.unservable(cluster, n, bad_key) == "origin-mismatch" for n in nodes)
 
     cluster.wait(
         refused_everywhere,

@@ -316,6 +316,21 @@ async def test_only_the_checksums_the_origin_answered_are_passed_on(bed: Bed) ->
     assert len(bed.origin_sums) == 1
 
 
+async def test_checksums_the_file_list_already_holds_are_not_passed_on_again(bed: Bed) -> None:
+    """Each proof would otherwise ask for a pass that re-reads the list."""
+    bed.origin.checksums["bert/config.json"] = _sha256_b64(FILES["config.json"])
+    served = bed.folders.served
+    recorded = [
+        f.model_copy(update={"origin_sha256": f.sha256}) if f.path == "config.json" else f
+        for f in served.manifest.files
+    ]
+    manifest = served.manifest.model_copy(update={"files": recorded})
+    bed.folders.served = dataclasses.replace(served, manifest=manifest)
+    status, _ = await bed.prove(bed.proof(signed=CHECKSUM_MODE))
+    assert status == 200
+    assert bed.origin_sums == []
+
+
 async def test_an_origin_checksum_other_than_the_manifests_is_a_mismatch(bed: Bed) -> None:
     """The ETag is the MD5 of this copy, but the origin's own SHA-256 says otherwise: the
     checksum wins."""
