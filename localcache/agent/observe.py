@@ -20,7 +20,7 @@ from typing import Final
 
 from localcache.agent import adoption, downloads, plan, stall
 from localcache.agent.disk import folders, layout, tree
-from localcache.agent.jobs import launcher
+from localcache.agent.jobs import launcher, podwait
 from localcache.api import modelnode
 from localcache.api import quantity as quantity_mod
 from localcache.caching import config
@@ -54,8 +54,9 @@ class Observer:
         namespace_caches: store.Reader,
         progress_interval: float,
         growth: stall.GrowthWatch,
+        waits: podwait.PodWaits | None = None,
     ) -> None:
-        self._jobs = jobs
+        self._jobs, self._waits = jobs, waits
         self.growth = growth
         self._adoptions = adoptions
         self._caches = caches
@@ -86,11 +87,15 @@ class Observer:
         )
         if not observed.jobs or plan.by_folder(unit, observed) is not None:
             return observed
-        facts = await self._job_facts(unit, observed.jobs[-1], disk)
+        facts = await self._job_facts(unit, observed.jobs[-1], disk, observed.now)
         return dataclasses.replace(observed, latest=facts)
 
     async def _job_facts(
-        self, unit: downloads.Unit, latest: downloads.JobRef, disk: folders.ModelDisk
+        self,
+        unit: downloads.Unit,
+        latest: downloads.JobRef,
+        disk: folders.ModelDisk,
+        now: datetime.datetime,
     ) -> plan.JobFacts:
         """What `plan.decide` reads about the latest Job, as its phase needs it."""
         state = plan.job_state(latest.obj)
@@ -102,6 +107,8 @@ class Observer:
             idle = self.growth.idle(latest.uid, usage, running=state.ready > 0)
             failed = state.failed_pods
             pod = await self._jobs.pod_message(latest, failed) if failed else ""
+            if not (failed or state.ready or usage.bytes) and self._waits is not None:
+                pod = await self._waits.message(latest, now)  # why it has not started
             return plan.JobFacts(
                 staging,
                 staging_bytes=usage.bytes,

@@ -94,8 +94,9 @@ class Policy:
 class JobFacts:
     """What was read about the unit's latest Job beyond the Job object, as its phase needs it:
     running, the staging folder's size, the model's size (the cache's `modelSize`) and, when
-    a pod failed, that pod's message; completed, whether the staging folder is a directory,
-    whether it is empty and its size; failed, the failed pod's message."""
+    a pod failed, that pod's message (none failed: why its pod cannot start, if it says);
+    completed, whether the staging folder is a directory, whether it is empty and its size;
+    failed, the failed pod's message."""
 
     staging: Path
     staging_bytes: int = 0
@@ -268,6 +269,8 @@ def _running(
     if state.failed_pods:
         where = f"{latest.namespace}/{latest.name}"
         message = clip(f"a download pod failed, Job {where} retries: {facts.pod_message or '?'}")
+    elif facts.pod_message:  # running, but its pod cannot start (`agent.jobs.podwait`)
+        message = clip(f"the download pod of Job {latest.name} cannot start: {facts.pod_message}")
     size = facts.staging_bytes
     progress = modelnode.ModelProgress(
         bytes_on_disk=size,

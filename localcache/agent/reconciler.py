@@ -47,7 +47,7 @@ import structlog
 from localcache.agent import adoption, cleanup, downloads, observe, plan, report, stall, status
 from localcache.agent import peering as peers
 from localcache.agent.disk import folders, layout, roots
-from localcache.agent.jobs import jobs, launcher, trust
+from localcache.agent.jobs import jobs, launcher, podwait, trust
 from localcache.api import modelnode, nodegroup
 from localcache.caching import config, liveconfig
 from localcache.runtime import clock as clock_mod
@@ -167,6 +167,7 @@ class Reconciler:
             namespace_caches=stores.namespace_caches,
             progress_interval=progress_interval,
             growth=stall.GrowthWatch(clock),
+            waits=podwait.PodWaits(api, clock),
         )
         self._peers = peers.Peering(
             node_name=node_name, api=api, settings=peer_settings or peers.PeerSettings(),

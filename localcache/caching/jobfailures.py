@@ -17,6 +17,9 @@ LocalModelNode status or an Event, so:
   ClusterStorageContainer image of the cluster admin's): its last non-blank line, without
   control characters, URL userinfo, query strings (presigned URLs carry credentials there)
   or `key=value` pairs whose key looks secret, at most `limit` characters.
+- `pod_waiting_message(pods)`: why a download pod that has not finished cannot start (the
+  kubelet's reason and message for an image it cannot pull, a Secret it cannot find, or the
+  scheduler's for no fitting node), sanitised the same way.
 
 Not promised: that every failure is recognised (an unrecognised one reads "Error (exit code
 N)", as the container's state says, and the pod's log has the rest).
@@ -178,6 +181,46 @@ def pod_failure_message(pods: Iterable[Obj], *, job_uid: str | None = None) -> s
         if text := sanitise(status.get("message") or status.get("reason")):
             return text
     return ""
+
+
+STUCK_REASONS: Final = frozenset({
+    "ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull",
+    "CreateContainerConfigError", "CreateContainerError", "RunContainerError",
+})  # fmt: skip
+"""Why a container waits that it will not get over by itself (a wrong image, a missing Secret
+or ConfigMap key): pulling and creating are not among them."""
+
+
+def pod_waiting_message(pods: Iterable[Obj], *, job_uid: str | None = None) -> str:
+    """Why the newest pod (of the Job `job_uid`, when given) that has not finished cannot
+    start: a container waiting for a `STUCK_REASONS` reason, or the pod unschedulable, as
+    "<reason>: <message>"; "" when it is on its way (or no pod)."""
+    alive = [
+        p
+        for p in pods
+        if (p.get("status") or {}).get("phase") in ("Pending", None)
+        and (job_uid is None or _controller_uid(p) == job_uid)
+    ]
+    alive.sort(key=lambda p: str((p.get("metadata") or {}).get("creationTimestamp") or ""))
+    for pod in reversed(alive):
+        status = pod.get("status") or {}
+        for container in [
+            *(status.get("initContainerStatuses") or []),
+            *(status.get("containerStatuses") or []),
+        ]:
+            waiting = (container.get("state") or {}).get("waiting") or {}
+            if waiting.get("reason") in STUCK_REASONS:
+                return _said(waiting.get("reason"), waiting.get("message"))
+        for condition in status.get("conditions") or []:
+            if (condition.get("type"), condition.get("status")) == ("PodScheduled", "False"):
+                return _said(condition.get("reason") or "Unschedulable", condition.get("message"))
+        return ""
+    return ""
+
+
+def _said(reason: object, message: object) -> str:
+    text = sanitise(message)
+    return f"{one_line(reason, limit=64)}: {text}" if text else one_line(reason, limit=64)
 
 
 def _container_message(term: Obj, policy: str | None) -> str:

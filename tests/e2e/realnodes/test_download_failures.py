@@ -161,3 +161,43 @@ def test_failed_downloads_show_their_own_reason_in_the_caches_status_and_events(
     )
     for name in (missing, archive):
         cluster.kubectl("delete", LMC.plural, name, "--wait=true", "--timeout=90s")
+
+
+def test_a_download_pod_that_cannot_start_says_why_in_the_models_progress(
+    cluster: Cluster, sources: Sources
+) -> None:
+    """A ClusterStorageContainer naming an image no node can pull: the Job runs, its pod waits
+    for ever (no stall is counted before a pod starts). The model's progress on each node
+    says why, from the kubelet's reason, instead of a Pending without a word."""
+    run = uuid.uuid4().hex[:6]
+    prefix = f"{sources.http_base}/nostart-{run}/"
+    uri = prefix + "weights.bin"
+    group, name = f"g-nostart-{run}", f"nostart-{run}"
+    csc = objects.localcache_downloader(f"e2e-nostart-{run}", prefix)
+    csc["spec"]["container"]["image"] = f"localcache.invalid/no-such-image-{run}:0"
+    node_group = cluster.node_group(group)
+    node_group["spec"]["peerDistribution"] = {"enabled": False}  # every node runs its own
+    cluster.apply(csc, node_group, objects.cache(name, uri, group))
+    try:
+
+        def said_everywhere() -> bool:
+            for node in cluster.node_names:
+                entry = ((cluster.get("localmodelnodes", node) or {}).get("status") or {}).get(
+                    "modelProgress"
+                ) or {}
+                message = str((entry.get(name) or {}).get("message") or "")
+                if "cannot start" not in message or not re.search(
+                    r"ErrImagePull|ImagePullBackOff", message
+                ):
+                    return False
+                assert cluster.node_status(node).get(name) == "ModelDownloadPending", node
+            return True
+
+        cluster.wait(
+            said_everywhere,
+            timeout=180,
+            what=f"every node's progress of {name} says its pod cannot pull its image",
+        )
+    finally:
+        cluster.kubectl("delete", LMC.plural, name, "--wait=true", "--timeout=90s")
+        cluster.kubectl("delete", "clusterstoragecontainer", f"e2e-nostart-{run}")

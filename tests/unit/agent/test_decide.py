@@ -234,6 +234,27 @@ CASES: list[tuple[str, downloads.Unit, plan.Observed, plan.Action]] = [
         ),
     ),
     (
+        "a running Job whose pod cannot start says why",
+        UNIT,
+        _observed(
+            jobs=(_job(0),),
+            latest=plan.JobFacts(STAGING, pod_message="ImagePullBackOff: Back-off pulling"),
+        ),
+        plan.Report(
+            status.Outcome(
+                modelnode.ModelStatus.DOWNLOAD_PENDING,
+                modelnode.ModelProgress(
+                    bytes_on_disk=0,
+                    attempts=1,
+                    job_name=_name(UNIT, 0),
+                    message=f"the download pod of Job {_name(UNIT, 0)} cannot start: "
+                    "ImagePullBackOff: Back-off pulling",
+                ),
+                5.0,
+            )
+        ),
+    ),
+    (
         "a completed Job's staging folder is promoted",
         UNIT,
         _observed(

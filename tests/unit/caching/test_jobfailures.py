@@ -165,3 +165,55 @@ def test_an_import_pods_failed_init_container_speaks_and_a_stopped_sidecar_does_
         }
     ]
     assert failures.pod_failure_message([pod]) == "the download left no file in the staging folder"
+
+
+def _waiting_pod(
+    *,
+    waiting: dict[str, str] | None = None,
+    scheduled: dict[str, str] | None = None,
+    phase: str = "Pending",
+    created: str = "2026-01-01T00:00:00Z",
+    uid: str = "job-uid",
+) -> dict[str, Any]:
+    status: dict[str, Any] = {"phase": phase}
+    if waiting is not None:
+        status["containerStatuses"] = [{"name": "d", "state": {"waiting": waiting}}]
+    if scheduled is not None:
+        status["conditions"] = [{"type": "PodScheduled", "status": "False", **scheduled}]
+    meta = {
+        "creationTimestamp": created,
+        "ownerReferences": [{"controller": True, "uid": uid}],
+    }
+    return {"metadata": meta, "status": status}
+
+
+def test_a_pod_that_cannot_start_says_why_and_one_on_its_way_says_nothing() -> None:
+    pull = {"reason": "ImagePullBackOff", "message": 'Back-off pulling image "x:1"'}
+    assert (
+        failures.pod_waiting_message([_waiting_pod(waiting=pull)])
+        == 'ImagePullBackOff: Back-off pulling image "x:1"'
+    )
+    secret = {"reason": "CreateContainerConfigError", "message": 'secret "s3" not found'}
+    assert failures.pod_waiting_message([_waiting_pod(waiting=secret)]).startswith(
+        "CreateContainerConfigError: "
+    )
+    unfit = {"reason": "Unschedulable", "message": "0/2 nodes are available"}
+    assert (
+        failures.pod_waiting_message([_waiting_pod(scheduled=unfit)])
+        == "Unschedulable: 0/2 nodes are available"
+    )
+    for on_its_way in (
+        _waiting_pod(waiting={"reason": "ContainerCreating"}),
+        _waiting_pod(),
+        _waiting_pod(waiting=pull, phase="Failed"),  # a failure speaks elsewhere
+        _waiting_pod(waiting=pull, uid="another-job"),
+    ):
+        assert failures.pod_waiting_message([on_its_way], job_uid="job-uid") == ""
+    # the newest pod speaks; its message is sanitised as any pod-supplied text
+    older = _waiting_pod(waiting=pull, created="2026-01-01T00:00:00Z")
+    leaky = {"reason": "ErrImagePull", "message": "pull https://u:p@r.example/x?sig=abc"}
+    newer = _waiting_pod(waiting=leaky, created="2026-01-01T00:01:00Z")
+    said = failures.pod_waiting_message([newer, older])
+    assert said.startswith("ErrImagePull: ")
+    assert "u:p@" not in said
+    assert "sig=abc" not in said
