@@ -108,7 +108,8 @@ class Observer:
             failed = state.failed_pods
             pod = await self._jobs.pod_message(latest, failed) if failed else ""
             if not (failed or state.ready or usage.bytes) and self._waits is not None:
-                pod = await self._waits.message(latest, now)  # why it has not started
+                tenant = unit.leader.namespace is not None  # its Job runs in their namespace
+                pod = await self._waits.message(latest, now, detail=not tenant)
             return plan.JobFacts(
                 staging,
                 staging_bytes=usage.bytes,

@@ -48,6 +48,7 @@ ModelStatus = modelnode.ModelStatus
 
 POD_MESSAGE_LIMIT: Final = jobfailures.POD_MESSAGE_LIMIT
 STALL_LOOK_MIN_S: Final = 1.0
+NOT_STARTED: Final = "the download pod of Job "  # a message's start: why it has not started
 one_line = jobfailures.one_line
 clip = jobfailures.clip
 
@@ -270,7 +271,7 @@ def _running(
         where = f"{latest.namespace}/{latest.name}"
         message = clip(f"a download pod failed, Job {where} retries: {facts.pod_message or '?'}")
     elif facts.pod_message:  # running, but its pod cannot start (`agent.jobs.podwait`)
-        message = clip(f"the download pod of Job {latest.name} cannot start: {facts.pod_message}")
+        message = clip(f"{NOT_STARTED}{latest.name} cannot start: {facts.pod_message}")
     size = facts.staging_bytes
     progress = modelnode.ModelProgress(
         bytes_on_disk=size,
@@ -393,6 +394,6 @@ def _carried_message(unit: downloads.Unit, observed: Observed) -> str | None:
     """The failure message an earlier attempt left in status (kept while retrying)."""
     for key in unit.status_keys:
         progress = observed.progress.get(key)
-        if progress is not None and progress.message:
-            return progress.message
+        if progress is not None and progress.message:  # (not why a pod had not started)
+            return None if progress.message.startswith(NOT_STARTED) else progress.message
     return None

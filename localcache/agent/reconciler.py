@@ -167,7 +167,7 @@ class Reconciler:
             namespace_caches=stores.namespace_caches,
             progress_interval=progress_interval,
             growth=stall.GrowthWatch(clock),
-            waits=podwait.PodWaits(api, clock),
+            waits=podwait.PodWaits(api, clock, node_name),
         )
         self._peers = peers.Peering(
             node_name=node_name, api=api, settings=peer_settings or peers.PeerSettings(),

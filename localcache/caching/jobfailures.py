@@ -191,10 +191,12 @@ STUCK_REASONS: Final = frozenset({
 or ConfigMap key): pulling and creating are not among them."""
 
 
-def pod_waiting_message(pods: Iterable[Obj], *, job_uid: str | None = None) -> str:
+def pod_waiting_message(
+    pods: Iterable[Obj], *, job_uid: str | None = None, detail: bool = True
+) -> str:
     """Why the newest pod (of the Job `job_uid`, when given) that has not finished cannot
     start: a container waiting for a `STUCK_REASONS` reason, or the pod unschedulable, as
-    "<reason>: <message>"; "" when it is on its way (or no pod)."""
+    "<reason>: <message>" (`detail=False`: the reason only); "" when it is on its way."""
     alive = [
         p
         for p in pods
@@ -210,10 +212,11 @@ def pod_waiting_message(pods: Iterable[Obj], *, job_uid: str | None = None) -> s
         ]:
             waiting = (container.get("state") or {}).get("waiting") or {}
             if waiting.get("reason") in STUCK_REASONS:
-                return _said(waiting.get("reason"), waiting.get("message"))
+                return _said(waiting["reason"], waiting.get("message") if detail else None)
         for condition in status.get("conditions") or []:
             if (condition.get("type"), condition.get("status")) == ("PodScheduled", "False"):
-                return _said(condition.get("reason") or "Unschedulable", condition.get("message"))
+                said = condition.get("message") if detail else None
+                return _said("Unschedulable", said)
         return ""
     return ""
 

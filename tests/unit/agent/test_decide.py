@@ -217,6 +217,26 @@ CASES: list[tuple[str, downloads.Unit, plan.Observed, plan.Action]] = [
         ),
     ),
     (
+        "a retry whose pod started again does not keep why an earlier pod had not started",
+        UNIT,
+        _observed(
+            jobs=(_job(0, phase="Failed"), _job(1, ready=1)),
+            latest=plan.JobFacts(STAGING),
+            progress={
+                "iris": modelnode.ModelProgress(
+                    message=f"{plan.NOT_STARTED}x cannot start: ImagePullBackOff"
+                )
+            },
+        ),
+        plan.Report(
+            status.Outcome(
+                modelnode.ModelStatus.DOWNLOADING,
+                modelnode.ModelProgress(bytes_on_disk=0, attempts=2, job_name=_name(UNIT, 1)),
+                5.0,
+            )
+        ),
+    ),
+    (
         "a pod failure while the Job still retries is only a message",
         UNIT,
         _observed(jobs=(_job(0, failed=1),), latest=plan.JobFacts(STAGING, pod_message="oom")),

@@ -197,6 +197,9 @@ def test_a_pod_that_cannot_start_says_why_and_one_on_its_way_says_nothing() -> N
     assert failures.pod_waiting_message([_waiting_pod(waiting=secret)]).startswith(
         "CreateContainerConfigError: "
     )
+    assert failures.pod_waiting_message([_waiting_pod(waiting=secret)], detail=False) == (
+        "CreateContainerConfigError"
+    )
     unfit = {"reason": "Unschedulable", "message": "0/2 nodes are available"}
     assert (
         failures.pod_waiting_message([_waiting_pod(scheduled=unfit)])
