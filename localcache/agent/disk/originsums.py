@@ -25,13 +25,13 @@ access (`agent.peer.proofs` asks the origin itself). Blocking: call it in a thre
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
-import stat
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Final
+
+from localcache.agent.peer.files import Stale, open_beneath
 
 HF_SCHEME: Final = "hf://"
 METADATA_DIR: Final = ".cache/huggingface/download"
@@ -60,7 +60,7 @@ def published(folder: Path, uri: str, files: Iterable[File]) -> dict[str, str]:
         metadata = f"{METADATA_DIR}/{path}{METADATA_SUFFIX}"
         if not 0 < sizes.get(metadata, 0) <= MAX_METADATA_BYTES:
             continue
-        text = _read_beneath(folder, metadata, MAX_METADATA_BYTES)
+        text = _read(folder, metadata, sizes[metadata])
         lines = text.splitlines() if text is not None else []
         if len(lines) >= 2 and _SHA256.fullmatch(lines[1].strip()):
             sums[path] = lines[1].strip()
@@ -72,25 +72,16 @@ def mismatches(files: Iterable[File], sums: Mapping[str, str]) -> list[str]:
     return sorted(path for path, _, sha in files if sums.get(path, sha) != sha)
 
 
-def _read_beneath(folder: Path, relative: str, limit: int) -> str | None:
-    """At most `limit` bytes of `folder/relative` as text, opening each component without
-    following a symlink; None when that fails or the bytes are not UTF-8."""
-    *parents, name = relative.split("/")
-    fds: list[int] = []
+def _read(folder: Path, relative: str, size: int) -> str | None:
+    """The `size` bytes of the regular file `folder/relative` as text (`peer.files.open_beneath`:
+    no symlink followed); None when it is not that file or not UTF-8."""
     try:
-        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-        fds.append(fd)
-        for part in parents:
-            fd = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
-            fds.append(fd)
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=fd)
-        fds.append(fd)
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        return os.read(fd, limit).decode("utf-8")
+        fd = open_beneath(folder, relative, size)
+    except Stale:
+        return None
+    try:
+        return os.read(fd, size).decode("utf-8")
     except (OSError, UnicodeDecodeError):
         return None
     finally:
-        for opened in fds:
-            with contextlib.suppress(OSError):
-                os.close(opened)
+        os.close(fd)

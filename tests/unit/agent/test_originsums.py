@@ -84,10 +84,13 @@ def test_metadata_of_another_shape_or_behind_a_symlink_attests_nothing(tmp_path:
     meta = top / ".cache" / "huggingface" / "download" / "sub" / "model.safetensors.metadata"
     sha = hashlib.sha256(WEIGHTS).hexdigest()
     files = [("sub/model.safetensors", len(WEIGHTS), sha)]
-    listed = [*files, (str(meta.relative_to(top)), 100, "0" * 64)]
     for text in ("", "one line\n", f"{COMMIT}\n{sha.upper()}\n", f'{COMMIT}\n"{sha}"\n'):
         meta.write_text(text)
+        listed = [*files, (str(meta.relative_to(top)), meta.stat().st_size, "0" * 64)]
         assert originsums.published(top, HF, listed) == {}
+    meta.write_text(f"{COMMIT}\n{sha}\n")
+    listed = [*files, (str(meta.relative_to(top)), meta.stat().st_size, "0" * 64)]
+    assert originsums.published(top, HF, listed) == {"sub/model.safetensors": sha}
     meta.write_text(f"{COMMIT}\n{sha}\n" + "#" * originsums.MAX_METADATA_BYTES)
     too_big = [*files, (str(meta.relative_to(top)), meta.stat().st_size, "0" * 64)]
     assert originsums.published(top, HF, too_big) == {}
