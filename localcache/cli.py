@@ -1,4 +1,5 @@
-"""Command line: `localcache controller|agent|run|download|fetch|import`, each with `--help`.
+"""Command line: `localcache controller|agent|run|download|fetch|origin-sums|import`, each
+with `--help`.
 
 Flags and their environment variables are defined once in `localcache.settings`.
 
@@ -6,8 +7,8 @@ Expected failures end in one line on stderr, `localcache COMMAND: error: ...`, a
 a kubeconfig that is missing or unusable, an apiserver that does not answer or refuses us
 (`controller` and `agent` check this before anything starts), a bad URI or destination
 (`download`, `fetch`), a step of an import pod that cannot proceed (`import`); `fetch` exits
-3 when no peer could serve and the origin should. Usage errors are argparse's (usage line and
-message, exit 2). A traceback means a bug.
+3 when no peer could serve and the origin should; `origin-sums` always exits 0. Usage errors
+are argparse's (usage line and message, exit 2). A traceback means a bug.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from localcache import settings as settings_mod
 from localcache.download import importcommand as import_command
 from localcache.download import peercommand as fetch_command
 from localcache.download import program as download_program
+from localcache.download import seedsums as origin_sums_command
 from localcache.runtime import errors
 
 _DESCRIPTIONS = {
@@ -84,6 +86,16 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     fetch_command.add_arguments(fetch)
+    origin_sums = sub.add_parser(
+        "origin-sums",
+        help="record the SHA-256 an s3:// origin stores for each object of a model",
+        description=(
+            "Before KServe's storage initializer downloads an s3:// model (the init container "
+            "of a seed's download Job), record the SHA-256 the origin stores for each object "
+            "in the download's folder, for the agent to check the bytes against. Exits 0."
+        ),
+    )
+    origin_sums_command.add_arguments(origin_sums)
     import_cmd = sub.add_parser(
         "import",
         help="the steps of a shared-volume cache's import pod (prepare, progress, place)",
@@ -149,6 +161,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return import_command.run(args)
     if args.command == "fetch":
         return fetch_command.run(args)
+    if args.command == "origin-sums":
+        return origin_sums_command.run(args)
     if args.command == "prepare-models-root":
         return _prepare_models_root(args)
     if args.command == "csi-node":

@@ -127,8 +127,11 @@ class _Hash:
     root: Path
     folder: str
     storage_key: str
-    stamp: filelists.Stamp
-    uri: str
+    manifest: layout.Manifest
+
+    @property
+    def stamp(self) -> filelists.Stamp:
+        return filelists.Stamp.of(self.manifest)
 
 
 @dataclass(slots=True)
@@ -277,7 +280,7 @@ class PeerFiles:
                 files, dirty = filelists.current(root, want.folder, manifest), False
             if files is None:  # none yet, or computed for an earlier promotion
                 filelists.remove(root, want.folder)
-                out.to_hash.append(_Hash(root, want.folder, want.storage_key, stamp, manifest.uri))
+                out.to_hash.append(_Hash(root, want.folder, want.storage_key, manifest))
                 continue
             scopes, sums = _scopes(files.scopes, want), attested.get(key)
             if sums is not None and sums[0] == files.manifest.digest:
@@ -344,7 +347,8 @@ class PeerFiles:
                 filelists.compute,
                 folder,
                 job.storage_key,
-                uri=job.uri,
+                uri=job.manifest.uri,
+                staged=job.manifest.origin_sums,
                 stop=self._stop.is_set,
                 known=self.progress.known(_staging_of(job)),
             )

@@ -83,7 +83,8 @@ class PeerSettings:
 @dataclass(frozen=True, slots=True)
 class Mode:
     """How to launch: `source` for `ModelProgress.source` (None: peer distribution off),
-    `transform` turns the origin Job into the peer-mode Job (None: the origin Job)."""
+    `transform` turns the origin Job into the peer-mode Job, or into a seed's origin Job that
+    records the origin's checksums (None: the origin Job)."""
 
     source: str | None = None
     transform: Transform | None = None
@@ -135,7 +136,7 @@ class Peering:
         spec = group.spec.peer_distribution
         if spec is None or not spec.enabled:
             return Mode()
-        origin = Mode(peerplan.SOURCE_ORIGIN)
+        origin = Mode(peerplan.SOURCE_ORIGIN, self._seed(unit, group))
         wait_key = (unit.storage_key, unit.scope_id, group.name)
         not_started = self._starts.take(unit.storage_key, unit.scope_id)
         failed_peer = previous is not None and peerjob.is_peer(previous.obj)
@@ -195,10 +196,11 @@ class Peering:
                 await self._fell_back(node, unit, decision.reason, seed_why)
             return origin
         transform = functools.partial(
-            _transform,
+            peerjob.peer_job,
             image=self._settings.image,
             storage_key=unit.storage_key,
-            decision=decision,
+            digest=decision.digest,
+            sources=decision.sources,
             ca_pem=ca,
             max_size=max_size,
             prove_uri=unit.leader.source_model_uri if decision.prove else None,
@@ -206,9 +208,17 @@ class Peering:
         log.info("peer_download_planned", storage_key=unit.storage_key, sources=decision.sources)
         return Mode(decision.source, transform)
 
+    def _seed(self, unit: downloads.Unit, group: nodegroup.LocalModelNodeGroup) -> Transform | None:
+        """The origin Job's transform where it seeds an `s3://` model: it records the
+        origin's checksums first (`peerjob.seed_job` with the peer image)."""
+        uri, image = unit.request.uri, self._settings.image
+        if not image or not uri.startswith("s3://"):
+            return None
+        return lambda job, _: peerjob.seed_job(job, group, uri, image=image)
+
     async def refused(self, node: modelnode.LocalModelNode, unit: downloads.Unit, why: str) -> Mode:
-        """A peer-mode Job the API refused (an admission policy, a quota): the origin at once,
-        counted and said as a fallback."""
+        """A peer-mode Job (or a seed's, `_seed`) the API refused (an admission policy, a
+        quota): the plain origin Job at once, counted and said as a fallback."""
         await self._fell_back(node, unit, "peer-job-refused", why)
         return Mode(peerplan.SOURCE_ORIGIN)
 
@@ -373,27 +383,3 @@ class Peering:
 def _read_bounded(path: Path, limit: int) -> str:
     with path.open("rb") as handle:
         return handle.read(limit).decode("ascii", errors="replace")
-
-
-def _transform(
-    origin: Obj,
-    injection: credentials.Injection,
-    *,
-    image: str,
-    storage_key: str,
-    decision: peerplan.Peer,
-    ca_pem: str,
-    max_size: int,
-    prove_uri: str | None,
-) -> Obj:
-    return peerjob.peer_job(
-        origin,
-        image=image,
-        storage_key=storage_key,
-        digest=decision.digest,
-        sources=decision.sources,
-        ca_pem=ca_pem,
-        max_size=max_size,
-        injection=injection,
-        prove_uri=prove_uri,
-    )

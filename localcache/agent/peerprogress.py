@@ -6,7 +6,9 @@ distribution enabled whose entry is Pending or Downloading by a Job of
 - the origin, for an `s3://` URI: KServe's storage initializer downloads each object to a
   temporary name (`<name>.<8 hex digits>`, boto3's s3transfer) and renames it when complete,
   so a regular file under any other name is whole; temporary names are never listed (a model
-  file whose own name looks like one is served once the model is complete). Other schemes
+  file whose own name looks like one is served once the model is complete), nor the
+  origin's checksums the seed staged (`originpaths.STAGED_SUMS`, taken out before
+  promotion). Other schemes
   write files in place (nothing tells a whole file from a growing one): not listed;
 - peers (`localcache fetch`): it writes `<path>.localcache-part` and renames it once verified
   (`api.peer.PART_SUFFIX`), in its staging directory (`download.staging.PARTIAL_PREFIX`), then
@@ -50,7 +52,7 @@ import structlog
 
 from localcache.agent import downloads, peerplan, status
 from localcache.agent.disk import digest, layout, wholefiles
-from localcache.api import modelnode, peer
+from localcache.api import modelnode, originpaths, peer
 from localcache.download import staging as staging_mod
 from localcache.runtime import clock as clock_mod
 
@@ -174,7 +176,7 @@ def _whole_by(kind: str) -> Callable[[str], bool]:
             if rel.startswith(staging_mod.PARTIAL_PREFIX):
                 return False  # a leftover or backup of the fetcher's staging
             return not name.endswith(peer.PART_SUFFIX)
-        return _S3_TEMP.fullmatch(name) is None
+        return _S3_TEMP.fullmatch(name) is None and not rel.startswith(originpaths.STAGED_SUMS)
 
     return whole
 

@@ -1,18 +1,51 @@
 """Where KServe's storage initializer writes an origin's files in a model folder: the mapping
-a proof names each file's object by (`s3://`), and the one file an `http(s)://` model is
-stored as (the origin a peer-mode fetch resumes from). Pure functions on URIs.
+a proof names each file's object by (`s3://`), the SHA-256 S3 stores for an object, and the
+one file an `http(s)://` model is stored as (the origin a peer-mode fetch resumes from).
+Pure functions on URIs.
+
+`STAGED_SUMS` names the file the seed's `localcache origin-sums` step leaves in an `s3://`
+origin Job's staging folder (`StagedSums`: the SHA-256 the origin stores per folder path,
+`download.seedsums`); the agent takes it out before promotion (`agent.disk.originsums`).
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import mimetypes
 import posixpath
 import urllib.parse
 from typing import Final
 
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
 from localcache.api import peer
 
 _UNPACKED: Final = frozenset({"application/x-tar", "application/zip"})
+_SHA256_HEX: Final = frozenset("0123456789abcdef")
+
+STAGED_SUMS: Final = ".localcache-origin-sums.json"
+MAX_STAGED_SUMS: Final = 4096
+"""Objects whose SHA-256 one download records at most (the sums go into the folder's manifest,
+which every pass reads): a model of more objects records none."""
+MAX_STAGED_SUMS_BYTES: Final = MAX_STAGED_SUMS * (peer.MAX_PATH + 80)
+
+
+class StagedSums(BaseModel):
+    """The origin's SHA-256 (hex) per folder path, as `localcache origin-sums` stages them."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    sha256: dict[str, str] = Field(max_length=MAX_STAGED_SUMS)
+
+    @field_validator("sha256")
+    @classmethod
+    def _entries(cls, value: dict[str, str]) -> dict[str, str]:
+        for path, sha in value.items():
+            peer.check_path(path)
+            if len(sha) != 64 or not set(sha) <= _SHA256_HEX:
+                raise ValueError(f"not a SHA-256 in hex for {path[:80]!r}")
+        return value
 
 
 def parse_s3(uri: str) -> tuple[str, str]:
@@ -49,3 +82,15 @@ def http_origin_path(uri: str) -> str:
     if kind in _UNPACKED or encoding is not None:
         raise ValueError("an archive or compressed file, which the origin Job unpacks")
     return peer.check_path(posixpath.basename(parts.path))
+
+
+def s3_checksum_sha256(value: str | None, checksum_type: str | None) -> str | None:
+    """The hex SHA-256 of a whole object from S3's `x-amz-checksum-sha256` (base64), when it is
+    a full-object checksum (not a composite of parts); else None."""
+    if not value or checksum_type not in (None, "FULL_OBJECT") or len(value) > 64:
+        return None
+    try:
+        raw = base64.b64decode(value, validate=True)
+    except binascii.Error:
+        return None
+    return raw.hex() if len(raw) == 32 else None

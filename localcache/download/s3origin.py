@@ -17,8 +17,9 @@ Contract:
   (ListObjectsV2, paginated, keys ending in "/" skipped, at most `peer.MAX_FILES`) and maps
   each key to its folder path as the storage initializer does (`originpaths.s3_folder_path`);
   `proof(uri, objects, nonce)` presigns a HEAD of each (`peer.PROOF_EXPIRES_S`), signing the
-  serving node's nonce as `If-None-Match` (`peer.nonce_header`) and the checksum mode. Both
-  block: run them in a thread.
+  serving node's nonce as `If-None-Match` (`peer.nonce_header`) and the checksum mode;
+  `checksums(uri, objects)` HEADs each in checksum mode for the SHA-256 the origin stores
+  (`download.seedsums`). They block: run them in a thread.
 - Errors: `peersources.FetchError` "use origin" when the origin refuses or cannot serve the
   listing or presign (no credentials, AccessDenied, no such bucket, anonymous) or when no
   object is found; its reason names the origin's error code and status, never the request,
@@ -204,6 +205,23 @@ class S3Origin:
         if not found:
             raise peersources.use_origin(f"no object under {uri[:80]}")
         return list(found.values())
+
+    def checksums(self, uri: str, objects: Sequence[S3Object]) -> dict[str, str]:
+        """The SHA-256 (hex) the origin stores for each of `objects` stored with a full-object
+        one, by folder path (a HEAD in checksum mode each); "use origin" when it refuses."""
+        bucket, _ = originpaths.parse_s3(uri)
+        sums: dict[str, str] = {}
+        try:
+            for item in objects:
+                head = self._client.head_object(Bucket=bucket, Key=item.key, ChecksumMode="ENABLED")
+                sha256 = originpaths.s3_checksum_sha256(
+                    head.get("ChecksumSHA256"), head.get("ChecksumType")
+                )
+                if sha256 is not None:
+                    sums[item.path] = sha256
+        except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError) as exc:
+            raise peersources.use_origin(f"the origin refused a HEAD: {_origin(exc)}") from None
+        return sums
 
     def proof(self, uri: str, objects: Sequence[S3Object], nonce: str) -> peer.ProofRequest:
         """Presigned HEADs of `objects`, valid `peer.PROOF_EXPIRES_S` from now, signing the

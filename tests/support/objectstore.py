@@ -50,6 +50,7 @@ surface as `botocore.exceptions.ClientError`.
 from __future__ import annotations
 
 import argparse
+import base64
 import http
 import json
 import os
@@ -341,10 +342,23 @@ class ObjectStore(modelserver.ServerProcess):
     def create_bucket(self, bucket: str) -> None:
         self.client().create_bucket(Bucket=bucket)
 
-    def put_object(self, bucket: str, key: str, data: bytes, *, sha256: bool = False) -> None:
+    def put_object(
+        self,
+        bucket: str,
+        key: str,
+        data: bytes,
+        *,
+        sha256: bool = False,
+        stored_sha256: str | None = None,
+    ) -> None:
         """Store `data`; with `sha256`, with its SHA-256 checksum (S3 then answers it to a
-        HEAD in checksum mode, `x-amz-checksum-sha256`)."""
-        extra = {"ChecksumAlgorithm": "SHA256"} if sha256 else {}
+        HEAD in checksum mode, `x-amz-checksum-sha256`); with `stored_sha256` (hex), with that
+        as its checksum instead: a store whose record is not the bytes (S3 would refuse the
+        upload, moto keeps it)."""
+        extra: dict[str, str] = {"ChecksumAlgorithm": "SHA256"} if sha256 else {}
+        if stored_sha256 is not None:
+            claimed = base64.b64encode(bytes.fromhex(stored_sha256)).decode()
+            extra = {"ChecksumAlgorithm": "SHA256", "ChecksumSHA256": claimed}
         self.client().put_object(Bucket=bucket, Key=key, Body=data, **extra)
 
     def get_object(self, bucket: str, key: str) -> bytes:

@@ -14,7 +14,8 @@ Contract:
   (too many entries or levels, a path longer than `peer.MAX_PATH` or not UTF-8), `OSError`
   when it cannot read it, `digest.Stopped` when `stop()` turned true. It blocks: call it in
   a thread. Each file's `originSha256` is the one its origin published (`originsums`: Hugging
-  Face LFS files); `OriginMismatch` (an `Unservable`) when a file's bytes are not that.
+  Face LFS files, an `s3://` seed's staged checksums); `OriginMismatch` (an `Unservable`) when
+  a file's bytes are not that.
 - `write` stores atomically (`runtime.durable`); `read` returns the stored list only when it
   is whole and consistent (schema, folder name, storage key, digest recomputed from the
   entries, scopes), else None; `current` also requires the stamp of the folder's manifest
@@ -90,10 +91,12 @@ def compute(
     storage_key: str,
     *,
     uri: str = "",
+    staged: Iterable[tuple[str, str]] = (),
     stop: Callable[[], bool] = _never,
     known: Mapping[digest.Identity, str] | None = None,
 ) -> peer.PeerManifest:
-    """The folder's peer manifest (module contract) of a download of `uri`; `known`: see
+    """The folder's peer manifest (module contract) of a download of `uri`; `staged`: the
+    origin checksums its promotion recorded (`layout.Manifest.origin_sums`); `known`: see
     `digest.listing`."""
     try:
         found = digest.listing(
@@ -108,7 +111,7 @@ def compute(
             text.encode("utf-8")
         except UnicodeEncodeError:
             raise Unservable(f"{folder}: a name is not UTF-8") from None
-    sums = originsums.published(folder, uri, found.files)
+    sums = originsums.published(folder, uri, found.files, staged=staged)
     differ = originsums.mismatches(found.files, sums)
     if differ:
         raise OriginMismatch(

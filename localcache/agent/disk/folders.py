@@ -39,7 +39,7 @@ from pathlib import Path
 
 import structlog
 
-from localcache.agent.disk import adopt, digest, layout, trash, tree
+from localcache.agent.disk import adopt, digest, layout, originsums, trash, tree
 from localcache.runtime import durable
 
 log = structlog.get_logger(__name__)
@@ -192,7 +192,8 @@ class ModelDisk:
         folder of another download of the same URI is there already, the two are compared
         (`digest`): the same content is shared (the new download is discarded), different
         content becomes the folder `variant` of the downloading scope
-        (`models/<key>.<variant>`), never a silent discard."""
+        (`models/<key>.<variant>`), never a silent discard. The origin's checksums an `s3://`
+        download staged go from the folder into the manifest (`originsums.take_staged`)."""
         layout.require_key(storage_key)
         if manifest.storage_key != storage_key:
             raise layout.DiskError(f"manifest is for {manifest.storage_key}, not {storage_key}")
@@ -201,6 +202,8 @@ class ModelDisk:
         if not staging.is_dir():
             raise layout.DiskError(f"staging folder {staging} does not exist")
         self.ensure_layout()
+        if manifest.uri.startswith(originsums.S3_SCHEME) and not manifest.origin_sums:
+            manifest = dataclasses.replace(manifest, origin_sums=originsums.take_staged(staging))
         record: dict[str, object] = {"staging": staging.name, "manifest": manifest.to_json()}
         if variant is not None:
             layout.folder_name(storage_key, variant)  # DiskError unless a variant

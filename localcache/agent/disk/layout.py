@@ -41,6 +41,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+import pydantic
+
+from localcache.api import originpaths
+
 DEFAULT_ROOT = Path("/mnt/models")
 MODELS_DIR = "models"
 STAGING_DIR = ".staging"
@@ -165,6 +169,8 @@ class Manifest:
     URI was compared with it); empty until then."""
     variant: str = ""
     """Set for a folder variant (`models/<key>.<variant>`): the scope it was downloaded in."""
+    origin_sums: tuple[tuple[str, str], ...] = ()
+    """(path, SHA-256 hex) the origin stores, as the download staged them (`originsums`)."""
 
     def to_json(self) -> dict[str, Any]:
         data = {json_name: getattr(self, attr) for attr, json_name in _MANIFEST_JSON.items()}
@@ -174,6 +180,8 @@ class Manifest:
             data["digest"] = self.digest
         if self.variant:
             data["variant"] = self.variant
+        if self.origin_sums:
+            data["originSha256"] = dict(self.origin_sums)
         return data
 
     @property
@@ -189,9 +197,20 @@ class Manifest:
                 bytes=int(data["bytes"]), completed_at=str(data["completedAt"]),
                 job=str(data["job"]), adopted=data.get("adopted") is True,
                 digest=str(data.get("digest") or ""), variant=str(data.get("variant") or ""),
+                origin_sums=_origin_sums(data.get("originSha256")),
             )  # fmt: skip
         except (KeyError, TypeError, ValueError) as exc:
             raise DiskError(f"malformed manifest: {exc}") from exc
+
+
+def _origin_sums(data: object) -> tuple[tuple[str, str], ...]:
+    """The recorded origin SHA-256s, none when they are not `originpaths.StagedSums`."""
+    if data is None:
+        return ()
+    try:
+        return tuple(sorted(originpaths.StagedSums.model_validate({"sha256": data}).sha256.items()))
+    except pydantic.ValidationError:
+        return ()
 
 
 _MANIFEST_JSON = {

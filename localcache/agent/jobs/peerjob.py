@@ -51,6 +51,14 @@ CONTAINER: Final = jobs.CONTAINER_NAME
 DEFAULT_SERVICE_ACCOUNT: Final = "default"
 SEED_FILES_ENV: Final = "S3_MAX_FILE_CONCURRENCY"
 SEED_FILES: Final = "2"
+SUMS_LABEL: Final = "localcache.kserve.io/origin-sums"
+SUMS_CONTAINER: Final = "origin-sums"
+SUMS_COMMAND: Final = ("localcache", "origin-sums")
+SUMS_RESOURCES: Final = {
+    "requests": {"cpu": "10m", "memory": "64Mi"},
+    "limits": {"cpu": "500m", "memory": "256Mi"},
+}
+_SUMS_KEEPS: Final = ("env", "envFrom", "volumeMounts", "securityContext", "imagePullPolicy")
 
 
 def is_peer(job: Mapping[str, Any]) -> bool:
@@ -91,6 +99,7 @@ def fetch_args(
 
 def peer_job(
     origin: Obj,
+    injection: credentials.Injection,
     *,
     image: str,
     storage_key: str,
@@ -98,7 +107,6 @@ def peer_job(
     sources: Sequence[tuple[str, str]],
     ca_pem: str,
     max_size: int,
-    injection: credentials.Injection,
     prove_uri: str | None = None,
 ) -> Obj:
     """The peer-mode Job of `origin` (see the module docstring); `injection` is what
@@ -193,21 +201,34 @@ def _token_volume() -> Obj:
     }
 
 
-def seed_job(job: Obj, group: nodegroup.LocalModelNodeGroup, uri: str) -> Obj:
+def seed_job(job: Obj, group: nodegroup.LocalModelNodeGroup, uri: str, *, image: str = "") -> Obj:
     """The origin Job of an `s3://` model in a group with peer distribution: KServe's storage
     initializer fetches at most `SEED_FILES` objects at once (its default is 4), so that files
     become whole in turn, servable to the nodes following this one, rather than all near the
-    end (the origin's total rate is the same). A value the Job already sets is kept; a Job
-    whose download container cannot be told (several, none named `CONTAINER`) is unchanged."""
+    end (the origin's total rate is the same). A value the Job already sets is kept. With the
+    agent's peer `image`, a sidecar (an init container that keeps running, started before the
+    download and beside it, so it adds no time) records the SHA-256 the origin stores for
+    each object (`localcache origin-sums --sidecar`, `download.seedsums`) with the download
+    container's env, credentials, mounts and security context, and small resources of its
+    own (`SUMS_RESOURCES`); the Job carries the label `SUMS_LABEL` (the admission policies
+    check that container's image and command). A Job whose download container cannot be told
+    (several, none named `CONTAINER`) is unchanged."""
     spec = group.spec.peer_distribution
     if spec is None or not spec.enabled or not uri.startswith("s3://"):
         return job
     job = copy.deepcopy(job)
+    pod = job["spec"]["template"]["spec"]
     try:
-        main = _download_container(job["spec"]["template"]["spec"]["containers"])
+        main = _download_container(pod["containers"])
     except ValueError:
         return job
     env = main.setdefault("env", [])
     if not any(e.get("name") == SEED_FILES_ENV for e in env):
         env.append({"name": SEED_FILES_ENV, "value": SEED_FILES})
+    if image:
+        job["metadata"]["labels"] = {**(job["metadata"].get("labels") or {}), SUMS_LABEL: "true"}
+        sums = {k: copy.deepcopy(main[k]) for k in _SUMS_KEEPS if k in main}
+        sums |= {"name": SUMS_CONTAINER, "image": image, "command": list(SUMS_COMMAND)}
+        sums |= {"restartPolicy": "Always", "resources": copy.deepcopy(SUMS_RESOURCES)}
+        pod["initContainers"] = [{**sums, "args": [uri, jobs.MOUNT_PATH, "--sidecar"]}]
     return job

@@ -15,14 +15,14 @@ reason from a fixed vocabulary: `proof-origin` (an endpoint the node group does 
 `proof-object` (another bucket or object), `proof-expired`, `proof-malformed`. Signatures
 are not checked here: the origin checks them when the HEAD runs.
 
-`checksum_sha256(value, type)`: the object's SHA-256 from S3's full-object checksum, which
-is compared with the manifest's directly (no hashing). `etag_matches(fd, size, etag)`:
-whether an S3 ETag is the MD5 of the open file's bytes: `"<md5>"` for a single-part upload,
-`"<md5 of the parts' md5s>-<n>"` for a multipart one, tried with the part sizes in
-`PART_SIZES` (and the size the part count implies, rounded to MiB) that give `n` parts, at
-most `MAX_PART_TRIES`. False also when the ETag cannot be checked (not an MD5 shape, such as
-SSE-KMS's, or no part size fits): the copy is then not provably the origin's. Blocking:
-run it in a thread.
+`originpaths.s3_checksum_sha256(value, type)`: the object's SHA-256 from S3's full-object
+checksum, which is compared with the manifest's directly (no hashing). `etag_matches(fd, size,
+etag)`: whether an S3 ETag is the MD5 of the open file's bytes: `"<md5>"` for a single-part
+upload, `"<md5 of the parts' md5s>-<n>"` for a multipart one, tried with the part sizes in
+`PART_SIZES` (and the size the part count implies, rounded to MiB) that give `n` parts, at most
+`MAX_PART_TRIES`. False also when the ETag cannot be checked (not an MD5 shape, such as SSE-
+KMS's, or no part size fits): the copy is then not provably the origin's. Blocking: run it in a
+thread.
 
 Object keys map to folder paths as KServe's storage initializer writes them
 (`originpaths.s3_folder_path`).
@@ -30,8 +30,6 @@ Object keys map to folder paths as KServe's storage initializer writes them
 
 from __future__ import annotations
 
-import base64
-import binascii
 import datetime
 import hashlib
 import ipaddress
@@ -187,18 +185,6 @@ def _check_query(query: str, now: float) -> Bad | tuple[float, bool]:
     if signed_headers not in SIGNED_HEADERS:  # no nonce, or headers the HEAD would not send
         return Bad("proof-malformed")
     return start + int(expires), signed_headers == CHECKSUM_SIGNED
-
-
-def checksum_sha256(value: str | None, checksum_type: str | None) -> str | None:
-    """The hex SHA-256 of a whole object from S3's `x-amz-checksum-sha256` (base64), when it is
-    a full-object checksum (not a composite of parts); else None."""
-    if not value or checksum_type not in (None, "FULL_OBJECT") or len(value) > 64:
-        return None
-    try:
-        raw = base64.b64decode(value, validate=True)
-    except binascii.Error:
-        return None
-    return raw.hex() if len(raw) == 32 else None
 
 
 def etag_matches(fd: int, size: int, etag: str) -> bool:

@@ -366,7 +366,7 @@ async def _head(
                 raise _Failed(403, "proof-denied")
             length = resp.headers.get("Content-Length")
             etag = resp.headers.get("ETag") or ""
-            sha256 = presigned.checksum_sha256(
+            sha256 = originpaths.s3_checksum_sha256(
                 resp.headers.get("x-amz-checksum-sha256"),
                 resp.headers.get("x-amz-checksum-type"),
             )

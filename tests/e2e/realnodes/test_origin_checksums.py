@@ -9,6 +9,13 @@ initializer (huggingface_hub) downloads `hf://` models from a Hub stand-in
   Hub sent): every node reports it downloaded (hashing never holds a node's own readiness),
   but no node serves it to peers: each lists it in `status.peer.unservable` as
   `origin-mismatch`, and no node fetched it from a peer.
+
+And for `s3://` models in the bed's S3 store (a tenant's namespace cache, its own
+credentials): the seed's origin Job first records the SHA-256 the store keeps for each object
+(`localcache origin-sums`, an init container), including one over boto3's 8 MB multipart
+threshold, which the storage initializer reads by ranges (boto3 checks no checksum then); the
+seed's file list records it, and no node's folder holds the record. An object whose stored
+SHA-256 is not its bytes makes the model `origin-mismatch` on every node.
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ from localcache.agent.disk import filelists
 from localcache.caching import keys
 from tests.e2e.realnodes import objects, peers
 from tests.e2e.realnodes.cluster import Cluster, Sources
-from tests.e2e.realnodes.objects import LMC
+from tests.e2e.realnodes.objects import LMC, LMNC
 from tests.support import hubstandin
 
 pytestmark = pytest.mark.timeout(300)
@@ -95,3 +102,84 @@ def _check(cluster: Cluster, run: str, good: str, bad: str, good_files: dict[str
         assert peers.served(cluster, node, bad_key) is None, f"{node} serves {bad}"
         source = peers.progress(cluster, node, f"bad-{run}").get("source")
         assert source == "origin", f"{node} fetched {bad} from {source}"
+
+
+def test_an_s3_seed_records_the_stored_checksums_and_a_mismatch_is_never_served(
+    cluster: Cluster, sources: Sources
+) -> None:
+    store, endpoint = sources.require_s3()
+    run = uuid.uuid4().hex[:6]
+    bucket, group = f"sums-{run}", f"g-s3sums-{run}"
+    files = {
+        "weights/model.safetensors": os.urandom(9 * 1024 * 1024),  # read by ranges
+        CONFIG: b'{"architectures": ["Llama"]}\n',
+    }
+    store.create_bucket(bucket)
+    for path, data in files.items():
+        store.put_object(bucket, f"good/{path}", data, sha256=path != CONFIG)
+        lie = hashlib.sha256(b"the store's other bytes").hexdigest() if path != CONFIG else None
+        store.put_object(bucket, f"bad/{path}", data, stored_sha256=lie)
+    namespace = cluster.namespace("s3sums")
+    key = store.create_user(f"s3sums-{run}")
+    cluster.apply(
+        peers.peer_group(cluster, group),
+        *objects.s3_credentials(
+            namespace, name="s3-reader", endpoint=endpoint,
+            key_id=key.access_key_id, secret=key.secret_access_key,
+        ),
+        *(objects.cache(name, f"s3://{bucket}/{name}", group, namespace=namespace,
+                        service_account="s3-reader") for name in ("good", "bad")),
+    )  # fmt: skip
+    try:
+        _check_s3(cluster, namespace, f"s3://{bucket}", files)
+    finally:
+        cluster.kubectl(
+            "delete", LMNC.plural, "good", "bad", "-n", namespace, "--wait=true",
+            "--timeout=90s", check=False,
+        )  # fmt: skip
+        cluster.kubectl("delete", "localmodelnodegroup", group, "--wait=false", check=False)
+
+
+def _check_s3(cluster: Cluster, namespace: str, base: str, files: dict[str, bytes]) -> None:
+    good_key, bad_key = keys.storage_key(f"{base}/good"), keys.storage_key(f"{base}/bad")
+    nodes = cluster.node_names
+    digests = {path: hashlib.sha256(data).hexdigest() for path, data in files.items()}
+    cluster.wait_ready(LMNC.plural, "good", namespace=namespace, timeout=240)
+    cluster.wait(
+        lambda: all((peers.served(cluster, n, good_key) or {}).get("digest") for n in nodes),
+        timeout=180,
+        what=f"every node serves all of {base}/good",
+    )
+    from_origin = []
+    for node in nodes:  # the record is no file of the model, on the seed or its followers
+        assert cluster.model_files(node, good_key) == digests, node
+        entry = peers.progress(cluster, node, keys.status_key("good", namespace))
+        if entry.get("source") == "origin":
+            from_origin.append(node)
+            listed = filelists.read(cluster.models_root(node), good_key)
+            assert listed is not None, f"no file list of {base}/good on {node}"
+            recorded = {f.path: f.origin_sha256 for f in listed.manifest.files}
+            want = {p: None if p == CONFIG else sha for p, sha in digests.items()}
+            assert recorded == want, f"{node}: {recorded}"
+    assert from_origin, "no node downloaded the model from the store"
+    jobs = peers.download_jobs(cluster, namespace, good_key)
+    seeds = [job for job in jobs if not peers.is_peer_job(job)]
+    assert seeds, "no origin Job"
+    for job in seeds:
+        [init] = job["spec"]["template"]["spec"]["initContainers"]
+        assert init["command"] == ["localcache", "origin-sums"], init
+
+    def refused_everywhere() -> bool:
+        return all(peers.unservable(cluster, n, bad_key) == "origin-mismatch" for n in nodes)
+
+    cluster.wait(
+        refused_everywhere,
+        timeout=240,
+        what=f"every node lists {base}/bad in status.peer.unservable as origin-mismatch",
+    )
+    for node in nodes:
+        status_key = keys.status_key("bad", namespace)
+        assert cluster.node_status(node).get(status_key) == "ModelDownloaded", node
+        assert peers.served(cluster, node, bad_key) is None, f"{node} serves {base}/bad"
+        source = peers.progress(cluster, node, status_key).get("source")
+        assert source == "origin", f"{node} fetched {base}/bad from {source}"

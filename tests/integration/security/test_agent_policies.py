@@ -267,7 +267,7 @@ async def test_the_agents_real_download_job_and_its_pod_are_admitted(
         (
             "an init container",
             {"initContainers": [{"name": "i", "image": "busybox"}]},
-            "no init or ephemeral containers",
+            "no init container but one",
         ),
     ],
 )

@@ -349,6 +349,7 @@ async def test_cancelling_the_worker_stops_and_awaits_the_hashing_thread(
         storage_key: str,
         *,
         uri: str,
+        staged: object = (),
         stop: Callable[[], bool],
         known: object = None,
     ) -> peer.PeerManifest:

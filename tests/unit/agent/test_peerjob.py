@@ -214,6 +214,40 @@ def test_a_seed_of_a_storage_container_with_its_own_container_name_is_tuned_too(
     assert peerjob.seed_job(two, _group(enabled=True), URI) == two
 
 
+def test_with_the_peer_image_a_seed_first_records_the_origins_checksums() -> None:
+    origin = _origin()
+    seed = peerjob.seed_job(origin, _group(enabled=True), URI, image=IMAGE)
+    main, pod = _main(seed), seed["spec"]["template"]["spec"]
+    [init] = pod["initContainers"]
+    assert seed["metadata"]["labels"][peerjob.SUMS_LABEL] == "true"
+    assert init["name"] == peerjob.SUMS_CONTAINER
+    assert init["image"] == IMAGE
+    assert init["command"] == ["localcache", "origin-sums"]
+    assert init["args"] == [URI, jobs.MOUNT_PATH, "--sidecar"]
+    assert init["restartPolicy"] == "Always"  # a sidecar: beside the download, not before it
+    assert init["resources"] == peerjob.SUMS_RESOURCES  # not the storage initializer's again
+    # the download's credentials, staging mount and identity: it asks the origin as the
+    # storage initializer will, and writes into the same folder as the same user
+    for field in ("env", "volumeMounts", "securityContext"):
+        assert init[field] == main[field], field
+    assert {"name": "creds", "mountPath": "/var/secret", "readOnly": True} in init["volumeMounts"]
+    assert init["securityContext"]["runAsUser"] == 1001
+    assert pod["containers"] == [main]  # the download itself is the storage initializer's
+    assert origin == _origin()  # not changed in place
+
+
+@pytest.mark.parametrize(
+    ("image", "enabled", "uri"),
+    [("", True, URI), (IMAGE, False, URI), (IMAGE, True, "gs://b/m"), (IMAGE, True, "hf://o/m")],
+)
+def test_no_checksum_step_without_the_image_peer_distribution_or_an_s3_model(
+    image: str, enabled: bool, uri: str
+) -> None:
+    seed = peerjob.seed_job(_origin(), _group(enabled=enabled), uri, image=image)
+    assert "initContainers" not in seed["spec"]["template"]["spec"]
+    assert peerjob.SUMS_LABEL not in seed["metadata"]["labels"]
+
+
 def test_a_peer_job_that_proves_access_keeps_the_origin_jobs_credentials() -> None:
     origin = _origin()
     job = _peer(origin, prove_uri=URI)

@@ -22,7 +22,7 @@ import pytest
 
 from localcache.agent import downloads, peerfiles, peerprogress, peersource, status
 from localcache.agent.disk import digest, filelists, folders, layout, wholefiles
-from localcache.api import modelnode, peer
+from localcache.api import modelnode, originpaths, peer
 from localcache.devenv.waiting import wait_until
 from localcache.download import staging
 from tests.unit.agent.test_peerfiles import GROUP, KEY, Ready, _group, _units
@@ -108,6 +108,10 @@ def test_only_whole_settled_files_are_listed_with_their_own_hashes(tmp_path: Pat
     (origin.folder / "sub" / "model.bin").write_bytes(b"whole")
     (origin.folder / "sub" / "next.bin.3fA09bC1").write_bytes(b"being written")
     (origin.folder / "link").symlink_to("sub/model.bin")
+    # the seed's record of the origin's checksums (and its temporary name): taken out of the
+    # folder at promotion, so never a file a follower may take
+    (origin.folder / originpaths.STAGED_SUMS).write_text("{}")
+    (origin.folder / f"{originpaths.STAGED_SUMS}.7.tmp").write_text("{}")
     first, _ = _scan(origin, twice=False)
     assert first.manifest.files == []  # seen once: not settled yet
     partial, scanned = _scan(origin)

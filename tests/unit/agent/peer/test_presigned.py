@@ -60,12 +60,12 @@ def test_a_presign_that_signed_the_checksum_mode_asks_for_the_objects_checksum()
 def test_only_a_full_object_sha256_checksum_counts() -> None:
     digest = hashlib.sha256(b"model").digest()
     encoded = base64.b64encode(digest).decode()
-    assert presigned.checksum_sha256(encoded, None) == digest.hex()
-    assert presigned.checksum_sha256(encoded, "FULL_OBJECT") == digest.hex()
-    assert presigned.checksum_sha256(encoded, "COMPOSITE") is None
-    assert presigned.checksum_sha256(encoded + "-3", None) is None
-    assert presigned.checksum_sha256(base64.b64encode(b"short").decode(), None) is None
-    assert presigned.checksum_sha256(None, None) is None
+    assert originpaths.s3_checksum_sha256(encoded, None) == digest.hex()
+    assert originpaths.s3_checksum_sha256(encoded, "FULL_OBJECT") == digest.hex()
+    assert originpaths.s3_checksum_sha256(encoded, "COMPOSITE") is None
+    assert originpaths.s3_checksum_sha256(encoded + "-3", None) is None
+    assert originpaths.s3_checksum_sha256(base64.b64encode(b"short").decode(), None) is None
+    assert originpaths.s3_checksum_sha256(None, None) is None
 
 
 def test_a_single_object_model_maps_to_its_base_name() -> None:

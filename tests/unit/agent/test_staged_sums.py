@@ -1,0 +1,128 @@
+"""The SHA-256s an `s3://` seed's `localcache origin-sums` step staged (`download.seedsums`):
+taken out of the download's folder at promotion into the folder's manifest
+(`agent.disk.originsums.take_staged`, `folders.ModelDisk.promote`), then recorded and checked
+when the folder's peer manifest is made (`filelists.compute(..., staged=...)`)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import pytest
+
+from localcache.agent.disk import filelists, folders, layout, originsums
+from localcache.api import originpaths
+
+KEY = "0123456789abcdef"
+S3 = "s3://models/llm"
+BIG = os.urandom(64 * 1024)
+SMALL = b"{}"
+
+
+def _staged(sums: dict[str, str]) -> str:
+    return originpaths.StagedSums(sha256=sums).model_dump_json()
+
+
+def _download(disk: folders.ModelDisk, sums_file: str | None, job: str = "job") -> Path:
+    staging = disk.prepare_staging(KEY, job)
+    (staging / "weights").mkdir()
+    (staging / "weights" / "part-0.bin").write_bytes(BIG)
+    (staging / "config.json").write_bytes(SMALL)
+    if sums_file is not None:
+        (staging / originpaths.STAGED_SUMS).write_text(sums_file)
+    return staging
+
+
+def _manifest(uri: str = S3, job: str = "job") -> layout.Manifest:
+    return layout.Manifest(
+        storage_key=KEY, uri=uri, bytes=1, completed_at="2026-01-01T00:00:00Z", job=job
+    )
+
+
+def _disk(tmp_path: Path) -> folders.ModelDisk:
+    disk = folders.ModelDisk(tmp_path / "root")
+    disk.ensure_layout()
+    return disk
+
+
+def test_the_staged_sums_go_from_the_folder_into_its_manifest_and_are_checked(
+    tmp_path: Path,
+) -> None:
+    disk = _disk(tmp_path)
+    big = hashlib.sha256(BIG).hexdigest()
+    staging = _download(disk, _staged({"weights/part-0.bin": big, "gone.bin": "0" * 64}))
+    in_force = disk.promote(staging, KEY, _manifest())
+    folder = disk.model_path(KEY)
+    assert sorted(p.name for p in folder.iterdir()) == ["config.json", "weights"]
+    assert in_force.origin_sums == (("gone.bin", "0" * 64), ("weights/part-0.bin", big))
+    assert disk.manifest(KEY) == in_force  # kept across restarts, in the manifest
+    manifest = filelists.compute(folder, KEY, uri=S3, staged=in_force.origin_sums)
+    recorded = {f.path: f.origin_sha256 for f in manifest.files}
+    assert recorded == {"config.json": None, "weights/part-0.bin": big}  # only files it holds
+
+
+def test_bytes_that_are_not_the_origins_make_the_folder_unservable(tmp_path: Path) -> None:
+    disk = _disk(tmp_path)
+    other = hashlib.sha256(b"what the origin stores").hexdigest()
+    staging = _download(disk, _staged({"weights/part-0.bin": other}))
+    in_force = disk.promote(staging, KEY, _manifest())
+    with pytest.raises(filelists.OriginMismatch, match=r"weights/part-0\.bin"):
+        filelists.compute(disk.model_path(KEY), KEY, uri=S3, staged=in_force.origin_sums)
+
+
+@pytest.mark.parametrize(
+    "content",
+    ["not json", '{"sha256": {"../escape": "' + "a" * 64 + '"}}', '{"sha256": {"a": "x"}}', ""],
+)
+def test_a_malformed_staged_file_is_taken_out_and_attests_nothing(
+    tmp_path: Path, content: str
+) -> None:
+    disk = _disk(tmp_path)
+    in_force = disk.promote(_download(disk, content), KEY, _manifest())
+    assert in_force.origin_sums == ()
+    assert not (disk.model_path(KEY) / originpaths.STAGED_SUMS).exists()
+
+
+def test_a_staged_symlink_is_removed_unfollowed_and_a_directory_is_the_models_own(
+    tmp_path: Path,
+) -> None:
+    target = tmp_path / "elsewhere.json"
+    target.write_text(_staged({"config.json": hashlib.sha256(SMALL).hexdigest()}))
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    (staging / originpaths.STAGED_SUMS).symlink_to(target)
+    assert originsums.take_staged(staging) == ()
+    assert not (staging / originpaths.STAGED_SUMS).is_symlink()
+    assert target.exists()
+    (staging / originpaths.STAGED_SUMS).mkdir()
+    assert originsums.take_staged(staging) == ()
+    assert (staging / originpaths.STAGED_SUMS).is_dir()
+
+
+def test_an_oversized_staged_file_is_not_read(tmp_path: Path) -> None:
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    with (staging / originpaths.STAGED_SUMS).open("wb") as handle:
+        handle.truncate(originpaths.MAX_STAGED_SUMS_BYTES + 1)
+    assert originsums.take_staged(staging) == ()
+    assert not (staging / originpaths.STAGED_SUMS).exists()
+
+
+def test_only_an_s3_download_has_its_staged_sums_taken(tmp_path: Path) -> None:
+    disk = _disk(tmp_path)
+    sums = _staged({"config.json": hashlib.sha256(SMALL).hexdigest()})
+    in_force = disk.promote(_download(disk, sums), KEY, _manifest(uri="gs://models/llm"))
+    assert in_force.origin_sums == ()
+    assert (disk.model_path(KEY) / originpaths.STAGED_SUMS).read_text() == sums  # a model file
+    files = [("config.json", len(SMALL), "0" * 64)]
+    staged = (("config.json", "1" * 64),)
+    assert originsums.published(tmp_path, "gs://models/llm", files, staged=staged) == {}
+
+
+def test_a_manifest_without_recorded_sums_reads_as_before(tmp_path: Path) -> None:
+    plain = _manifest().to_json()
+    assert "originSha256" not in plain
+    assert layout.Manifest.from_json(plain) == _manifest()
+    garbled = {**plain, "originSha256": {"a": "not a sha"}}
+    assert layout.Manifest.from_json(garbled).origin_sums == ()
