@@ -90,9 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
         "origin-sums",
         help="record the SHA-256 an s3:// origin stores for each object of a model",
         description=(
-            "Before KServe's storage initializer downloads an s3:// model (the init container "
-            "of a seed's download Job), record the SHA-256 the origin stores for each object "
-            "in the download's folder, for the agent to check the bytes against. Exits 0."
+            "While KServe's storage initializer downloads an s3:// model (a sidecar of a "
+            "seed's download Job), record the SHA-256 the origin stores for each object in "
+            "the download's folder, for the agent to check the bytes against. Exits 0."
         ),
     )
     origin_sums_command.add_arguments(origin_sums)

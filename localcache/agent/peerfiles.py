@@ -333,6 +333,7 @@ class PeerFiles:
                 self._queued.discard(key)
             if why is not None:
                 self._failed[key] = (job.stamp, why)
+                self.progress.unservable(job.root, job.storage_key)  # followers leave it
                 self._on_ready()  # published as unservable: its followers stop waiting
                 continue
             self._hashed += 1

@@ -149,10 +149,10 @@ class Peering:
                 reason = "use-origin" if said.use_origin else "peer-failed"
                 await self._fell_back(node, unit, reason, f"peer-mode Job {previous.name} failed")
             return origin
-        if not_started:
-            why = f"a peer-mode Job did not start within {int(peerstart.START_S)} s"
+        if not_started:  # a peer-mode Job, or a seed's sidecar: the plain origin Job now
+            why = f"a peer-mode or seed Job did not start within {int(peerstart.START_S)} s"
             await self._fell_back(node, unit, "peer-not-started", why)
-            return origin
+            return Mode(peerplan.SOURCE_ORIGIN)
         ca = await self._ca()
         if ca is None:
             return origin

@@ -21,7 +21,8 @@ look (a file written in place is not taken between two writes), and hands the pa
 manifests (`complete: false`, their own digest) to `on_change` after each folder. A folder
 just tracked is served at once with no file (the server answers 503 "nothing yet", never
 404); a promoted one (`track(finished=...)`) keeps its last manifest for `TOMBSTONE_S` (its
-files moved: 503) while its complete list is made, so its followers never see it vanish. An
+files moved: 503) while its complete list is made, so its followers never see it vanish,
+unless that list cannot be made (`unservable(root, storage_key)`: served no more at once). An
 `s3://` download holding an archive serves nothing before it completes (KServe unpacks it in
 place). The bytes are the download pod's: a receiver verifies every file against the sha256
 hashed here, and only pods of the same credential scope are ever served (a tenant can only
@@ -176,7 +177,7 @@ def _whole_by(kind: str) -> Callable[[str], bool]:
             if rel.startswith(staging_mod.PARTIAL_PREFIX):
                 return False  # a leftover or backup of the fetcher's staging
             return not name.endswith(peer.PART_SUFFIX)
-        return _S3_TEMP.fullmatch(name) is None and not rel.startswith(originpaths.STAGED_SUMS)
+        return _S3_TEMP.fullmatch(name) is None and not originpaths.is_staged_sums(rel)
 
     return whole
 
@@ -231,6 +232,20 @@ class Progress:
             self._publish()
         if new:
             self._wake.set()
+
+    def unservable(self, root: Path, storage_key: str) -> None:
+        """The complete folder of `storage_key` on `root` will not be served (`peerfiles`:
+        its list cannot be made, or the origin's checksums refuse it): the last manifest of
+        its finished download stops being served at once, so that its followers leave it
+        (404) rather than wait for a complete manifest that never comes."""
+        kept = {
+            key: kept
+            for key, kept in self._tombstones.items()
+            if key[0] != root or kept[0].item.storage_key != storage_key
+        }
+        if kept.keys() != self._tombstones.keys():
+            self._tombstones = kept
+            self._publish()
 
     def forget(self) -> None:
         """Peer distribution is off: track and serve nothing (hashes are kept)."""

@@ -17,6 +17,11 @@ not running (`agent.stall`): without this, the unit would wait for good.
 Bounded: at most `KEPT` marks (the oldest go first).
 Not promised: telling an image pull from any other reason a pod does not start (scheduling,
 a quota): after `start_s` the origin is the better bet in every case.
+
+A seed's origin Job with the checksum sidecar (`peerjob.seed_job`), which runs the same image,
+is stopped alike once its pod says it cannot start (`plan.NOT_STARTED`: an image that cannot
+be pulled, not one still pulling) and the unit is marked: its next Job is the plain origin
+Job (no sidecar), so an unpullable `--peer-image` never holds an origin download.
 """
 
 from __future__ import annotations
@@ -43,11 +48,15 @@ class StartWatch:
     def check(
         self, action: plan.Action, latest: downloads.JobRef | None, now: datetime.datetime
     ) -> plan.Action:
-        if not isinstance(action, plan.Report) or latest is None or not peerjob.is_peer(latest.obj):
+        if not isinstance(action, plan.Report) or latest is None:
             return action
         progress = action.outcome.progress
         pending = action.outcome.status is modelnode.ModelStatus.DOWNLOAD_PENDING
         if not pending or progress.bytes_on_disk:
+            return action
+        peer = peerjob.is_peer(latest.obj)
+        stuck = (progress.message or "").startswith(plan.NOT_STARTED)  # not a slow image pull
+        if not peer and not (peerjob.is_seed(latest.obj) and stuck):
             return action
         created = jobstate.parse_time((latest.obj.get("metadata") or {}).get("creationTimestamp"))
         if created is None or (now - created).total_seconds() < self._start_s:
@@ -55,9 +64,10 @@ class StartWatch:
         self._marked[(latest.storage_key, latest.scope)] = None
         while len(self._marked) > KEPT:
             self._marked.pop(next(iter(self._marked)))
+        kind, instead = ("peer-mode download", "") if peer else ("seed", " without its sidecar")
         message = (
-            f"{stall.STALLED}: peer-mode download Job {latest.namespace}/{latest.name} did not "
-            f"start within {int(self._start_s)} s; stopped, downloading from the origin"
+            f"{stall.STALLED}: {kind} Job {latest.namespace}/{latest.name} did not start "
+            f"within {int(self._start_s)} s; stopped, downloading from the origin{instead}"
         )
         stopped = modelnode.ModelProgress(
             bytes_on_disk=0,

@@ -47,7 +47,7 @@ import structlog
 from localcache.agent import adoption, cleanup, downloads, observe, plan, report, stall, status
 from localcache.agent import peering as peers
 from localcache.agent.disk import folders, layout, roots
-from localcache.agent.jobs import jobs, launcher, podwait, trust
+from localcache.agent.jobs import jobs, launcher, peerjob, podwait, trust
 from localcache.api import modelnode, nodegroup
 from localcache.caching import config, liveconfig
 from localcache.runtime import clock as clock_mod
@@ -339,15 +339,9 @@ class Reconciler:
         self, unit: downloads.Unit, action: plan.Promote, at: _Where
     ) -> status.Outcome:
         key, job, state = unit.storage_key, action.job, action.state
-        in_force = await asyncio.to_thread(
-            functools.partial(
-                at.disk.promote,
-                action.staging,
-                key,
-                action.manifest,
-                variant=layout.variant_of_scope(unit.scope_id),
-            )
-        )
+        variant, seeded = layout.variant_of_scope(unit.scope_id), peerjob.is_seed(job.obj)
+        promote = functools.partial(at.disk.promote, variant=variant, seeded=seeded)
+        in_force = await asyncio.to_thread(promote, action.staging, key, action.manifest)
         self._metrics.succeeded.inc()
         self._metrics.bytes.inc(action.manifest.bytes)
         if state.started_at and state.finished_at:

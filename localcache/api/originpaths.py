@@ -31,6 +31,15 @@ which every pass reads): a model of more objects records none."""
 MAX_STAGED_SUMS_BYTES: Final = MAX_STAGED_SUMS * (peer.MAX_PATH + 80)
 
 
+def is_staged_sums(name: str) -> bool:
+    """Whether a top-level name of a staging folder is the sidecar's record or its temporary
+    file (`<STAGED_SUMS>.<pid>.tmp`)."""
+    if name == STAGED_SUMS:
+        return True
+    middle = name.removeprefix(f"{STAGED_SUMS}.").removesuffix(".tmp")
+    return name.startswith(f"{STAGED_SUMS}.") and name.endswith(".tmp") and middle.isdigit()
+
+
 class StagedSums(BaseModel):
     """The origin's SHA-256 (hex) per folder path, as `localcache origin-sums` stages them."""
 

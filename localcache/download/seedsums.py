@@ -17,7 +17,7 @@ Contract:
   initializer then reports the origin's own answer. Never printed: credentials, URLs.
 - `--sidecar`: then waits for SIGTERM (the kubelet stops a sidecar once the download ends),
   which ends it with exit 0 at any point, also in the middle of its work: a temporary file
-  it leaves is the agent's to remove (`agent.disk.originsums.take_staged`).
+  it leaves is the agent's to remove (`agent.disk.originsums.drop_staged`).
 Who trusts the file: the agent, as it trusts every byte the download pod writes (a check of
 the download, never a proof of access across scopes).
 """
@@ -72,12 +72,23 @@ def _stopped(signum: int, frame: object) -> None:
 def record(uri: str, dest: Path, *, env: Mapping[str, str], deadline: float) -> str:
     """Stage the origin's SHA-256s of `uri` in `dest` (module contract); what happened."""
     outcome: list[str] = []
+    late = threading.Event()
+    decided = threading.Lock()  # the file and the answer, before the deadline or never
 
     def work() -> None:
         try:
-            outcome.append(_record(uri, dest, env))
+            said, sums = _record(uri, env)
         except Exception as exc:  # never fail the download: it reports the origin's answer
-            outcome.append(f"no checksums recorded: {type(exc).__name__}")
+            said, sums = f"no checksums recorded: {type(exc).__name__}", {}
+        with decided:
+            if late.is_set():
+                return
+            try:
+                if sums:
+                    _write(dest, sums)
+            except OSError as exc:
+                said = f"no checksums recorded: {exc.strerror or type(exc).__name__}"
+            outcome.append(said)
 
     worker = threading.Thread(
         target=work,
@@ -86,27 +97,34 @@ def record(uri: str, dest: Path, *, env: Mapping[str, str], deadline: float) -> 
     )
     worker.start()
     worker.join(deadline)
-    return outcome[0] if outcome else f"no checksums recorded: not done within {deadline:g} s"
+    with decided:
+        if not outcome:
+            late.set()
+            return f"no checksums recorded: not done within {deadline:g} s"
+    return outcome[0]
 
 
-def _record(uri: str, dest: Path, env: Mapping[str, str]) -> str:
+def _record(uri: str, env: Mapping[str, str]) -> tuple[str, dict[str, str]]:
+    """What to say, and the sums to write."""
     try:
         origin = s3origin.S3Origin.from_env(env)
         objects = origin.objects(uri)
         if len(objects) > originpaths.MAX_STAGED_SUMS:
-            return f"no checksums recorded: over {originpaths.MAX_STAGED_SUMS} objects"
+            return f"no checksums recorded: over {originpaths.MAX_STAGED_SUMS} objects", {}
         sums = origin.checksums(uri, objects)
     except peersources.FetchError as exc:
-        return f"no checksums recorded: {exc}"
+        return f"no checksums recorded: {exc}", {}
     if not sums:
-        return f"{len(objects)} object(s), none stored with a full-object SHA-256"
+        return f"{len(objects)} object(s), none stored with a full-object SHA-256", {}
+    return f"{len(objects)} object(s), {len(sums)} with the origin's SHA-256 recorded", sums
+
+
+def _write(dest: Path, sums: dict[str, str]) -> None:
     text = originpaths.StagedSums(sha256=sums).model_dump_json()
-    target = dest / originpaths.STAGED_SUMS
     tmp = dest / f"{originpaths.STAGED_SUMS}.{os.getpid()}.tmp"
     try:
         tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, target)
-    except OSError as exc:
+        os.replace(tmp, dest / originpaths.STAGED_SUMS)
+    except OSError:
         tmp.unlink(missing_ok=True)
-        return f"no checksums recorded: {exc.strerror or type(exc).__name__}"
-    return f"{len(objects)} object(s), {len(sums)} with the origin's SHA-256 recorded"
+        raise

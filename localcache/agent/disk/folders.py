@@ -186,14 +186,15 @@ class ModelDisk:
         manifest: layout.Manifest,
         *,
         variant: str | None = None,
+        seeded: bool = False,
     ) -> layout.Manifest:
         """Move a finished download into `models/<storage_key>` and record its manifest;
         returns the manifest in force (its `variant` says which folder). When a complete
         folder of another download of the same URI is there already, the two are compared
         (`digest`): the same content is shared (the new download is discarded), different
         content becomes the folder `variant` of the downloading scope
-        (`models/<key>.<variant>`), never a silent discard. The origin's checksums an `s3://`
-        download staged go from the folder into the manifest (`originsums.take_staged`)."""
+        (`models/<key>.<variant>`), never a silent discard. `seeded`: the Job had the
+        checksum sidecar, whose record goes from the folder into the manifest (`originsums`)."""
         layout.require_key(storage_key)
         if manifest.storage_key != storage_key:
             raise layout.DiskError(f"manifest is for {manifest.storage_key}, not {storage_key}")
@@ -202,15 +203,15 @@ class ModelDisk:
         if not staging.is_dir():
             raise layout.DiskError(f"staging folder {staging} does not exist")
         self.ensure_layout()
-        if manifest.uri.startswith(originsums.S3_SCHEME) and not manifest.origin_sums:
-            manifest = dataclasses.replace(manifest, origin_sums=originsums.take_staged(staging))
+        if seeded:
+            manifest = dataclasses.replace(manifest, origin_sums=originsums.read_staged(staging))
         record: dict[str, object] = {"staging": staging.name, "manifest": manifest.to_json()}
         if variant is not None:
             layout.folder_name(storage_key, variant)  # DiskError unless a variant
             record["variant"] = variant
-        durable.write_json_atomic(self.record_path(storage_key), record)
+        durable.write_json_atomic(self.record_path(storage_key), record | {"seeded": seeded})
         _checkpoint("record-written")
-        return self._settle(storage_key, staging.name, manifest, variant)[1]
+        return self._settle(storage_key, staging.name, manifest, variant, seeded)[1]
 
     def recover(self) -> list[layout.Recovered]:
         """Finish every promotion interrupted by a crash (call at start-up, before reconciling);
@@ -242,7 +243,8 @@ class ModelDisk:
                 path.unlink(missing_ok=True)
                 continue
             try:
-                outcome, _ = self._settle(storage_key, staging, manifest, variant)
+                seeded = data.get("seeded") is True
+                outcome, _ = self._settle(storage_key, staging, manifest, variant, seeded)
             except (layout.DiskError, OSError) as exc:
                 # one promotion that cannot finish (a storage-key collision, content that
                 # cannot be removed) must not stop every pass of the agent (security review
@@ -262,9 +264,12 @@ class ModelDisk:
         staging_name_: str,
         manifest: layout.Manifest,
         variant: str | None = None,
+        seeded: bool = False,
     ) -> tuple[layout.Outcome, layout.Manifest]:
         """Idempotently drive one promotion to its end state, from wherever it stopped."""
         staging = self.staging / staging_name_
+        if seeded:  # after the record holds the sums: a crash never loses them
+            originsums.drop_staged(staging)
         existing = self.manifest(storage_key)
         outcome: layout.Outcome
         in_force = manifest

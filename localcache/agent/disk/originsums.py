@@ -17,14 +17,14 @@ Contract:
   ETag in its second line; `{}` for any other scheme (a folder of another scheme that holds
   such files says nothing about its origin). A metadata file that cannot be read without
   following a symlink, or that has another shape, is skipped: the file is then not attested.
-- `take_staged(staging)`: the SHA-256s `localcache origin-sums` left in a finished download's
-  staging folder (`originpaths.STAGED_SUMS`), as (path, hex) pairs; the file is removed from
-  the folder (it is no file of the model), with the temporary file of a step stopped while
-  it wrote (`<name>.<pid>.tmp`). None staged, or not a regular file of at most
-  `originpaths.MAX_STAGED_SUMS_BYTES` that holds `originpaths.StagedSums`: `()` (a directory
-  of that name is left: the model's own). The promotion keeps them in the folder's manifest
-  (`layout.Manifest.origin_sums`), and `published(..., staged=...)` answers them for an
-  `s3://` `uri`, for the paths among `files`.
+- `read_staged(staging)`: the SHA-256s `localcache origin-sums` left in a finished seed's
+  staging folder (`originpaths.STAGED_SUMS`), as sorted (path, hex) pairs; `()` when none is
+  staged, or it is not a regular file of at most `originpaths.MAX_STAGED_SUMS_BYTES` holding
+  `originpaths.StagedSums`, or cannot be read. `drop_staged(staging)` removes it, and the
+  temporary file of a sidecar stopped while it wrote (`originpaths.is_staged_sums`), from the
+  folder: it is no file of the model (a directory of that name is left: the model's own).
+  The promotion keeps the sums in the folder's manifest (`layout.Manifest.origin_sums`), and
+  `published(..., staged=...)` answers them for an `s3://` `uri`, for the paths among `files`.
 - `mismatches(files, sums)`: the paths whose own SHA-256 is not the published one.
 Who wrote the metadata: the download pod, like every byte of the folder. The record says what
 the download reported the origin published, checked against the bytes; it catches a download
@@ -46,6 +46,7 @@ import structlog
 
 from localcache.agent.peer.files import Stale, open_beneath
 from localcache.api import originpaths
+from localcache.runtime import durable
 
 log = structlog.get_logger(__name__)
 
@@ -88,30 +89,37 @@ def published(
     return sums
 
 
-def take_staged(staging: Path) -> tuple[tuple[str, str], ...]:
-    """The staged origin SHA-256s of a finished download, taken out of `staging` (module
-    contract). Blocking."""
-    for leftover in staging.glob(f"{originpaths.STAGED_SUMS}.*.tmp"):  # a sidecar stopped
-        if leftover.is_symlink() or leftover.is_file():
-            leftover.unlink()
+def read_staged(staging: Path) -> tuple[tuple[str, str], ...]:
+    """The staged origin SHA-256s of a finished download in `staging` (module contract).
+    Blocking."""
     path = staging / originpaths.STAGED_SUMS
     try:
         info = os.lstat(path)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > originpaths.MAX_STAGED_SUMS_BYTES:
+            return ()
+        text = _read(staging, path.name, info.st_size)
+        return tuple(sorted(originpaths.StagedSums.model_validate_json(text or "").sha256.items()))
     except FileNotFoundError:
         return ()
-    if stat.S_ISDIR(info.st_mode):
+    except (OSError, pydantic.ValidationError) as exc:  # the pod's bytes: any shape, any mode
+        log.warning("origin_sums_unreadable", staging=staging.name, error=type(exc).__name__)
         return ()
-    size = info.st_size if stat.S_ISREG(info.st_mode) else 0
-    text = (
-        _read(staging, path.name, size) if 0 < size <= originpaths.MAX_STAGED_SUMS_BYTES else None
-    )
-    path.unlink()
+
+
+def drop_staged(staging: Path) -> None:
+    """Remove the sidecar's record and temporary files from `staging` (module contract),
+    durably; idempotent. Blocking."""
     try:
-        sums = originpaths.StagedSums.model_validate_json(text or "")
-    except pydantic.ValidationError:
-        log.warning("origin_sums_unreadable", staging=staging.name)
-        return ()
-    return tuple(sorted(sums.sha256.items()))
+        names = [n for n in os.listdir(staging) if originpaths.is_staged_sums(n)]
+        for name in names:
+            if not stat.S_ISDIR(os.lstat(staging / name).st_mode):
+                os.unlink(staging / name)
+        if names:
+            durable.fsync_dir(staging)
+    except FileNotFoundError:
+        return
+    except OSError as exc:  # a pod that took the folder's modes away: left in its own model
+        log.warning("origin_sums_not_removed", staging=staging.name, error=type(exc).__name__)
 
 
 def mismatches(files: Iterable[File], sums: Mapping[str, str]) -> list[str]:

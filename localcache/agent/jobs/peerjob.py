@@ -58,13 +58,22 @@ SUMS_RESOURCES: Final = {
     "requests": {"cpu": "10m", "memory": "64Mi"},
     "limits": {"cpu": "500m", "memory": "256Mi"},
 }
-_SUMS_KEEPS: Final = ("env", "envFrom", "volumeMounts", "securityContext", "imagePullPolicy")
+_SUMS_KEEPS: Final = ("env", "envFrom", "volumeMounts", "securityContext")
 
 
 def is_peer(job: Mapping[str, Any]) -> bool:
     """Whether `job` is a peer-mode Job (its label)."""
+    return _labelled(job, PEER_LABEL)
+
+
+def is_seed(job: Mapping[str, Any]) -> bool:
+    """Whether `job` is an origin Job with the checksum sidecar (`seed_job`, its label)."""
+    return _labelled(job, SUMS_LABEL)
+
+
+def _labelled(job: Mapping[str, Any], label: str) -> bool:
     labels = (job.get("metadata") or {}).get("labels") or {}
-    return isinstance(labels, Mapping) and labels.get(PEER_LABEL) == "true"
+    return isinstance(labels, Mapping) and labels.get(label) == "true"
 
 
 def fetch_args(
@@ -207,12 +216,12 @@ def seed_job(job: Obj, group: nodegroup.LocalModelNodeGroup, uri: str, *, image:
     become whole in turn, servable to the nodes following this one, rather than all near the
     end (the origin's total rate is the same). A value the Job already sets is kept. With the
     agent's peer `image`, a sidecar (an init container that keeps running, started before the
-    download and beside it, so it adds no time) records the SHA-256 the origin stores for
-    each object (`localcache origin-sums --sidecar`, `download.seedsums`) with the download
-    container's env, credentials, mounts and security context, and small resources of its
-    own (`SUMS_RESOURCES`); the Job carries the label `SUMS_LABEL` (the admission policies
-    check that container's image and command). A Job whose download container cannot be told
-    (several, none named `CONTAINER`) is unchanged."""
+    download and beside it, so it adds no time) records the SHA-256 the origin stores for each
+    object (`localcache origin-sums --sidecar`, `download.seedsums`) with the download
+    container's env, credentials, mounts and security context, small resources of its own
+    (`SUMS_RESOURCES`) and the image's default pull policy; the Job carries the label
+    `SUMS_LABEL` (the admission policies check that container's image and command). A Job whose
+    download container cannot be told (several, none named `CONTAINER`) is unchanged."""
     spec = group.spec.peer_distribution
     if spec is None or not spec.enabled or not uri.startswith("s3://"):
         return job

@@ -259,6 +259,29 @@ async def test_tracked_downloads_are_served_and_their_hashes_kept_for_the_promot
         await asyncio.gather(runner, return_exceptions=True)
 
 
+def test_a_finished_download_whose_folder_is_unservable_stops_being_served_at_once(
+    tmp_path: Path,
+) -> None:
+    """Its followers ask for the complete manifest every second: the seed found its folder
+    unservable (the origin's checksums refuse it, say), so they must leave it (404) rather
+    than wait out the tombstone and their own 10 minutes."""
+    index = peersource.PeerFolders()
+    progress = peerprogress.Progress(on_change=index.set_partials)
+    item = _item(tmp_path / "root", "origin")
+    other = _item(tmp_path / "other-root", "origin")
+    progress.track([item, other])
+    progress.track([], finished=[item, other])
+    assert index.lookup(KEY, item.scope) is not None  # the tombstone, while the list is made
+    progress.unservable(tmp_path / "root", "f" * 16)  # another model: nothing changes
+    assert index.lookup(KEY, item.scope) is not None
+    progress.unservable(tmp_path / "root", KEY)
+    found = index.lookup(KEY, item.scope)
+    assert found is not None
+    assert found.path == other.folder, "only that root's"
+    progress.unservable(tmp_path / "other-root", KEY)
+    assert index.lookup(KEY, item.scope) is None
+
+
 def test_a_complete_folder_is_served_before_a_partial_one(tmp_path: Path) -> None:
     disk = folders.ModelDisk(tmp_path / "root")
     disk.ensure_layout()

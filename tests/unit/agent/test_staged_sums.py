@@ -1,6 +1,6 @@
 """The SHA-256s an `s3://` seed's `localcache origin-sums` step staged (`download.seedsums`):
 taken out of the download's folder at promotion into the folder's manifest
-(`agent.disk.originsums.take_staged`, `folders.ModelDisk.promote`), then recorded and checked
+(`agent.disk.originsums`, `folders.ModelDisk.promote(..., seeded=True)`), then recorded and checked
 when the folder's peer manifest is made (`filelists.compute(..., staged=...)`)."""
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def test_the_staged_sums_go_from_the_folder_into_its_manifest_and_are_checked(
     disk = _disk(tmp_path)
     big = hashlib.sha256(BIG).hexdigest()
     staging = _download(disk, _staged({"weights/part-0.bin": big, "gone.bin": "0" * 64}))
-    in_force = disk.promote(staging, KEY, _manifest())
+    in_force = disk.promote(staging, KEY, _manifest(), seeded=True)
     folder = disk.model_path(KEY)
     assert sorted(p.name for p in folder.iterdir()) == ["config.json", "weights"]
     assert in_force.origin_sums == (("gone.bin", "0" * 64), ("weights/part-0.bin", big))
@@ -66,7 +66,7 @@ def test_bytes_that_are_not_the_origins_make_the_folder_unservable(tmp_path: Pat
     disk = _disk(tmp_path)
     other = hashlib.sha256(b"what the origin stores").hexdigest()
     staging = _download(disk, _staged({"weights/part-0.bin": other}))
-    in_force = disk.promote(staging, KEY, _manifest())
+    in_force = disk.promote(staging, KEY, _manifest(), seeded=True)
     with pytest.raises(filelists.OriginMismatch, match=r"weights/part-0\.bin"):
         filelists.compute(disk.model_path(KEY), KEY, uri=S3, staged=in_force.origin_sums)
 
@@ -79,25 +79,32 @@ def test_a_malformed_staged_file_is_taken_out_and_attests_nothing(
     tmp_path: Path, content: str
 ) -> None:
     disk = _disk(tmp_path)
-    in_force = disk.promote(_download(disk, content), KEY, _manifest())
+    in_force = disk.promote(_download(disk, content), KEY, _manifest(), seeded=True)
     assert in_force.origin_sums == ()
     assert not (disk.model_path(KEY) / originpaths.STAGED_SUMS).exists()
 
 
-def test_a_staged_symlink_is_removed_unfollowed_and_a_directory_is_the_models_own(
+def test_a_staged_symlink_or_fifo_is_removed_unopened_and_a_directory_is_the_models_own(
     tmp_path: Path,
 ) -> None:
     target = tmp_path / "elsewhere.json"
     target.write_text(_staged({"config.json": hashlib.sha256(SMALL).hexdigest()}))
     staging = tmp_path / "staging"
     staging.mkdir()
-    (staging / originpaths.STAGED_SUMS).symlink_to(target)
-    assert originsums.take_staged(staging) == ()
-    assert not (staging / originpaths.STAGED_SUMS).is_symlink()
+    staged = staging / originpaths.STAGED_SUMS
+    staged.symlink_to(target)
+    assert originsums.read_staged(staging) == ()
+    originsums.drop_staged(staging)
+    assert not staged.is_symlink()
     assert target.exists()
-    (staging / originpaths.STAGED_SUMS).mkdir()
-    assert originsums.take_staged(staging) == ()
-    assert (staging / originpaths.STAGED_SUMS).is_dir()
+    os.mkfifo(staged)  # opened, it would block the agent
+    assert originsums.read_staged(staging) == ()
+    originsums.drop_staged(staging)
+    assert not staged.exists()
+    staged.mkdir()
+    assert originsums.read_staged(staging) == ()
+    originsums.drop_staged(staging)
+    assert staged.is_dir()
 
 
 def test_an_oversized_staged_file_is_not_read(tmp_path: Path) -> None:
@@ -105,19 +112,64 @@ def test_an_oversized_staged_file_is_not_read(tmp_path: Path) -> None:
     staging.mkdir()
     with (staging / originpaths.STAGED_SUMS).open("wb") as handle:
         handle.truncate(originpaths.MAX_STAGED_SUMS_BYTES + 1)
-    assert originsums.take_staged(staging) == ()
-    assert not (staging / originpaths.STAGED_SUMS).exists()
+    assert originsums.read_staged(staging) == ()
 
 
-def test_only_an_s3_download_has_its_staged_sums_taken(tmp_path: Path) -> None:
+def test_a_folder_whose_modes_the_pod_took_away_is_promoted_without_sums(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pod runs as the agent's uid: it may chmod its staging folder (a tar entry `./` of
+    mode 0 does it), so reading or removing the record fails (EACCES, as the agent is not
+    root): that must not stop the agent's pass (the promotion fixes the modes)."""
+    disk = _disk(tmp_path)
+    staging = _download(disk, _staged({"weights/part-0.bin": hashlib.sha256(BIG).hexdigest()}))
+
+    def denied(*_: object, **__: object) -> None:
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(os, "lstat", denied)
+    monkeypatch.setattr(os, "listdir", denied)
+    assert originsums.read_staged(staging) == ()
+    originsums.drop_staged(staging)  # logged, not raised
+    monkeypatch.undo()
+    assert disk.promote(staging, KEY, _manifest()).origin_sums == ()
+
+
+def test_only_a_seeded_download_has_its_staged_record_taken(tmp_path: Path) -> None:
+    """A Job without the sidecar (peer distribution off, no --peer-image, a follower) may hold
+    a model file of that name (an object of the bucket): it stays the model's."""
     disk = _disk(tmp_path)
     sums = _staged({"config.json": hashlib.sha256(SMALL).hexdigest()})
-    in_force = disk.promote(_download(disk, sums), KEY, _manifest(uri="gs://models/llm"))
+    in_force = disk.promote(_download(disk, sums), KEY, _manifest())
     assert in_force.origin_sums == ()
-    assert (disk.model_path(KEY) / originpaths.STAGED_SUMS).read_text() == sums  # a model file
+    assert (disk.model_path(KEY) / originpaths.STAGED_SUMS).read_text() == sums
     files = [("config.json", len(SMALL), "0" * 64)]
     staged = (("config.json", "1" * 64),)
     assert originsums.published(tmp_path, "gs://models/llm", files, staged=staged) == {}
+
+
+def test_a_crash_after_the_record_keeps_the_sums_and_recovery_removes_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    disk = _disk(tmp_path)
+    big = hashlib.sha256(BIG).hexdigest()
+    staging = _download(disk, _staged({"weights/part-0.bin": big}))
+    (staging / f"{originpaths.STAGED_SUMS}.17.tmp").write_text("{")  # a stopped sidecar's
+
+    def crash(step: str) -> None:
+        if step == "record-written":
+            raise RuntimeError(step)
+
+    monkeypatch.setattr(folders, "_checkpoint", crash)
+    with pytest.raises(RuntimeError):
+        disk.promote(staging, KEY, _manifest(), seeded=True)
+    monkeypatch.setattr(folders, "_checkpoint", lambda _step: None)
+    [recovered] = disk.recover()
+    assert recovered.outcome == "promoted"
+    assert sorted(p.name for p in disk.model_path(KEY).iterdir()) == ["config.json", "weights"]
+    manifest = disk.manifest(KEY)
+    assert manifest is not None
+    assert manifest.origin_sums == (("weights/part-0.bin", big),)
 
 
 def test_a_manifest_without_recorded_sums_reads_as_before(tmp_path: Path) -> None:

@@ -1,5 +1,5 @@
 """`localcache origin-sums` (`download.seedsums`): the SHA-256 an `s3://` origin stores for
-each object, staged in the download's folder before KServe's storage initializer runs; against
+each object, staged in the download's folder while KServe's storage initializer runs; against
 the test object store (moto, credentials enforced). It never fails the download."""
 
 from __future__ import annotations
@@ -121,8 +121,13 @@ def test_as_a_sidecar_it_stays_until_sigterm_and_then_exits_0(tmp_path: Path) ->
             proc.stderr.close()
 
 
-def test_the_temporary_file_of_a_stopped_sidecar_is_removed_at_promotion(tmp_path: Path) -> None:
+def test_the_temporary_file_of_a_stopped_sidecar_is_removed(tmp_path: Path) -> None:
     (tmp_path / f"{originpaths.STAGED_SUMS}.42.tmp").write_text('{"sha256": {')
+    (tmp_path / f"{originpaths.STAGED_SUMS}.backup").write_text("a model's own file")
     (tmp_path / "model.bin").write_bytes(b"weights")
-    assert originsums.take_staged(tmp_path) == ()
-    assert [p.name for p in tmp_path.iterdir()] == ["model.bin"]
+    assert originsums.read_staged(tmp_path) == ()
+    originsums.drop_staged(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        f"{originpaths.STAGED_SUMS}.backup",
+        "model.bin",
+    ]
