@@ -89,19 +89,27 @@ def _check(cluster: Cluster, run: str, good: str, bad: str, good_files: dict[str
         assert sums[WEIGHTS] == weights_sha, f"{node}: {sums}"
         assert sums[CONFIG] is None, f"{node}: a git file is attested: {sums}"
 
-    def refused_everywhere() -> bool:
-        return all(peers.unservable(cluster, n, bad_key) == "origin-mismatch" for n in nodes)
+    _refused_everywhere(cluster, bad_key, f"bad-{run}", timeout=180)
+
+
+def _refused_everywhere(cluster: Cluster, key: str, status_key: str, *, timeout: float) -> None:
+    """Every node downloaded the model (from the origin) and lists it as `origin-mismatch`."""
+
+    def refused() -> bool:
+        return all(
+            peers.unservable(cluster, n, key) == "origin-mismatch" for n in cluster.node_names
+        )
 
     cluster.wait(
-        refused_everywhere,
-        timeout=180,
-        what=f"every node lists {bad} in status.peer.unservable as origin-mismatch",
+        refused,
+        timeout=timeout,
+        what=f"every node lists {status_key} ({key}) in status.peer.unservable as origin-mismatch",
     )
-    for node in nodes:
-        assert cluster.node_status(node).get(f"bad-{run}") == "ModelDownloaded", node
-        assert peers.served(cluster, node, bad_key) is None, f"{node} serves {bad}"
-        source = peers.progress(cluster, node, f"bad-{run}").get("source")
-        assert source == "origin", f"{node} fetched {bad} from {source}"
+    for node in cluster.node_names:
+        assert cluster.node_status(node).get(status_key) == "ModelDownloaded", node
+        assert peers.served(cluster, node, key) is None, f"{node} serves {status_key}"
+        source = peers.progress(cluster, node, status_key).get("source")
+        assert source == "origin", f"{node} fetched {status_key} from {source}"
 
 
 def test_an_s3_seed_records_the_stored_checksums_and_a_mismatch_is_never_served(
@@ -169,17 +177,4 @@ def _check_s3(cluster: Cluster, namespace: str, base: str, files: dict[str, byte
         [init] = job["spec"]["template"]["spec"]["initContainers"]
         assert init["command"] == ["localcache", "origin-sums"], init
 
-    def refused_everywhere() -> bool:
-        return all(peers.unservable(cluster, n, bad_key) == "origin-mismatch" for n in nodes)
-
-    cluster.wait(
-        refused_everywhere,
-        timeout=240,
-        what=f"every node lists {base}/bad in status.peer.unservable as origin-mismatch",
-    )
-    for node in nodes:
-        status_key = keys.status_key("bad", namespace)
-        assert cluster.node_status(node).get(status_key) == "ModelDownloaded", node
-        assert peers.served(cluster, node, bad_key) is None, f"{node} serves {base}/bad"
-        source = peers.progress(cluster, node, status_key).get("source")
-        assert source == "origin", f"{node} fetched {base}/bad from {source}"
+    _refused_everywhere(cluster, bad_key, keys.status_key("bad", namespace), timeout=240)
