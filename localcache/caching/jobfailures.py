@@ -167,11 +167,11 @@ def pod_failure_message(pods: Iterable[Obj], *, job_uid: str | None = None) -> s
     failed.sort(key=lambda p: str((p.get("metadata") or {}).get("creationTimestamp") or ""))
     for pod in reversed(failed):
         status = pod.get("status") or {}
-        policies = _message_policies(pod)
+        policies, sidecars = _message_policies(pod), _sidecars(pod)
         for container in status.get("initContainerStatuses") or []:
             term = (container.get("state") or {}).get("terminated") or {}
-            if term.get("exitCode") == 0:  # an init step that succeeded, a sidecar stopped
-                continue
+            if term.get("exitCode") == 0 or container.get("name") in sidecars:
+                continue  # an init step that succeeded; a sidecar, stopped (never the cause)
             if text := _container_message(term, policies.get(str(container.get("name")))):
                 return text
         for container in status.get("containerStatuses") or []:
@@ -239,6 +239,18 @@ def _container_message(term: Obj, policy: str | None) -> str:
         reason = one_line(term.get("reason"), limit=64) or "Error"
         return f"{reason} (exit code {code})"
     return ""
+
+
+def _sidecars(pod: Obj) -> set[str]:
+    """The names of the pod's sidecars (init containers with `restartPolicy: Always`): the
+    kubelet stops them when the pod ends, so their exit (143 on a SIGTERM that came before
+    their handler) never says why the pod failed."""
+    spec = pod.get("spec") or {}
+    return {
+        str(c.get("name"))
+        for c in spec.get("initContainers") or []
+        if isinstance(c, dict) and c.get("restartPolicy") == "Always"
+    }
 
 
 def _message_policies(pod: Obj) -> dict[str, str]:

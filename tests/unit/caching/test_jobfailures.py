@@ -149,6 +149,10 @@ def test_an_import_pods_failed_init_container_speaks_and_a_stopped_sidecar_does_
         },
     }
     assert failures.pod_failure_message([pod]) == "Error (exit code 1)"
+    # a sidecar the kubelet stopped before it could exit 0 (a SIGTERM during its start-up)
+    sidecar = pod["status"]["initContainerStatuses"][1]["state"]["terminated"]
+    sidecar |= {"exitCode": 143, "reason": "Error"}
+    assert failures.pod_failure_message([pod]) == "Error (exit code 1)"
     pod["status"]["initContainerStatuses"][2]["state"]["terminated"]["message"] = S3_403
     assert failures.pod_failure_message([pod]) == "403 Forbidden from the S3 store (exit code 1)"
     pod["status"]["initContainerStatuses"][2]["state"]["terminated"] = {"exitCode": 0}
