@@ -9,6 +9,7 @@ and serving-PVC annotations).
 
 from __future__ import annotations
 
+import json
 import os
 import time
 import uuid
@@ -74,24 +75,50 @@ def test_with_kserve_starts_without_kserve_crds_and_serves_once_they_appear(
     bed.wait_cached(LMC.plural, cache)
 
     namespace = bed.namespace("order")
-    bed.cluster.create(
-        {
-            "apiVersion": ISVC.api_version,
-            "kind": ISVC.kind,
-            "metadata": {"name": "classifier", "namespace": namespace},
-            "spec": {"predictor": {"model": {"modelFormat": {"name": "onnx"}, "storageUri": uri}}},
-        }
-    )
-    meta = (bed.cluster.get(ISVC.plural, "classifier", namespace=namespace) or {})["metadata"]
-    labels = {k: v for k, v in (meta.get("labels") or {}).items() if k in isvc.LABEL_KEYS}
-    annotations = {
-        k: v for k, v in (meta.get("annotations") or {}).items() if k in isvc.ANNOTATION_KEYS
+    classifier: dict[str, object] = {
+        "apiVersion": ISVC.api_version,
+        "kind": ISVC.kind,
+        "metadata": {"name": "classifier", "namespace": namespace},
+        "spec": {"predictor": {"model": {"modelFormat": {"name": "onnx"}, "storageUri": uri}}},
     }
-    assert (labels, annotations) == (
+    want = (
         {isvc_api.LOCAL_MODEL_LABEL: cache},
         {
             isvc_api.LOCAL_MODEL_SOURCE_URI_ANNOTATION: uri,
             isvc_api.LOCAL_MODEL_PVC_NAME_ANNOTATION: names.serving_pvc(cache, group),
         },
-    ), meta
+    )
+    # The controller (and its webhook) is not Ready for a moment while it starts watching the
+    # kinds that just appeared (a CI run created the InferenceService in that moment): wait
+    # until a server-side dry run is mutated, then create it for real.
+    bed.cluster.wait(
+        lambda: _mutation(_dry_run(bed, classifier)) == want,
+        timeout=60,
+        what="a dry-run InferenceService is mutated by localcache's webhook",
+    )
+    bed.cluster.create(classifier)
+    meta = (bed.cluster.get(ISVC.plural, "classifier", namespace=namespace) or {})["metadata"]
+    assert _mutation(meta) == want, meta
     _all_up(bed, first)
+
+
+def _dry_run(bed: ProfileBed, obj: dict[str, object]) -> dict[str, object]:
+    done = bed.cluster.kubectl(
+        "create", "--dry-run=server", "-o", "json", "-f", "-",
+        input_text=json.dumps(obj), check=False,
+    )  # fmt: skip
+    found = json.loads(done.stdout) if done.returncode == 0 and done.stdout.strip() else {}
+    meta: dict[str, object] = found.get("metadata") or {}
+    return meta
+
+
+def _mutation(meta: dict[str, object]) -> tuple[dict[str, object], dict[str, object]]:
+    """The localcache labels and annotations of an InferenceService's metadata."""
+    labels = meta.get("labels") or {}
+    annotations = meta.get("annotations") or {}
+    assert isinstance(labels, dict)
+    assert isinstance(annotations, dict)
+    return (
+        {k: v for k, v in labels.items() if k in isvc.LABEL_KEYS},
+        {k: v for k, v in annotations.items() if k in isvc.ANNOTATION_KEYS},
+    )
