@@ -20,9 +20,9 @@ checksum, which is compared with the manifest's directly (no hashing). `etag_mat
 etag)`: whether an S3 ETag is the MD5 of the open file's bytes: `"<md5>"` for a single-part
 upload, `"<md5 of the parts' md5s>-<n>"` for a multipart one, tried with the part sizes in
 `PART_SIZES` (and the size the part count implies, rounded to MiB) that give `n` parts, at most
-`MAX_PART_TRIES`. False also when the ETag cannot be checked (not an MD5 shape, such as SSE-
-KMS's, or no part size fits): the copy is then not provably the origin's. Blocking: run it in a
-thread.
+`MAX_PART_TRIES`. False also when the ETag cannot be checked (not an MD5 shape, such as
+SSE-KMS's, or no part size fits): the copy is then not provably the origin's. Blocking: run it
+in a thread.
 
 Object keys map to folder paths as KServe's storage initializer writes them
 (`originpaths.s3_folder_path`).
