@@ -21,6 +21,7 @@ import contextlib
 import os
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -119,10 +120,11 @@ class CgroupTree:
         for h in self.hierarchies:
             (self._dir(h, rel) / "cgroup.procs").write_text(pid)
 
-    def pids(self) -> set[int]:
+    def pids(self, rel: str = "") -> set[int]:
+        """The processes in `rel` below the root and its descendants."""
         found: set[int] = set()
         for h in self.hierarchies:
-            top = self._dir(h)
+            top = self._dir(h, rel)
             if not top.is_dir():
                 continue
             for dirpath, _dirs, files in os.walk(top):
@@ -133,14 +135,7 @@ class CgroupTree:
         return found
 
     def kill_all(self) -> None:
-        deadline = time.monotonic() + KILL_TIMEOUT_S
-        while pids := self.pids():
-            for pid in pids:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-            if time.monotonic() > deadline:
-                raise CgroupError(f"processes {sorted(pids)} survive in {self.root}")
-            time.sleep(0.05)
+        kill_until_none(self.pids, f"in {self.root}")
 
     def remove(self) -> None:
         leftovers: list[str] = []
@@ -155,3 +150,16 @@ class CgroupTree:
                     leftovers.append(f"{dirpath}: {exc.strerror}")
         if leftovers:
             raise CgroupError("cgroups left behind: " + "; ".join(leftovers))
+
+
+def kill_until_none(find: Callable[[], set[int]], where: str) -> None:
+    """SIGKILL the processes `find` returns until it returns none; CgroupError (naming
+    `where`) when some survive `KILL_TIMEOUT_S`."""
+    deadline = time.monotonic() + KILL_TIMEOUT_S
+    while pids := find():
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        if time.monotonic() > deadline:
+            raise CgroupError(f"processes {sorted(pids)} survive {where}")
+        time.sleep(0.05)

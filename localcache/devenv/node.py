@@ -94,6 +94,7 @@ class RealNode:
     cgroup_root: str
     preexec: Callable[[], None]
     anchor: netns.Anchor = field(init=False)
+    netns_fd: int | None = field(default=None, init=False)  # pins its network namespace
     _procs: list[processes.ManagedProcess] = field(default_factory=list, init=False)
 
     @property

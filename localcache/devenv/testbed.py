@@ -18,6 +18,8 @@ kills everything in its cgroup tree, so the namespaces, links and mounts go with
 processes, then removes the cgroups and the run directory; `start()` first cleans up what a
 crashed run left (its owner process is gone).
 
+`join()` adds a node to a running bed and `leave()` removes one (`bednodes`).
+
 `TestBed.unavailable_reason()` says in one line why this machine cannot host it, or None.
 """
 
@@ -39,14 +41,13 @@ from typing import Any
 
 import yaml
 
-from localcache.devenv import cgroups, netns, node, nodeassets
+from localcache.devenv import bednodes, cgroups, netns, node, nodeassets
 from localcache.devenv.assets import find_binaries, free_port, release_port
+from localcache.devenv.bednodes import CONTAINERD_TIMEOUT_S, NODES_READY_TIMEOUT_S
 from localcache.devenv.controlplane import ControlPlane
 
-HUB_IP = "10.250.0.1"
-BRIDGE = "lcbr0"
-NODES_READY_TIMEOUT_S = 180.0
-CONTAINERD_TIMEOUT_S = 60.0
+HUB_IP = bednodes.HUB_IP
+BRIDGE = bednodes.BRIDGE
 CGROUP_PREFIX = "localcache-testbed-"
 SERVING_NAMES = (
     HUB_IP,
@@ -178,13 +179,13 @@ class TestBed:
             raise
         return self
 
-    def _join_daemons(self) -> None:
+    def join_daemons(self) -> None:
         self.cgroups.join("daemons")
 
     def _start(self) -> None:
         started = time.monotonic()
         self.cgroups.create("daemons")
-        self.hub = netns.Anchor("hub", self.log_dir).start(mount=False, preexec=self._join_daemons)
+        self.hub = netns.Anchor("hub", self.log_dir).start(mount=False, preexec=self.join_daemons)
         self.hub.script(
             f"""
             ip link set lo up
@@ -193,12 +194,11 @@ class TestBed:
             ip link set {BRIDGE} up
             """
         )
-        bins = nodeassets.node_binaries()
         plane = ControlPlane(
             with_kcm=True,
             bin_dir=find_binaries(),
             launch_prefix=self.hub.prefix(),
-            preexec=self._join_daemons,
+            preexec=self.join_daemons,
             serving_names=SERVING_NAMES,
             work_root=self.run_dir,
         )
@@ -229,39 +229,7 @@ class TestBed:
         )
         addresses = [node.NodeAddresses(i) for i in range(1, self.nodes + 1)]
         for addr in addresses:
-            self.cgroups.create(addr.name)
-            real = node.RealNode(
-                addresses=addr,
-                state_dir=self.run_dir / addr.name,
-                log_dir=self.log_dir,
-                bin_dir=bins,
-                api_address=f"{HUB_IP}:{plane.api_port}",
-                kubeconfig=self._kubelet_kubeconfig(addr.name),
-                client_ca=plane.cert_dir / "client-ca.crt",
-                dns_ip=HUB_IP,
-                cgroup_root=self.cgroups.path(addr.name),
-                preexec=self._join_daemons,
-            )
-            real.create_namespace()
-            self.hub.run(
-                [
-                    "ip",
-                    "link",
-                    "add",
-                    f"veth{addr.index}",
-                    "type",
-                    "veth",
-                    "peer",
-                    "name",
-                    "eth0",
-                    "netns",
-                    str(real.anchor.pid),
-                ]
-            )
-            self.hub.run(["ip", "link", "set", f"veth{addr.index}", "master", BRIDGE, "up"])
-            self.hub.run(["ip", "route", "add", addr.pod_cidr, "via", addr.ip, "dev", BRIDGE])
-            real.configure_namespace([o for o in addresses if o is not addr])
-            self.node_list.append(real)
+            bednodes.wire(self, addr, [o for o in addresses if o is not addr])
         for real in self.node_list:
             real.start_containerd()
         plane.start()
@@ -280,10 +248,17 @@ class TestBed:
         self.startup_seconds = time.monotonic() - started
 
     def _import_images(self, real: node.RealNode) -> None:
-        for image in self.images:
-            real.import_image(image.tarball, image.ref, *image.aliases)
+        bednodes.import_images(real, self.images)
 
-    def _kubelet_kubeconfig(self, node_name: str) -> Path:
+    def join(self, images: Sequence[Image] | None = None) -> node.RealNode:
+        """One more node, Ready, with `images` (default: the bed's); `leave` removes it."""
+        return bednodes.join(self, self.images if images is None else images)
+
+    def leave(self, name: str) -> None:
+        """Stop the node `name` and remove it from the bed and the cluster."""
+        bednodes.leave(self, name)
+
+    def kubelet_kubeconfig(self, node_name: str) -> Path:
         plane = self.control_plane
         creds = plane.add_user(f"system:node:{node_name}", ["system:nodes"])
         config = plane.kubeconfig(creds)
@@ -335,7 +310,7 @@ class TestBed:
                 stderr=log,
                 text=True,
                 start_new_session=True,
-                preexec_fn=self._join_daemons,
+                preexec_fn=self.join_daemons,
             )
         finally:
             log.close()
@@ -381,6 +356,7 @@ class TestBed:
             tree.kill_all()
         for real in self.node_list:
             real.reap()
+            bednodes.unpin(real)
         hub = getattr(self, "hub", None)
         if hub is not None:
             hub.stop()

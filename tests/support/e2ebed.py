@@ -8,14 +8,17 @@ enforces credentials; and a ReadWriteMany export both nodes mount (`tests.suppor
 why it is not NFS). Each package brings the bed to the state it needs and leaves the rest to
 `reset()`, which a package calls before it deploys anything:
 
-`reset()` puts the cluster back as the bed started it, whatever a package left: serving
-objects and caches are deleted first, through the finalizers of an operator that still runs
-(dropped after `FINALIZER_GRACE_S` when none answers), then every namespace (those running a
-DaemonSet, the operator's node plugin, last), CRD, PV and cluster-scoped object that was not
-there at the start (`Baseline`), Helm's release records and the Events in `default`; then
-node labels and taints are restored and both models roots of every node (`/mnt/models` and
-`/models`) and the shared export are emptied. The test servers keep their files and counters:
-tests name their models uniquely and count requests per path.
+`reset()` puts the cluster back as the bed started it, whatever a package left: a node a test
+joined and left behind is removed; serving objects and caches are deleted, through the
+finalizers of an operator that still runs (dropped after `FINALIZER_GRACE_S` when none
+answers), then every namespace (those running a DaemonSet, the operator's node plugin,
+last), CRD, PV and cluster-scoped object that was not there at the start (`Baseline`), Helm's
+release records and the Events in `default`; then node labels and taints are restored and
+both models roots of every node (`/mnt/models` and `/models`) and the shared export are
+emptied. The test servers keep their files and counters: tests name their models uniquely
+and count requests per path.
+
+`join_node()` adds a third node for one test and `leave_node()` removes it (`devenv.bednodes`).
 """
 
 from __future__ import annotations
@@ -158,6 +161,16 @@ class SharedBed:
         target.write_bytes(data)
         return f"{self.http_base}/{path}"
 
+    def join_node(self) -> str:
+        """One more worker node, Ready, for one test: the operator's images only (no KServe
+        pod runs there). The test must `leave_node` it before it ends (`reset()` removes one
+        left behind): the packages count on the bed's two nodes."""
+        refs = {self.images[name] for name in realnodes.OPERATOR_IMAGES}
+        return self.bed.join([i for i in self.bed.images if i.ref in refs]).name
+
+    def leave_node(self, name: str) -> None:
+        self.bed.leave(name)
+
     # ------------------------------------------------------------------ reset
 
     def _items(self, kind: str, *, namespaced: bool = False) -> list[Obj]:
@@ -182,6 +195,9 @@ class SharedBed:
 
     def reset(self) -> None:
         """The cluster as the bed started it; see the module docstring."""
+        for real in list(self.bed.node_list):
+            if real.name not in self.baseline.node_labels:
+                self.bed.leave(real.name)  # a node a test joined and did not remove
         for kind in SERVING_KINDS:
             self.kubectl("delete", kind, "--all", "-A", "--wait=false", check=False)
         if not self._release(CACHE_KINDS):

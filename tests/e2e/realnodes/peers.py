@@ -23,6 +23,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from localcache.agent.disk import layout
 from localcache.agent.jobs import jobs as jobs_mod
 from localcache.api import groupversion
 from localcache.api import inferenceservice as isvc_api
@@ -111,6 +112,14 @@ def agent_pod(cluster: Cluster, node: str) -> Obj:
     raise AssertionError(f"no agent pod on {node}")
 
 
+def agent_replaced(cluster: Cluster, node: str, killed: str) -> bool:
+    """Whether an agent pod other than `killed` is Ready on `node`."""
+    pod = agent_pod(cluster, node)
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    ready = any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+    return ready and pod["metadata"]["name"] != killed
+
+
 def agent_metrics(cluster: Cluster, node: str) -> str:
     """The Prometheus text of `node`'s agent, through the apiserver's pod proxy."""
     name = agent_pod(cluster, node)["metadata"]["name"]
@@ -148,6 +157,23 @@ def download_jobs(cluster: Cluster, namespace: str, storage_key: str) -> list[Ob
 
 def is_peer_job(job: Obj) -> bool:
     return (job["metadata"].get("labels") or {}).get(PEER_FETCH_LABEL) == "true"
+
+
+def peer_jobs_of(cluster: Cluster, namespace: str, storage_key: str, node: str) -> list[Obj]:
+    """The peer-fetch Jobs of `storage_key` for `node`."""
+    return [
+        j
+        for j in download_jobs(cluster, namespace, storage_key)
+        if is_peer_job(j) and (j["metadata"].get("labels") or {}).get("node") == node
+    ]
+
+
+def staged_bytes(root: Path, storage_key: str, job: str) -> int:
+    """The bytes `job` has staged so far under the models root `root` (seen from the host)."""
+    folder = root / layout.staging_subpath(storage_key, job)
+    if not folder.is_dir():
+        return 0
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
 
 
 def peer_traits(job: Obj) -> list[str]:

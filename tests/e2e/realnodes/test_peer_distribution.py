@@ -18,7 +18,8 @@ attackers meet it, on the bed's two nodes:
   origin (the same Job takes the file from there: an http model);
 - the serving node's agent killed mid-transfer: every node ends with a verified copy, and the
   broken file is finished from the origin by Range (the bed's other node was the only
-  source): every byte crossed once, none restarted from byte 0, said as a fallback.
+  source): every byte crossed once, none restarted from byte 0, said as a fallback (from the
+  next *peer*, with a third node: test_peer_resume).
 """
 
 from __future__ import annotations
@@ -484,14 +485,6 @@ def _first_downloaded(cluster: Cluster, name: str) -> str | None:
     return None
 
 
-def _peer_jobs_of(cluster: Cluster, key: str, node: str) -> list[Obj]:
-    return [
-        j
-        for j in peers.download_jobs(cluster, JOBS_NS, key)
-        if peers.is_peer_job(j) and (j["metadata"].get("labels") or {}).get("node") == node
-    ]
-
-
 class _Watch:
     """Polls `folder` until stopped: it must hold nothing or exactly `want`, never else."""
 
@@ -552,7 +545,7 @@ def test_a_flipped_byte_in_a_peers_copy_is_never_promoted_and_the_source_is_repo
         _label(cluster, other, labelled)
 
         def downloaded_again() -> bool:
-            for job in _peer_jobs_of(cluster, key, other):
+            for job in peers.peer_jobs_of(cluster, JOBS_NS, key, other):
                 job_name = job["metadata"]["name"]
                 seen_peer_jobs[job_name] = peers.fetch_reports(cluster, JOBS_NS, job_name)
             return cluster.node_status(other).get(name) == DOWNLOADED
@@ -595,13 +588,6 @@ def test_a_flipped_byte_in_a_peers_copy_is_never_promoted_and_the_source_is_repo
         cluster.kubectl("delete", "localmodelnodegroup", group, "--wait=false", check=False)
 
 
-def _staged_bytes(root: Path, key: str, job: str) -> int:
-    folder = root / layout.staging_subpath(key, job)
-    if not folder.is_dir():
-        return 0
-    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
-
-
 def test_the_serving_agent_killed_mid_transfer_leaves_every_node_a_verified_copy(
     cluster: Cluster, sources: Sources, labelled: str
 ) -> None:
@@ -632,9 +618,9 @@ def test_the_serving_agent_killed_mid_transfer_leaves_every_node_a_verified_copy
         root = cluster.models_root(other)
 
         def fetching() -> tuple[str, int] | None:
-            for job in _peer_jobs_of(cluster, key, other):
+            for job in peers.peer_jobs_of(cluster, JOBS_NS, key, other):
                 job_name = job["metadata"]["name"]
-                staged = _staged_bytes(root, key, job_name)
+                staged = peers.staged_bytes(root, key, job_name)
                 if 0 < staged < len(data):
                     return job_name, staged
             return None
@@ -648,13 +634,11 @@ def test_the_serving_agent_killed_mid_transfer_leaves_every_node_a_verified_copy
             "delete", "pod", "-n", SYSTEM_NS, killed, "--grace-period=1", "--wait=false"
         )
 
-        def agent_back() -> bool:
-            pod = peers.agent_pod(cluster, origin)
-            conditions = (pod.get("status") or {}).get("conditions") or []
-            ready = any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
-            return ready and pod["metadata"]["name"] != killed
-
-        cluster.wait(agent_back, timeout=120, what=f"a new agent is Ready on {origin}")
+        cluster.wait(
+            lambda: peers.agent_replaced(cluster, origin, killed),
+            timeout=120,
+            what=f"a new agent is Ready on {origin}",
+        )
         cluster.wait(
             lambda: cluster.node_status(other).get(name) == DOWNLOADED,
             timeout=240,
