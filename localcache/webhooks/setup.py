@@ -51,7 +51,7 @@ from localcache.runtime import informer, kube
 from localcache.runtime import manager as manager_mod
 from localcache.runtime.crds import optional
 from localcache.runtime.serving import admission
-from localcache.webhooks import isvc, isvchandler, llmisvc, podwait, validation
+from localcache.webhooks import isvc, isvchandler, livegroups, llmisvc, podwait, validation
 
 Obj = dict[str, Any]
 
@@ -212,6 +212,7 @@ def setup(
             allow_file_uris=allow_file_uris,
             namespace_share_percent=namespace_share_percent
             or (lambda: config_mod.DEFAULT_NAMESPACE_SHARE_PERCENT),
+            read_node_group=livegroups.reader(client),
         )
         for namespaced in (False, True)
     ]

@@ -16,7 +16,8 @@ Create and update (an update of an object being deleted is always allowed, as in
 - `spec.download.env` sets no name localcache sets for credentials, none twice, each by value
   or by one reference; a namespace cache only download tuning names (`caching.downloadenv`);
 - every node group in `spec.nodeGroups` exists (on update: every group added by it, so a group
-  deleted later never blocks finalizer or label updates of a live cache) [P1, P5];
+  deleted later never blocks finalizer or label updates of a live cache) [P1, P5], read from
+  the apiserver when the store lacks it (`webhooks.livegroups`);
 - a LocalModelCache's `sourceModelUri` is unique among LocalModelCaches (one trailing `/`
   ignored, as URI matching ignores it) — checked on create and when the URI changes;
 - on create, a LocalModelCache may not share its name with any LocalModelNamespaceCache and
@@ -52,7 +53,7 @@ status does.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Final, Protocol
 
 import pydantic
@@ -63,7 +64,7 @@ from localcache.caching import cachename, downloadenv, indexes, sharedroute, uri
 from localcache.caching import config as config_mod
 from localcache.runtime import keys as runtime_keys
 from localcache.runtime.serving import review
-from localcache.webhooks import capacity, inuse, isvc, sharedvalidation, stores
+from localcache.webhooks import capacity, inuse, isvc, livegroups, sharedvalidation, stores
 
 log = structlog.get_logger(__name__)
 
@@ -283,11 +284,12 @@ class CacheValidator:
         namespace_share_percent: Callable[[], int] = lambda: (
             config_mod.DEFAULT_NAMESPACE_SHARE_PERCENT
         ),
+        read_node_group: livegroups.Reader | None = None,
     ) -> None:
         """`storage_containers` reads KServe's ClusterStorageContainers; None where the
         apiserver does not serve that kind (only the built-in schemes are supported then).
         `llm_inference_services` reads LLMInferenceServices (`caching.llmuse.slim`, with
-        its `USED_CACHE_INDEX`); None: not consulted."""
+        its `USED_CACHE_INDEX`); None: not consulted. `read_node_group`: `livegroups`."""
         self._model: type[AnyCache] = (
             modelcache.LocalModelNamespaceCache if namespaced else modelcache.LocalModelCache
         )
@@ -300,6 +302,7 @@ class CacheValidator:
         self._storage_containers = storage_containers
         self._allow_file_uris = allow_file_uris
         self._namespace_share_percent = namespace_share_percent
+        self._live = read_node_group
 
     def _cache(self, obj: Obj | None, request: review.Request) -> AnyCache | None:
         if obj is None:
@@ -343,7 +346,9 @@ class CacheValidator:
             )
             violations = validate_delete(old, snapshot=snapshot)
         elif request.operation in ("CREATE", "UPDATE") and new is not None:
-            violations = validate_write(new, old=old, snapshot=self._snapshot(new, old))
+            snapshot = self._snapshot(new, old)
+            live = await livegroups.complete(snapshot.node_groups, new, old, self._live)
+            violations = validate_write(new, old=old, snapshot=replace(snapshot, node_groups=live))
         else:
             return review.allowed()
         if not violations:

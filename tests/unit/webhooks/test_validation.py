@@ -13,7 +13,7 @@ from localcache.caching import indexes
 from localcache.runtime import store
 from localcache.runtime.keys import ObjectKey
 from localcache.runtime.serving import review
-from localcache.webhooks import validation
+from localcache.webhooks import livegroups, validation
 
 DELETING = "2026-01-01T00:00:00Z"
 
@@ -398,7 +398,9 @@ class Stores:
         for name in ("gpu1", "gpu2"):
             self.node_groups.upsert(group_obj(name, "10Gi"))
 
-    def validator(self, *, namespaced: bool) -> validation.CacheValidator:
+    def validator(
+        self, *, namespaced: bool, read_node_group: livegroups.Reader | None = None
+    ) -> validation.CacheValidator:
         return validation.CacheValidator(
             namespaced=namespaced,
             caches=self.caches.view(),
@@ -406,6 +408,7 @@ class Stores:
             node_groups=self.node_groups.view(),
             inference_services=self.isvcs.view(),
             synced=lambda: self.synced,
+            read_node_group=read_node_group,
         )
 
 
