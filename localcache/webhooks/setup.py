@@ -23,7 +23,8 @@ paths of `manifests/webhook/`:
   an HTTP error, so `failurePolicy: Ignore` admits the pod unchanged;
 - `validation.CACHE_PATH`, `validation.NAMESPACE_CACHE_PATH`: cache validation; a handler
   failure is a denial (the configuration's policy is Fail anyway).
-Handlers answer from the stores only (no API call per request); until every store has synced
+Handlers answer from the stores (no API call per request, but for cache validation's read of
+a node group its store has not caught up with: `livegroups`); until every store has synced
 (an optional kind: while its informer lists after its CRD appeared; an absent kind reads as
 empty), mutation admits unchanged with a warning and validation denies with 503.
 

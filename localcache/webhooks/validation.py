@@ -1,7 +1,7 @@
 """Validation of LocalModelCache and LocalModelNamespaceCache writes (spec §3, §4, §6).
 
 Pure rules over a `Snapshot` of the cluster (`validate_write`, `validate_delete`), and the thin
-admission handler `CacheValidator` that builds the snapshot from informer stores. Every
+admission handler `CacheValidator` that builds it from informer stores (and `livegroups`). Every
 `Violation` names the field and the conflicting object; one denial carries all of them.
 
 Create and update (an update of an object being deleted is always allowed, as in KServe):

@@ -10,7 +10,10 @@ before the event), the group exists in the apiserver, and the reader the shipped
 
 from __future__ import annotations
 
-from localcache.runtime import store
+from pathlib import Path
+
+from localcache.runtime import kube, store
+from localcache.runtime.keys import ObjectKey
 from localcache.webhooks import livegroups, validation
 from tests.integration.webhooks.harness import Harness
 from tests.unit.webhooks.test_validation import Stores, request
@@ -46,3 +49,29 @@ async def test_the_reader_answers_none_for_a_group_that_does_not_exist(harness: 
     assert found is not None
     assert found["metadata"]["name"] == group
     assert await read(harness.name("missing")) is None
+
+
+async def test_the_shipped_handler_admits_a_cache_whose_group_its_store_has_not_seen(
+    harness: Harness,
+) -> None:
+    """Through `webhooks.setup` and kubectl: the group is taken out of the handler's own
+    store (as if its watch event were still on the way); the cache is admitted."""
+    group = await harness.node_group()
+    harness.hooks.node_groups.store.delete(ObjectKey("", group))
+    async with harness.validating():
+        cache = harness.cache_obj("m", "gs://b/m", groups=[group], namespaced=True)
+        done = await harness.kubectl_create(cache, harness.namespace)
+        assert done.returncode == 0, done.stderr
+
+
+async def test_a_reader_the_apiserver_refuses_finds_nothing(
+    harness: Harness, tmp_path: Path
+) -> None:
+    group = await harness.node_group()
+    nobody = harness.plane.add_user(f"nobody-{harness.token}", [])
+    config = harness.plane.write_kubeconfig(nobody, tmp_path / "nobody.kubeconfig")
+    client = await kube.Kube.from_kubeconfig(config)
+    try:
+        assert await livegroups.reader(client)(group) is None  # 403: logged, missing
+    finally:
+        await client.close()

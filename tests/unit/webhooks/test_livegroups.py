@@ -8,8 +8,11 @@ cache's admission came before the group's watch event, and was denied "LocalMode
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
+from localcache.devenv import waiting
+from localcache.runtime import errors
 from localcache.webhooks import livegroups, validation
 from tests.unit.webhooks.test_validation import Stores, cache_obj, group_obj, groups, lmc, request
 
@@ -99,3 +102,67 @@ async def test_known_groups_are_kept_and_without_a_reader_nothing_changes() -> N
     known = groups(gpu1="10Gi")
     found = await livegroups.complete(known, lmc("m", groups=("gpu1", "x")), None, None)
     assert found == known
+
+
+async def test_the_reads_of_one_request_run_at_once() -> None:
+    """Sequential reads could take 4 times 2 s, past the handler's own 8 s."""
+    together = asyncio.Barrier(3)
+
+    async def read(name: str) -> Obj | None:
+        async with asyncio.timeout(2):
+            await together.wait()  # only returns once all three are waiting
+        return group_obj(name)
+
+    found = await livegroups.complete({}, lmc("m", groups=("a", "b", "c")), None, read)
+    assert sorted(found) == ["a", "b", "c"]
+
+
+async def test_an_update_of_a_cache_being_deleted_reads_nothing() -> None:
+    api = Apiserver(group_obj("fresh"))
+    old = cache_obj("m", deleting=True)
+    new = cache_obj("m", groups=("gpu1", "fresh"), deleting=True)
+    assert (await validator(Stores(), api)(request("UPDATE", obj=new, old=old))).allowed
+    assert api.asked == []
+
+
+class StalledClient:
+    """Stands in for the controller's client: `get` waits until released, or fails."""
+
+    def __init__(self, failure: BaseException | None = None) -> None:
+        self.failure = failure
+        self.release = asyncio.Event()
+        self.calls = 0
+
+    async def get(self, res: object, name: str, **kw: object) -> Obj:
+        self.calls += 1
+        if self.failure is not None:
+            raise self.failure
+        await self.release.wait()
+        return group_obj(name)
+
+
+async def test_past_the_reads_in_flight_of_the_process_a_read_is_skipped() -> None:
+    client = StalledClient()
+    read = livegroups.reader(client)  # type: ignore[arg-type]
+    held = [asyncio.ensure_future(read(f"g{i}")) for i in range(livegroups.MAX_READS_IN_FLIGHT)]
+    try:
+        await waiting.wait_until(
+            lambda: client.calls == livegroups.MAX_READS_IN_FLIGHT, timeout=5, what="reads held"
+        )
+        assert await read("one-more") is None
+        assert client.calls == livegroups.MAX_READS_IN_FLIGHT
+    finally:
+        client.release.set()
+        answers = await asyncio.gather(*held)
+    assert [a["metadata"]["name"] for a in answers if a] == [f"g{i}" for i in range(8)]
+    assert await read("again") is not None, "the gate opens once the reads are done"
+
+
+async def test_any_failure_of_a_read_leaves_the_group_missing() -> None:
+    for failure in (
+        errors.Forbidden(403, "no", reason="Forbidden"),
+        errors.ApiTimeout("deadline"),
+        RuntimeError("Session is closed"),
+    ):
+        read = livegroups.reader(StalledClient(failure))  # type: ignore[arg-type]
+        assert await read("fresh") is None, failure
