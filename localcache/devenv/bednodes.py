@@ -17,13 +17,13 @@ join; the node's state directory stays in the run directory until the bed stops.
 from __future__ import annotations
 
 import os
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from localcache.devenv import cgroups, node, nodeassets
 
 if TYPE_CHECKING:
+    from localcache.devenv.controlplane import ControlPlane
     from localcache.devenv.testbed import Image, TestBed
 
 HUB_IP = "10.250.0.1"
@@ -85,10 +85,14 @@ def join(bed: TestBed, images: Sequence[Image]) -> node.RealNode:
         for member in members:
             member.anchor.run(["ip", "route", "add", addr.pod_cidr, "via", addr.ip, "dev", "eth0"])
         real.start_containerd()
-        _wait(real, real.containerd_ready, CONTAINERD_TIMEOUT_S, "containerd answering")
+        bed.wait_for(real.containerd_ready, CONTAINERD_TIMEOUT_S, f"containerd on {addr.name}")
         import_images(real, images)
         real.start_kubelet()
-        _wait(real, lambda: _ready(bed, addr.name), NODES_READY_TIMEOUT_S, "its Node Ready")
+        bed.wait_for(
+            lambda: addr.name in ready_nodes(bed.control_plane),
+            NODES_READY_TIMEOUT_S,
+            f"Node {addr.name} Ready",
+        )
     except BaseException as exc:
         if any(n.name == addr.name for n in bed.node_list):
             try:
@@ -147,21 +151,14 @@ def _left_of(bed: TestBed, name: str, netns: tuple[int, int]) -> set[int]:
     return left - {os.getpid()}
 
 
-def _ready(bed: TestBed, name: str) -> bool:
-    status, body = bed.control_plane.rest("GET", f"/api/v1/nodes/{name}")
+def ready_nodes(plane: ControlPlane) -> set[str]:
+    """The names of the cluster's Nodes whose Ready condition is True."""
+    status, body = plane.rest("GET", "/api/v1/nodes")
     if status != 200:
-        return False
-    conditions = (body.get("status") or {}).get("conditions") or []
-    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
-
-
-def _wait(real: node.RealNode, ready: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        dead = real.exited()
-        if dead:
-            raise NodeJoinError(f"{', '.join(dead)} exited before {what}; logs in {real.log_dir}")
-        if ready():
-            return
-        time.sleep(0.2)
-    raise NodeJoinError(f"{real.name}: {what} not within {timeout:.0f}s; logs in {real.log_dir}")
+        return set()
+    return {
+        item["metadata"]["name"]
+        for item in body.get("items", [])
+        for cond in item.get("status", {}).get("conditions", [])
+        if cond.get("type") == "Ready" and cond.get("status") == "True"
+    }

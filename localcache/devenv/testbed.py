@@ -234,7 +234,7 @@ class TestBed:
             real.start_containerd()
         plane.start()
         self._start_scheduler()
-        self._wait(
+        self.wait_for(
             lambda: all(n.containerd_ready() for n in self.node_list),
             CONTAINERD_TIMEOUT_S,
             "containerd answering on every node",
@@ -244,7 +244,7 @@ class TestBed:
                 pass
         for real in self.node_list:
             real.start_kubelet()
-        self._wait(self._nodes_ready, NODES_READY_TIMEOUT_S, "every Node Ready")
+        self.wait_for(self._nodes_ready, NODES_READY_TIMEOUT_S, "every Node Ready")
         self.startup_seconds = time.monotonic() - started
 
     def _import_images(self, real: node.RealNode) -> None:
@@ -322,18 +322,11 @@ class TestBed:
         return host_ports
 
     def _nodes_ready(self) -> bool:
-        status, body = self.control_plane.rest("GET", "/api/v1/nodes")
-        if status != 200:
-            return False
-        ready = {
-            item["metadata"]["name"]
-            for item in body.get("items", [])
-            for cond in item.get("status", {}).get("conditions", [])
-            if cond.get("type") == "Ready" and cond.get("status") == "True"
-        }
-        return ready >= {n.name for n in self.node_list}
+        return bednodes.ready_nodes(self.control_plane) >= {n.name for n in self.node_list}
 
-    def _wait(self, ready: Any, timeout: float, what: str) -> None:
+    def wait_for(self, ready: Any, timeout: float, what: str) -> None:
+        """Poll `ready` until true; TestBedError past `timeout`, or once a node's process
+        exited."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             dead = [name for real in self.node_list for name in real.exited()]

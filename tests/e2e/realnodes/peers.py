@@ -29,7 +29,7 @@ from localcache.api import groupversion
 from localcache.api import inferenceservice as isvc_api
 from localcache.api import peer as peer_api
 from tests.e2e.realnodes import objects
-from tests.e2e.realnodes.cluster import LOCALCACHE_IMAGE, SYSTEM_NS, Cluster
+from tests.e2e.realnodes.cluster import GROUP_LABEL, LOCALCACHE_IMAGE, SYSTEM_NS, Cluster
 
 Obj = dict[str, Any]
 LMN = groupversion.LOCAL_MODEL_NODE
@@ -42,6 +42,12 @@ AGENT_SELECTOR = "app.kubernetes.io/component=agent"
 AGENT_METRICS_PORT = 8080
 
 # ------------------------------------------------------------------------- node groups
+
+
+def label_node(cluster: Cluster, node: str, value: str | None) -> None:
+    """Set (or with None remove) the e2e group label on `node`."""
+    change = f"{GROUP_LABEL}={value}" if value else f"{GROUP_LABEL}-"
+    cluster.kubectl("label", "node", node, change, "--overwrite")
 
 
 def peer_group(
@@ -115,8 +121,7 @@ def agent_pod(cluster: Cluster, node: str) -> Obj:
 def agent_replaced(cluster: Cluster, node: str, killed: str) -> bool:
     """Whether an agent pod other than `killed` is Ready on `node`."""
     pod = agent_pod(cluster, node)
-    conditions = (pod.get("status") or {}).get("conditions") or []
-    ready = any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+    ready = (cluster.condition(pod, "Ready") or {}).get("status") == "True"
     return ready and pod["metadata"]["name"] != killed
 
 

@@ -79,11 +79,6 @@ def labelled(cluster: Cluster) -> Iterator[str]:
         cluster.kubectl("label", "node", node, f"{GROUP_LABEL}-", check=False)
 
 
-def _label(cluster: Cluster, node: str, value: str | None) -> None:
-    change = f"{GROUP_LABEL}={value}" if value else f"{GROUP_LABEL}-"
-    cluster.kubectl("label", "node", node, change, "--overwrite")
-
-
 # ------------------------------------------------------------------------------ mode off
 
 
@@ -512,7 +507,7 @@ def test_a_flipped_byte_in_a_peers_copy_is_never_promoted_and_the_source_is_repo
 ) -> None:
     # One node first, so that it is the source (the seed election is not what this shows).
     origin, other = cluster.node_names[0], cluster.node_names[-1]
-    _label(cluster, origin, labelled)
+    peers.label_node(cluster, origin, labelled)
     run = uuid.uuid4().hex[:6]
     name, group = f"flip-{run}", f"g-flip-{run}"
     data = os.urandom(2 * MIB)
@@ -542,7 +537,7 @@ def test_a_flipped_byte_in_a_peers_copy_is_never_promoted_and_the_source_is_repo
         # The other node joins the group and fetches the model.
         watch = _Watch(cluster.models_root(other) / layout.model_subpath(key), want)
         seen_peer_jobs: dict[str, list[Obj]] = {}
-        _label(cluster, other, labelled)
+        peers.label_node(cluster, other, labelled)
 
         def downloaded_again() -> bool:
             for job in peers.peer_jobs_of(cluster, JOBS_NS, key, other):
@@ -593,7 +588,7 @@ def test_the_serving_agent_killed_mid_transfer_leaves_every_node_a_verified_copy
 ) -> None:
     # One node first, so that it is the source (the seed election is not what this shows).
     origin, other = cluster.node_names[0], cluster.node_names[-1]
-    _label(cluster, origin, labelled)
+    peers.label_node(cluster, origin, labelled)
     run = uuid.uuid4().hex[:6]
     name, group = f"kill-{run}", f"g-kill-{run}"
     data = os.urandom(4 * MIB)
@@ -614,7 +609,7 @@ def test_the_serving_agent_killed_mid_transfer_leaves_every_node_a_verified_copy
             lambda: peers.served(cluster, origin, key), timeout=120, what=f"{origin} serves {key}"
         )
         started = time.monotonic()
-        _label(cluster, other, labelled)
+        peers.label_node(cluster, other, labelled)
         root = cluster.models_root(other)
 
         def fetching() -> tuple[str, int] | None:

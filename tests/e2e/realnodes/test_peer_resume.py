@@ -45,10 +45,6 @@ def third_node(request: pytest.FixtureRequest, cluster: Cluster) -> Iterator[str
         shared.leave_node(name)
 
 
-def _label(cluster: Cluster, node: str, value: str) -> None:
-    cluster.kubectl("label", "node", node, f"{GROUP_LABEL}={value}", "--overwrite")
-
-
 def _downloaded_and_served(cluster: Cluster, node: str, name: str, key: str) -> None:
     def done() -> bool:
         return cluster.node_status(node).get(name) == DOWNLOADED and bool(
@@ -73,7 +69,7 @@ def test_a_file_its_peer_broke_off_is_resumed_by_range_from_the_next_peer(
     uri = f"{sources.http_base}/{name}/model.bin"
     key = keys.storage_key(uri)
     want = {"model.bin": hashlib.sha256(data).hexdigest()}
-    _label(cluster, first, labelled)
+    peers.label_node(cluster, first, labelled)
     cluster.apply(
         # 256 KiB/s per serving node: a 4 MiB transfer takes 16 s, longer than a kill takes
         peers.peer_group(cluster, group, selector={GROUP_LABEL: labelled}, uploadBandwidth="256Ki"),
@@ -81,10 +77,10 @@ def test_a_file_its_peer_broke_off_is_resumed_by_range_from_the_next_peer(
     )
     try:
         _downloaded_and_served(cluster, first, name, key)
-        _label(cluster, second, labelled)
+        peers.label_node(cluster, second, labelled)
         _downloaded_and_served(cluster, second, name, key)
         started = time.monotonic()
-        _label(cluster, third_node, labelled)
+        peers.label_node(cluster, third_node, labelled)
         root = cluster.models_root(third_node)
 
         def fetching() -> tuple[str, int, str] | None:
