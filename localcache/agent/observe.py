@@ -19,8 +19,8 @@ from collections.abc import Mapping, Sequence
 from typing import Final
 
 from localcache.agent import adoption, downloads, plan, stall
-from localcache.agent.disk import folders, layout, tree
-from localcache.agent.jobs import launcher, podwait
+from localcache.agent.disk import folders, layout, originsums, tree
+from localcache.agent.jobs import launcher, peerjob, podwait
 from localcache.api import modelnode
 from localcache.api import quantity as quantity_mod
 from localcache.caching import config
@@ -69,19 +69,22 @@ class Observer:
         """The unit's inputs to `plan.decide` on `disk`; the adoption evidence only when
         `evidence` (not after a refused adoption)."""
         manifest = await asyncio.to_thread(_unit_manifest, disk, unit)
-        local = seen.cfg.local_model
+        local, jobs = seen.cfg.local_model, tuple(downloads.unit_jobs(unit, seen.jobs))
+        stall_s = float(local.download_stall_timeout_in_secs)
+        if stall_s and jobs and peerjob.is_seed(jobs[-1].obj):  # its sidecar may end last
+            stall_s = max(stall_s, float(peerjob.SEED_GRACE_S))
         observed = plan.Observed(
             now=seen.now,
             policy=plan.Policy(
                 backoff_s=local.download_retry_backoff_in_secs,
                 max_backoff_s=local.download_retry_max_backoff_in_secs,
                 progress_interval=self._progress_interval,
-                stall_timeout_s=float(local.download_stall_timeout_in_secs),
+                stall_timeout_s=stall_s,
             ),
             models_root=str(disk.host_path or disk.root),
             manifest=manifest,
             claims=tuple(self._adoptions.claims(unit)) if evidence else (),
-            jobs=tuple(downloads.unit_jobs(unit, seen.jobs)),
+            jobs=jobs,
             states=seen.states,
             progress=seen.progress,
         )
@@ -123,6 +126,8 @@ class Observer:
             if not await asyncio.to_thread(lambda: any(staging.iterdir())):
                 return plan.JobFacts(staging, staging_is_dir=True)
             size = await asyncio.to_thread(tree.folder_bytes, staging)
+            if peerjob.is_seed(latest.obj):  # the sidecar's record is no byte of the model
+                size -= await asyncio.to_thread(originsums.staged_bytes, staging)
             return plan.JobFacts(
                 staging,
                 staging_bytes=size,

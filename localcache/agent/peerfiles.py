@@ -317,12 +317,9 @@ class PeerFiles:
             why: peer.UnservableReason | None = None
             try:
                 manifest = await self._hash(job)
-            except filelists.OriginMismatch as exc:
-                log.error("peer_file_list_not_origin", folder=job.folder, error=str(exc)[:300])
-                why = peer.UnservableReason.ORIGIN_MISMATCH
-            except filelists.Unservable as exc:
-                log.warning("peer_file_list_failed", folder=job.folder, error=str(exc)[:300])
-                why = peer.UnservableReason.UNSERVABLE
+            except filelists.Unservable as exc:  # origin-mismatch (corrupt), -unchecked, ...
+                why, say = exc.reason, log.error if exc.alarm else log.warning
+                say(exc.event, folder=job.folder, error=str(exc)[:300])
             except (OSError, layout.DiskError) as exc:
                 log.warning("peer_file_list_failed", folder=job.folder, error=str(exc)[:300])
                 why = peer.UnservableReason.UNREADABLE
@@ -350,6 +347,7 @@ class PeerFiles:
                 job.storage_key,
                 uri=job.manifest.uri,
                 staged=job.manifest.origin_sums,
+                unchecked=job.manifest.origin_unchecked,
                 stop=self._stop.is_set,
                 known=self.progress.known(_staging_of(job)),
             )

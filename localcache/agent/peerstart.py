@@ -21,7 +21,8 @@ a quota): after `start_s` the origin is the better bet in every case.
 A seed's origin Job with the checksum sidecar (`peerjob.seed_job`), which runs the same image,
 is stopped alike once its pod says it cannot start (`plan.NOT_STARTED`: an image that cannot
 be pulled, not one still pulling) and the unit is marked: its next Job is the plain origin
-Job (no sidecar), so an unpullable `--peer-image` never holds an origin download.
+Job (no sidecar), so an unpullable `--peer-image` never holds an origin download (its copy is
+then served to no peer: `peerjob.unchecked_origin`).
 """
 
 from __future__ import annotations

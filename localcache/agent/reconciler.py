@@ -38,7 +38,7 @@ import asyncio
 import datetime
 import functools
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
 import pydantic
@@ -341,7 +341,10 @@ class Reconciler:
         key, job, state = unit.storage_key, action.job, action.state
         variant, seeded = layout.variant_of_scope(unit.scope_id), peerjob.is_seed(job.obj)
         promote = functools.partial(at.disk.promote, variant=variant, seeded=seeded)
-        in_force = await asyncio.to_thread(promote, action.staging, key, action.manifest)
+        manifest = action.manifest
+        if peerjob.unchecked_origin(job.obj, at.group, unit.request.uri):  # a fallback's copy
+            manifest = replace(manifest, origin_unchecked=True)
+        in_force = await asyncio.to_thread(promote, action.staging, key, manifest)
         self._metrics.succeeded.inc()
         self._metrics.bytes.inc(action.manifest.bytes)
         if state.started_at and state.finished_at:

@@ -29,6 +29,8 @@ MAX_STAGED_SUMS: Final = 4096
 """Objects whose SHA-256 one download records at most (the sums go into the folder's manifest,
 which every pass reads): a model of more objects records none."""
 MAX_STAGED_SUMS_BYTES: Final = MAX_STAGED_SUMS * (peer.MAX_PATH + 80)
+SUMS_DEADLINE_S: Final = 120
+"""How long the step asks the origin at most (its default `--deadline`)."""
 
 
 def is_staged_sums(name: str) -> bool:

@@ -161,6 +161,7 @@ class UnservableReason(StrEnum):
     UNREADABLE = "unreadable"
     ERROR = "error"
     ORIGIN_MISMATCH = "origin-mismatch"
+    ORIGIN_UNCHECKED = "origin-unchecked"
 
 
 class PeerUnservable(meta.ApiModel):
@@ -172,7 +173,8 @@ class PeerUnservable(meta.ApiModel):
         description="unservable: an entry the wire cannot describe (a FIFO, a device, a "
         "symlink leaving the folder, too many or too deep entries); unreadable: the folder "
         "could not be read; error: the agent failed (its log names the folder); "
-        "origin-mismatch: a file's bytes are not the SHA-256 its origin published.",
+        "origin-mismatch: a file's bytes are not the SHA-256 its origin published; "
+        "origin-unchecked: the download did not record the checksums its origin stores.",
     )
 
 

@@ -11,7 +11,8 @@ Contract:
   virtual-hosted addressing, else path style), `S3_VERIFY_SSL` ("0"/"false": no verification;
   else `AWS_CA_BUNDLE` or the system's CAs). Without keys, botocore's default chain answers
   (IRSA web identity, profiles, instance roles). Anonymous access (`awsAnonymousCredential`)
-  proves nothing: "use origin".
+  proves nothing: "use origin", unless `anonymous_ok` (reading what the origin publishes to
+  anyone, `download.seedsums`): then every request goes unsigned.
 - `S3Origin(settings)`: a botocore client (SigV4, connect `CONNECT_TIMEOUT_S`, read
   `READ_TIMEOUT_S`, standard retries). `objects(uri)` lists `s3://bucket/prefix`
   (ListObjectsV2, paginated, keys ending in "/" skipped, at most `peer.MAX_FILES`) and maps
@@ -30,9 +31,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import queue
+import threading
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
+import botocore
 import botocore.config
 import botocore.exceptions
 import botocore.session
@@ -44,6 +48,7 @@ DEFAULT_REGION: Final = "us-east-1"
 CONNECT_TIMEOUT_S: Final = 5.0
 READ_TIMEOUT_S: Final = 30.0
 RETRIES: Final = {"max_attempts": 3, "mode": "standard"}
+HEAD_WORKERS: Final = 8
 ANONYMOUS_ENV: Final = "awsAnonymousCredential"
 _STORAGE_CONFIG_ENV: Final = {  # STORAGE_CONFIG field -> the env var it stands for (KServe)
     "access_key_id": "AWS_ACCESS_KEY_ID",
@@ -67,11 +72,13 @@ class S3Settings:
     access_key_id: str | None = dataclasses.field(default=None, repr=False)
     secret_access_key: str | None = dataclasses.field(default=None, repr=False)
     session_token: str | None = dataclasses.field(default=None, repr=False)
+    anonymous: bool = False
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str]) -> S3Settings:
+    def from_env(cls, env: Mapping[str, str], *, anonymous_ok: bool = False) -> S3Settings:
         values = {**env, **_storage_config(env)}
-        if values.get(ANONYMOUS_ENV, "").strip().lower() == "true":
+        anonymous = values.get(ANONYMOUS_ENV, "").strip().lower() == "true"
+        if anonymous and not anonymous_ok:
             raise peersources.use_origin(
                 "anonymous S3 access (awsAnonymousCredential) cannot prove access"
             )
@@ -92,19 +99,20 @@ class S3Settings:
             access_key_id=values.get("AWS_ACCESS_KEY_ID") or None,
             secret_access_key=values.get("AWS_SECRET_ACCESS_KEY") or None,
             session_token=values.get("AWS_SESSION_TOKEN") or None,
+            anonymous=anonymous,
         )
 
     def client(self) -> Any:
         """A botocore S3 client (no I/O until called); "use origin" for a bad endpoint."""
         config = botocore.config.Config(
-            signature_version="s3v4",
+            signature_version=botocore.UNSIGNED if self.anonymous else "s3v4",
             connect_timeout=CONNECT_TIMEOUT_S,
             read_timeout=READ_TIMEOUT_S,
             retries=dict(RETRIES),
             s3={"addressing_style": "virtual" if self.virtual_hosted else "path"},
         )
         keys: dict[str, str | None] = {}
-        if self.access_key_id and self.secret_access_key:  # else botocore's default chain
+        if self.access_key_id and self.secret_access_key and not self.anonymous:  # else the chain
             keys = {
                 "aws_access_key_id": self.access_key_id,
                 "aws_secret_access_key": self.secret_access_key,
@@ -166,8 +174,8 @@ class S3Origin:
         self._client = settings.client()
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str]) -> S3Origin:
-        return cls(S3Settings.from_env(env))
+    def from_env(cls, env: Mapping[str, str], *, anonymous_ok: bool = False) -> S3Origin:
+        return cls(S3Settings.from_env(env, anonymous_ok=anonymous_ok))
 
     def objects(self, uri: str) -> list[S3Object]:
         """The model's objects with their folder paths; "use origin" when the origin refuses
@@ -208,19 +216,43 @@ class S3Origin:
 
     def checksums(self, uri: str, objects: Sequence[S3Object]) -> dict[str, str]:
         """The SHA-256 (hex) the origin stores for each of `objects` stored with a full-object
-        one, by folder path (a HEAD in checksum mode each); "use origin" when it refuses."""
+        one, by folder path (a HEAD in checksum mode each, `HEAD_WORKERS` at once, in daemon
+        threads: a caller's deadline never waits for them); "use origin" when it refuses."""
         bucket, _ = originpaths.parse_s3(uri)
+        todo: queue.SimpleQueue[S3Object] = queue.SimpleQueue()
+        for item in objects:
+            todo.put(item)
         sums: dict[str, str] = {}
-        try:
-            for item in objects:
-                head = self._client.head_object(Bucket=bucket, Key=item.key, ChecksumMode="ENABLED")
+        refused: list[Exception] = []
+
+        def work() -> None:
+            while not refused:
+                try:
+                    item = todo.get_nowait()
+                    head = self._client.head_object(
+                        Bucket=bucket, Key=item.key, ChecksumMode="ENABLED"
+                    )
+                except queue.Empty:
+                    return
+                except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError) as exc:
+                    refused.append(exc)
+                    return
                 sha256 = originpaths.s3_checksum_sha256(
                     head.get("ChecksumSHA256"), head.get("ChecksumType")
                 )
                 if sha256 is not None:
                     sums[item.path] = sha256
-        except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError) as exc:
-            raise peersources.use_origin(f"the origin refused a HEAD: {_origin(exc)}") from None
+
+        workers = [
+            threading.Thread(target=work, name="localcache-origin-head", daemon=True)
+            for _ in range(min(HEAD_WORKERS, len(objects)))
+        ]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
+        if refused:
+            raise peersources.use_origin(f"the origin refused a HEAD: {_origin(refused[0])}")
         return sums
 
     def proof(self, uri: str, objects: Sequence[S3Object], nonce: str) -> peer.ProofRequest:

@@ -8,16 +8,21 @@ reads an object over 8 MB by ranges.
 Contract:
 - Lists the model as the storage initializer does and HEADs each object in checksum mode
   (`download.s3origin`: the credentials and endpoint of KServe's variables or
-  `STORAGE_CONFIG`, every call with a timeout), all within `--deadline` seconds.
+  `STORAGE_CONFIG`, unsigned for `awsAnonymousCredential`, every call with a timeout), all
+  within `--deadline` seconds.
 - Writes `<dest>/` + `originpaths.STAGED_SUMS` (`originpaths.StagedSums`; a temporary name
-  beginning with that one, then a rename) when at least one object has a full-object SHA-256
-  and there are at most `originpaths.MAX_STAGED_SUMS` objects; nothing otherwise.
-- Always exits 0: a failure (the origin refuses, no credentials, anonymous access, the
-  deadline) is one line on stderr and no file, and the download goes on; the storage
-  initializer then reports the origin's own answer. Never printed: credentials, URLs.
-- `--sidecar`: then waits for SIGTERM (the kubelet stops a sidecar once the download ends),
-  which ends it with exit 0 at any point, also in the middle of its work: a temporary file
-  it leaves is the agent's to remove (`agent.disk.originsums.drop_staged`).
+  beginning with that one, then a rename) once the origin answered for every object, at most
+  `originpaths.MAX_STAGED_SUMS` of them: the full-object SHA-256s it stores, none when it
+  stores none. Nothing otherwise, and the agent then serves the copy to no peer
+  (`agent.disk.originsums.read_staged`: unchecked).
+- Always exits 0: a failure (the origin refuses, no credentials, the deadline) is one line on
+  stderr and no file, and the download goes on; the storage initializer then reports the
+  origin's own answer. Never printed: credentials, URLs.
+- `--sidecar`: then waits for SIGTERM (the kubelet stops a sidecar once the download ends)
+  and exits 0 on it. SIGTERM is held until the record is written or given up (the deadline):
+  a download that ends first does not cut the answer off (the seed's pod allows for it,
+  `agent.jobs.peerjob.SEED_GRACE_S`). A SIGKILL may still leave a temporary file: the
+  agent's to remove (`agent.disk.originsums.drop_staged`).
 Who trusts the file: the agent, as it trusts every byte the download pod writes (a check of
 the download, never a proof of access across scopes).
 """
@@ -36,7 +41,7 @@ from typing import Final
 from localcache.api import originpaths
 from localcache.download import peersources, s3origin
 
-DEADLINE_S: Final = 120.0
+DEADLINE_S: Final = float(originpaths.SUMS_DEADLINE_S)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -56,17 +61,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.sidecar:
-        signal.signal(signal.SIGTERM, _stopped)
+    stopped = threading.Event()
+    if args.sidecar:  # a handler: PID 1 of a container is sent no signal it has none for
+        signal.signal(signal.SIGTERM, lambda _signum, _frame: stopped.set())
+        # held until the answer is out; set before the worker starts, which inherits it
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
     said = record(args.uri, Path(args.dest), env=os.environ, deadline=args.deadline)
     print(f"localcache origin-sums: {said}", file=sys.stderr, flush=True)
-    while args.sidecar:
-        signal.pause()
+    if args.sidecar and not stopped.is_set():
+        signal.sigwait({signal.SIGTERM})  # taken whether it came meanwhile or comes later
     return 0
-
-
-def _stopped(signum: int, frame: object) -> None:
-    raise SystemExit(0)
 
 
 def record(uri: str, dest: Path, *, env: Mapping[str, str], deadline: float) -> str:
@@ -79,12 +83,12 @@ def record(uri: str, dest: Path, *, env: Mapping[str, str], deadline: float) -> 
         try:
             said, sums = _record(uri, env)
         except Exception as exc:  # never fail the download: it reports the origin's answer
-            said, sums = f"no checksums recorded: {type(exc).__name__}", {}
+            said, sums = f"no checksums recorded: {type(exc).__name__}", None
         with decided:
             if late.is_set():
                 return
             try:
-                if sums:
+                if sums is not None:
                     _write(dest, sums)
             except OSError as exc:
                 said = f"no checksums recorded: {exc.strerror or type(exc).__name__}"
@@ -104,18 +108,18 @@ def record(uri: str, dest: Path, *, env: Mapping[str, str], deadline: float) -> 
     return outcome[0]
 
 
-def _record(uri: str, env: Mapping[str, str]) -> tuple[str, dict[str, str]]:
-    """What to say, and the sums to write."""
+def _record(uri: str, env: Mapping[str, str]) -> tuple[str, dict[str, str] | None]:
+    """What to say, and the sums to write (None: no answer, nothing to write)."""
     try:
-        origin = s3origin.S3Origin.from_env(env)
+        origin = s3origin.S3Origin.from_env(env, anonymous_ok=True)
         objects = origin.objects(uri)
         if len(objects) > originpaths.MAX_STAGED_SUMS:
-            return f"no checksums recorded: over {originpaths.MAX_STAGED_SUMS} objects", {}
+            return f"no checksums recorded: over {originpaths.MAX_STAGED_SUMS} objects", None
         sums = origin.checksums(uri, objects)
     except peersources.FetchError as exc:
-        return f"no checksums recorded: {exc}", {}
+        return f"no checksums recorded: {exc}", None
     if not sums:
-        return f"{len(objects)} object(s), none stored with a full-object SHA-256", {}
+        return f"{len(objects)} object(s), none stored with a full-object SHA-256", sums
     return f"{len(objects)} object(s), {len(sums)} with the origin's SHA-256 recorded", sums
 
 

@@ -20,9 +20,10 @@ answers 403 (S3 XML error `AccessDenied`; no body for a HEAD) for `/moto-api/*` 
 request without an `Authorization` header or SigV4 query parameters; it checks presigned
 requests itself and hands them to moto header-signed by the same key (`presign`). It answers
 `GET /_objectstore/ready` itself (no action counted), and `GET /_objectstore/stats` with
-`{"requests": N, "bytesSent": M}`: the signed (or presigned) requests passed to moto and the
-response body bytes it sent for them (counters that only grow; the data-plane benchmark reads
-the origin's egress there).
+`{"requests": N, "bytesSent": M, "heldChecksumHeads": H}`: the signed (or presigned) requests
+passed to moto, the response body bytes it sent for them (counters that only grow; the
+data-plane benchmark reads the origin's egress there) and the HEADs it held (`s3holds`: it
+answers checksum-mode HEADs late when asked, `hold_checksum_heads`).
 
 Contract of `ObjectStore` (the harness side):
 - `start()` returns once the server answers, the admin exists and enforcement was checked;
@@ -67,7 +68,7 @@ import botocore.config
 import botocore.exceptions
 
 from localcache.devenv import modelserver, processes
-from tests.support import presign
+from tests.support import presign, s3holds
 
 if TYPE_CHECKING:
     from wsgiref.types import StartResponse, WSGIApplication, WSGIEnvironment
@@ -144,24 +145,28 @@ class _Sent:
             if close is not None:
                 close()
 
-    def json(self) -> bytes:
+    def json(self, *, held: int) -> bytes:
         with self.lock:
-            return json.dumps({"requests": self.requests, "bytesSent": self.bytes}).encode()
+            found = {"requests": self.requests, "bytesSent": self.bytes}
+        return json.dumps({**found, "heldChecksumHeads": held}).encode()
 
 
 def guard(app: WSGIApplication, *, secret_of: presign.Secrets) -> WSGIApplication:
     """Wrap moto's app: refuse `/moto-api/*` and unsigned requests, check presigned ones
     (finding keys' secrets with `secret_of`), answer READY_PATH and STATS_PATH, count what
-    moto sends."""
-    sent = _Sent()
+    moto sends, hold checksum-mode HEADs when asked (`s3holds`)."""
+    sent, holds = _Sent(), s3holds.Holds()
 
     def guarded(environ: WSGIEnvironment, start_response: StartResponse) -> Any:
         path = environ.get("PATH_INFO", "")
         if path == READY_PATH:
             start_response("200 OK", [("Content-Type", "text/plain"), ("Content-Length", "3")])
             return [b"ok\n"]
+        answered = holds.control(environ, start_response)
+        if answered is not None:
+            return answered
         if path == STATS_PATH:
-            body = sent.json()
+            body = sent.json(held=holds.held)
             start_response(
                 "200 OK",
                 [("Content-Type", "application/json"), ("Content-Length", str(len(body)))],
@@ -177,6 +182,7 @@ def guard(app: WSGIApplication, *, secret_of: presign.Secrets) -> WSGIApplicatio
                 return _refuse(start_response, refusal, head=head)
         elif not environ.get("HTTP_AUTHORIZATION"):
             return _refuse(start_response, _UNSIGNED, head=head)
+        holds.wait(environ)
         return sent.counted(app(environ, start_response))
 
     return guarded
@@ -381,6 +387,20 @@ class ObjectStore(modelserver.ServerProcess):
             raise ObjectStoreError(f"GET {STATS_PATH}: HTTP {status}")
         found = json.loads(body)
         return int(found["requests"]), int(found["bytesSent"])
+
+    def hold_checksum_heads(self, bucket: str, prefix: str) -> None:
+        """Hold the checksum-mode HEADs of `bucket`'s objects under `prefix` (`s3holds`)."""
+        s3holds.hold(self.endpoint, bucket, prefix)
+
+    def release_checksum_heads(self) -> None:
+        s3holds.release(self.endpoint)
+
+    def checksum_heads_held(self) -> int:
+        """How many checksum-mode HEADs were held so far."""
+        status, body = modelserver.http_get(self.endpoint + STATS_PATH)
+        if status != 200:
+            raise ObjectStoreError(f"GET {STATS_PATH}: HTTP {status}")
+        return int(json.loads(body)["heldChecksumHeads"])
 
     def s3_env(self, key: AccessKey) -> dict[str, str]:
         """Environment for KServe's storage initializer (or any boto3 client) to download

@@ -15,7 +15,8 @@ Contract:
   when it cannot read it, `digest.Stopped` when `stop()` turned true. It blocks: call it in
   a thread. Each file's `originSha256` is the one its origin published (`originsums`: Hugging
   Face LFS files, an `s3://` seed's staged checksums); `OriginMismatch` (an `Unservable`) when
-  a file's bytes are not that.
+  a file's bytes are not that, `OriginUnchecked` (one too, before any I/O) for a seed whose
+  checksums were never staged (`layout.Manifest.origin_unchecked`).
 - `write` stores atomically (`runtime.durable`); `read` returns the stored list only when it
   is whole and consistent (schema, folder name, storage key, digest recomputed from the
   entries, scopes), else None; `current` also requires the stamp of the folder's manifest
@@ -47,9 +48,23 @@ FORMAT_VERSION: Final = 1
 class Unservable(Exception):
     """The folder cannot be described by a peer manifest (the message says why)."""
 
+    reason = peer.UnservableReason.UNSERVABLE
+    event, alarm = "peer_file_list_failed", False
+    """What the agent's log says of it, and whether as an error."""
+
 
 class OriginMismatch(Unservable):
     """Files of the folder are not the SHA-256 their origin published (`originsums`)."""
+
+    reason = peer.UnservableReason.ORIGIN_MISMATCH
+    event, alarm = "peer_file_list_not_origin", True
+
+
+class OriginUnchecked(Unservable):
+    """The download was to record its origin's checksums and did not (`originsums`)."""
+
+    reason = peer.UnservableReason.ORIGIN_UNCHECKED
+    event = "peer_file_list_unchecked"
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,12 +107,18 @@ def compute(
     *,
     uri: str = "",
     staged: Iterable[tuple[str, str]] = (),
+    unchecked: bool = False,
     stop: Callable[[], bool] = _never,
     known: Mapping[digest.Identity, str] | None = None,
 ) -> peer.PeerManifest:
     """The folder's peer manifest (module contract) of a download of `uri`; `staged`: the
-    origin checksums its promotion recorded (`layout.Manifest.origin_sums`); `known`: see
+    origin checksums its promotion recorded (`layout.Manifest.origin_sums`), `unchecked`: it
+    recorded none though it was to (`layout.Manifest.origin_unchecked`); `known`: see
     `digest.listing`."""
+    if unchecked:
+        raise OriginUnchecked(
+            f"{folder}: the origin's checksums of this download were not recorded"
+        )
     try:
         found = digest.listing(
             folder, max_entries=peer.MAX_FILES, max_depth=peer.MAX_DEPTH, stop=stop, known=known
@@ -185,9 +206,10 @@ def _scopes_ok(scopes: Sequence[str]) -> bool:
 
 def current(root: Path, folder: str, manifest: layout.Manifest) -> FileList | None:
     """`read`, only when computed for the promotion `manifest` records (and, for a model
-    whose origin publishes checksums, by a version that checks them)."""
+    whose origin publishes checksums, by a version that checks them); never for a copy
+    left unchecked (`layout.Manifest.origin_unchecked`), which `compute` refuses."""
     files = read(root, folder)
-    if files is None or files.stamp != Stamp.of(manifest):
+    if files is None or files.stamp != Stamp.of(manifest) or manifest.origin_unchecked:
         return None
     unchecked = not files.origin_checked and originsums.publishes(manifest.uri)
     return None if unchecked else files

@@ -204,7 +204,7 @@ class ModelDisk:
             raise layout.DiskError(f"staging folder {staging} does not exist")
         self.ensure_layout()
         if seeded:
-            manifest = dataclasses.replace(manifest, origin_sums=originsums.read_staged(staging))
+            manifest = originsums.with_staged(manifest, staging)
         record: dict[str, object] = {"staging": staging.name, "manifest": manifest.to_json()}
         if variant is not None:
             layout.folder_name(storage_key, variant)  # DiskError unless a variant

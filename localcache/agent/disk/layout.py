@@ -171,6 +171,9 @@ class Manifest:
     """Set for a folder variant (`models/<key>.<variant>`): the scope it was downloaded in."""
     origin_sums: tuple[tuple[str, str], ...] = ()
     """(path, SHA-256 hex) the origin stores, as the download staged them (`originsums`)."""
+    origin_unchecked: bool = False
+    """The download was to stage the origin's checksums and left no record of them
+    (`originsums.read_staged`): the copy is served to no peer. Written only when set."""
 
     def to_json(self) -> dict[str, Any]:
         data = {json_name: getattr(self, attr) for attr, json_name in _MANIFEST_JSON.items()}
@@ -182,6 +185,8 @@ class Manifest:
             data["variant"] = self.variant
         if self.origin_sums:
             data["originSha256"] = dict(self.origin_sums)
+        if self.origin_unchecked:
+            data["originUnchecked"] = True
         return data
 
     @property
@@ -198,6 +203,7 @@ class Manifest:
                 job=str(data["job"]), adopted=data.get("adopted") is True,
                 digest=str(data.get("digest") or ""), variant=str(data.get("variant") or ""),
                 origin_sums=_origin_sums(data.get("originSha256")),
+                origin_unchecked=data.get("originUnchecked") is True,
             )  # fmt: skip
         except (KeyError, TypeError, ValueError) as exc:
             raise DiskError(f"malformed manifest: {exc}") from exc

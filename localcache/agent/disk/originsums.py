@@ -18,13 +18,19 @@ Contract:
   such files says nothing about its origin). A metadata file that cannot be read without
   following a symlink, or that has another shape, is skipped: the file is then not attested.
 - `read_staged(staging)`: the SHA-256s `localcache origin-sums` left in a finished seed's
-  staging folder (`originpaths.STAGED_SUMS`), as sorted (path, hex) pairs; `()` when none is
-  staged, or it is not a regular file of at most `originpaths.MAX_STAGED_SUMS_BYTES` holding
-  `originpaths.StagedSums`, or cannot be read. `drop_staged(staging)` removes it, and the
-  temporary file of a sidecar stopped while it wrote (`originpaths.is_staged_sums`), from the
-  folder: it is no file of the model (a directory of that name is left: the model's own).
-  The promotion keeps the sums in the folder's manifest (`layout.Manifest.origin_sums`), and
+  staging folder (`originpaths.STAGED_SUMS`), as sorted (path, hex) pairs (`()`: the origin
+  stores none); None when there is no record (the sidecar had no answer from the origin), or
+  it is not a regular file of at most `originpaths.MAX_STAGED_SUMS_BYTES` holding
+  `originpaths.StagedSums`, or cannot be read: the copy is then unchecked
+  (`layout.Manifest.origin_unchecked`), and served to no peer. `drop_staged(staging)` removes
+  it, and the temporary file of a sidecar stopped while it wrote (`originpaths.is_staged_sums`),
+  from the folder: it is no file of the model (a directory of that name is left: the model's
+  own).
+  The promotion keeps the sums in the folder's manifest (`with_staged(manifest, staging)`:
+  `layout.Manifest.origin_sums`, or `origin_unchecked` without a record), and
   `published(..., staged=...)` answers them for an `s3://` `uri`, for the paths among `files`.
+  `staged_bytes(staging)`: the size of what `drop_staged` removes (the download's own size
+  leaves it out).
 - `mismatches(files, sums)`: the paths whose own SHA-256 is not the published one.
 Who wrote the metadata: the download pod, like every byte of the folder. The record says what
 the download reported the origin published, checked against the bytes; it catches a download
@@ -34,6 +40,7 @@ access (`agent.peer.proofs` asks the origin itself). Blocking: call it in a thre
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import stat
@@ -44,6 +51,7 @@ from typing import Final
 import pydantic
 import structlog
 
+from localcache.agent.disk import layout
 from localcache.agent.peer.files import Stale, open_beneath
 from localcache.api import originpaths
 from localcache.runtime import durable
@@ -89,21 +97,42 @@ def published(
     return sums
 
 
-def read_staged(staging: Path) -> tuple[tuple[str, str], ...]:
-    """The staged origin SHA-256s of a finished download in `staging` (module contract).
-    Blocking."""
+def read_staged(staging: Path) -> tuple[tuple[str, str], ...] | None:
+    """The staged origin SHA-256s of a finished download in `staging`, None when there is no
+    usable record (module contract). Blocking."""
     path = staging / originpaths.STAGED_SUMS
     try:
         info = os.lstat(path)
         if not stat.S_ISREG(info.st_mode) or info.st_size > originpaths.MAX_STAGED_SUMS_BYTES:
-            return ()
+            log.warning("origin_sums_unreadable", staging=staging.name, error="not a small file")
+            return None
         text = _read(staging, path.name, info.st_size)
         return tuple(sorted(originpaths.StagedSums.model_validate_json(text or "").sha256.items()))
     except FileNotFoundError:
-        return ()
+        log.warning("origin_sums_missing", staging=staging.name)
+        return None
     except (OSError, pydantic.ValidationError) as exc:  # the pod's bytes: any shape, any mode
         log.warning("origin_sums_unreadable", staging=staging.name, error=type(exc).__name__)
-        return ()
+        return None
+
+
+def with_staged(manifest: layout.Manifest, staging: Path) -> layout.Manifest:
+    """`manifest` recording what `read_staged(staging)` found. Blocking."""
+    sums = read_staged(staging)
+    return dataclasses.replace(manifest, origin_sums=sums or (), origin_unchecked=sums is None)
+
+
+def staged_bytes(staging: Path) -> int:
+    """The bytes of the regular files `drop_staged(staging)` removes (none of the model's).
+    Blocking."""
+    total = 0
+    try:
+        for name in [n for n in os.listdir(staging) if originpaths.is_staged_sums(n)]:
+            info = os.lstat(staging / name)
+            total += info.st_size if stat.S_ISREG(info.st_mode) else 0
+    except OSError:  # gone, or its modes taken away: the promotion says so
+        pass
+    return total
 
 
 def drop_staged(staging: Path) -> None:

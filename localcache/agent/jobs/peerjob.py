@@ -59,6 +59,8 @@ SUMS_RESOURCES: Final = {
     "limits": {"cpu": "500m", "memory": "256Mi"},
 }
 _SUMS_KEEPS: Final = ("env", "envFrom", "volumeMounts", "securityContext")
+SEED_GRACE_S: Final = originpaths.SUMS_DEADLINE_S + 30
+"""A seed pod's termination grace: its sidecar holds SIGTERM until it has the origin's answer."""
 
 
 def is_peer(job: Mapping[str, Any]) -> bool:
@@ -69,6 +71,18 @@ def is_peer(job: Mapping[str, Any]) -> bool:
 def is_seed(job: Mapping[str, Any]) -> bool:
     """Whether `job` is an origin Job with the checksum sidecar (`seed_job`, its label)."""
     return _labelled(job, SUMS_LABEL)
+
+
+def unchecked_origin(
+    job: Mapping[str, Any], group: nodegroup.LocalModelNodeGroup | None, uri: str
+) -> bool:
+    """Whether `job` downloaded an `s3://` model from the origin, in a group with peer
+    distribution, without the checksum sidecar (`seed_job`: a fallback after a seed did not
+    start or was refused, or no peer image): nothing checked its copy against the checksums
+    the origin stores, so it is served to no peer."""
+    spec = group.spec.peer_distribution if group is not None else None
+    enabled = spec is not None and spec.enabled
+    return enabled and uri.startswith("s3://") and not is_peer(job) and not is_seed(job)
 
 
 def _labelled(job: Mapping[str, Any], label: str) -> bool:
@@ -216,10 +230,13 @@ def seed_job(job: Obj, group: nodegroup.LocalModelNodeGroup, uri: str, *, image:
     become whole in turn, servable to the nodes following this one, rather than all near the
     end (the origin's total rate is the same). A value the Job already sets is kept. With the
     agent's peer `image`, a sidecar (an init container that keeps running, started before the
-    download and beside it, so it adds no time) records the SHA-256 the origin stores for each
+    download and beside it: it adds time only where its answer comes after the download's
+    end) records the SHA-256 the origin stores for each
     object (`localcache origin-sums --sidecar`, `download.seedsums`) with the download
     container's env, credentials, mounts and security context, small resources of its own
-    (`SUMS_RESOURCES`) and the image's default pull policy; the Job carries the label
+    (`SUMS_RESOURCES`) and the image's default pull policy, and the pod a termination grace of
+    at least `SEED_GRACE_S` (the sidecar finishes its answer before it stops, so that the Job
+    completes with it); the Job carries the label
     `SUMS_LABEL` (the admission policies check that container's image and command). A Job whose
     download container cannot be told (several, none named `CONTAINER`) is unchanged."""
     spec = group.spec.peer_distribution
@@ -240,4 +257,6 @@ def seed_job(job: Obj, group: nodegroup.LocalModelNodeGroup, uri: str, *, image:
         sums |= {"name": SUMS_CONTAINER, "image": image, "command": list(SUMS_COMMAND)}
         sums |= {"restartPolicy": "Always", "resources": copy.deepcopy(SUMS_RESOURCES)}
         pod["initContainers"] = [{**sums, "args": [uri, jobs.MOUNT_PATH, "--sidecar"]}]
+        grace = pod.get("terminationGracePeriodSeconds")
+        pod["terminationGracePeriodSeconds"] = max(SEED_GRACE_S, grace or 0)
     return job

@@ -466,6 +466,25 @@ def probe_results(cluster: Cluster, namespace: str, pod: str) -> list[Obj]:
     return found
 
 
+def container_stopped(cluster: Cluster, namespace: str, job: str, container: str) -> bool:
+    """Whether the kubelet said it stops `container` of a pod of `job` (a `Killing` Event:
+    recorded as it sends the container SIGTERM)."""
+    pods = {
+        p["metadata"]["name"]
+        for p in cluster.items("pods", namespace=namespace, selector=f"job-name={job}")
+    }
+    for event in cluster.items("events", namespace=namespace):
+        about = event.get("involvedObject") or {}
+        field_path = str(about.get("fieldPath") or "")
+        if (
+            event.get("reason") == "Killing"
+            and about.get("name") in pods
+            and f"{{{container}}}" in field_path
+        ):
+            return True
+    return False
+
+
 def job_pod(cluster: Cluster, namespace: str, job: str) -> str | None:
     pods = cluster.items("pods", namespace=namespace, selector=f"job-name={job}")
     return pods[0]["metadata"]["name"] if pods else None

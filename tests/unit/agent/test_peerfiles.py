@@ -15,7 +15,7 @@ import pytest
 
 from localcache.agent import downloads, peerfiles, peersource, status
 from localcache.agent.disk import digest, filelists, folders, layout
-from localcache.api import modelnode, nodegroup, peer
+from localcache.api import modelnode, nodegroup, originpaths, peer
 from localcache.caching import keys
 from localcache.devenv.waiting import wait_until
 from localcache.runtime import durable
@@ -67,15 +67,26 @@ def _outcomes(units: list[downloads.Unit], outcome: status.Outcome) -> dict[str,
     return {key: outcome for unit in units for key in unit.status_keys}
 
 
-def _disk(tmp_path: Path, *, job: str = "lmd-job-0-abcdefgh", uri: str = URI) -> folders.ModelDisk:
+def _disk(
+    tmp_path: Path,
+    *,
+    job: str = "lmd-job-0-abcdefgh",
+    uri: str = URI,
+    seeded: bool = False,
+    staged: str | None = None,
+) -> folders.ModelDisk:
+    """`disk` holding a promoted folder of `uri`; `seeded`: by a Job with the checksum sidecar,
+    which left the record `staged` (None: none)."""
     disk = folders.ModelDisk(tmp_path / "root")
     disk.ensure_layout()
     staging = disk.prepare_staging(KEY, "job")
     (staging / "model.bin").write_bytes(b"weights")
+    if staged is not None:
+        (staging / originpaths.STAGED_SUMS).write_text(staged)
     manifest = layout.Manifest(
         storage_key=KEY, uri=uri, bytes=7, completed_at="2026-01-01T00:00:00Z", job=job
     )
-    disk.promote(staging, KEY, manifest)
+    disk.promote(staging, KEY, manifest, seeded=seeded)
     return disk
 
 
@@ -231,6 +242,22 @@ async def test_the_origins_checksums_a_proof_saw_are_recorded_in_the_file_list(
     assert files.stats().hashed == 1  # recorded without hashing again
 
 
+async def test_a_seed_whose_origin_stores_no_checksum_is_served(tmp_path: Path) -> None:
+    """The sidecar's record of an answer with no SHA-256 in it: nothing to check, served."""
+    disk = _disk(tmp_path, seeded=True, staged=originpaths.StagedSums(sha256={}).model_dump_json())
+    files, ready, units, placements, outcomes = await _first_publish(disk)
+
+    async def served() -> None:
+        await wait_until(lambda: ready.count == 1, timeout=10, what="the folder hashed")
+        published = await files.publish(units, placements, outcomes)
+        [model] = published["peer"]["models"]
+        assert model["storageKey"] == KEY
+        assert model["digest"], model
+        assert "unservable" not in published["peer"]
+
+    await _with_worker(files, served)
+
+
 def _not_utf8(tmp_path: Path) -> folders.ModelDisk:
     disk = _disk(tmp_path)
     (disk.model_path(KEY) / os.fsdecode(b"not-utf8-\xff")).write_bytes(b"x")
@@ -246,14 +273,26 @@ def _not_the_hubs(tmp_path: Path) -> folders.ModelDisk:
     return disk
 
 
+def _seed_without_its_record(tmp_path: Path) -> folders.ModelDisk:
+    """An `s3://` seed whose checksum sidecar left no record: the download ended before the
+    origin answered it (CI at 8a771cb), or the origin refused it."""
+    return _disk(tmp_path, seeded=True)
+
+
 @pytest.mark.parametrize(
-    ("folder", "reason"), [(_not_utf8, "unservable"), (_not_the_hubs, "origin-mismatch")]
+    ("folder", "reason"),
+    [
+        (_not_utf8, "unservable"),
+        (_not_the_hubs, "origin-mismatch"),
+        (_seed_without_its_record, "origin-unchecked"),
+    ],
 )
 async def test_a_folder_that_cannot_be_hashed_is_published_as_unservable(
     tmp_path: Path, folder: Callable[[Path], folders.ModelDisk], reason: str
 ) -> None:
-    """A name that is not UTF-8 (the wire cannot carry it), or a file that is not what its
-    origin published. Its followers must not wait for it: the failure is said in
+    """A name that is not UTF-8 (the wire cannot carry it), a file that is not what its
+    origin published, or a seed's copy never checked against what its origin stores. Its
+    followers must not wait for it: the failure is said in
     `status.peer.unservable` (the pass after it is asked for at once), and it is never
     retried for that promotion."""
     disk = folder(tmp_path)
@@ -350,6 +389,7 @@ async def test_cancelling_the_worker_stops_and_awaits_the_hashing_thread(
         *,
         uri: str,
         staged: object = (),
+        unchecked: bool = False,
         stop: Callable[[], bool],
         known: object = None,
     ) -> peer.PeerManifest:

@@ -14,7 +14,7 @@ import pytest
 from localcache.agent.jobs import jobs, peerjob
 from localcache.api import modelnode, nodegroup
 from localcache.caching import config, credentials, downloadcontainer, keys
-from localcache.download import peercommand
+from localcache.download import peercommand, seedsums
 
 URI = "s3://mybucket/mymodel"
 KEY = keys.storage_key(URI)
@@ -236,6 +236,20 @@ def test_with_the_peer_image_a_seed_first_records_the_origins_checksums() -> Non
     assert origin == _origin()  # not changed in place
 
 
+def test_a_seeds_pod_waits_for_the_sidecars_answer_before_it_ends() -> None:
+    """The sidecar holds SIGTERM until it has asked the origin (`--deadline`): the pod's grace
+    covers that, so the Job completes with the record in the folder (CI at 8a771cb)."""
+    seed = peerjob.seed_job(_origin(), _group(enabled=True), URI, image=IMAGE)
+    grace = seed["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+    assert grace == peerjob.SEED_GRACE_S > seedsums.DEADLINE_S
+    longer = _origin()
+    longer["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = 600
+    kept = peerjob.seed_job(longer, _group(enabled=True), URI, image=IMAGE)
+    assert kept["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 600
+    plain = peerjob.seed_job(_origin(), _group(enabled=True), URI)  # no sidecar
+    assert "terminationGracePeriodSeconds" not in plain["spec"]["template"]["spec"]
+
+
 @pytest.mark.parametrize(
     ("image", "enabled", "uri"),
     [("", True, URI), (IMAGE, False, URI), (IMAGE, True, "gs://b/m"), (IMAGE, True, "hf://o/m")],
@@ -245,6 +259,7 @@ def test_no_checksum_step_without_the_image_peer_distribution_or_an_s3_model(
 ) -> None:
     seed = peerjob.seed_job(_origin(), _group(enabled=enabled), uri, image=image)
     assert "initContainers" not in seed["spec"]["template"]["spec"]
+    assert "terminationGracePeriodSeconds" not in seed["spec"]["template"]["spec"]
     assert peerjob.SUMS_LABEL not in seed["metadata"]["labels"]
 
 
@@ -294,3 +309,13 @@ def test_a_cluster_storage_containers_job_becomes_a_peer_job_with_our_container_
     assert main["name"] == peerjob.CONTAINER
     assert main["command"] == list(peerjob.COMMAND)
     assert main["image"] == IMAGE
+
+
+def test_only_an_s3_origin_copy_without_the_sidecar_in_a_peer_group_is_unchecked() -> None:
+    origin, seed = _origin(), peerjob.seed_job(_origin(), _group(enabled=True), URI, image=IMAGE)
+    assert peerjob.unchecked_origin(origin, _group(enabled=True), URI)  # a fallback's
+    assert not peerjob.unchecked_origin(seed, _group(enabled=True), URI)  # its record decides
+    assert not peerjob.unchecked_origin(_peer(origin), _group(enabled=True), URI)  # verified
+    assert not peerjob.unchecked_origin(origin, _group(enabled=False), URI)  # never served
+    assert not peerjob.unchecked_origin(origin, None, URI)
+    assert not peerjob.unchecked_origin(origin, _group(enabled=True), "hf://o/m")  # its own check

@@ -16,7 +16,8 @@ import pytest
 
 from localcache.agent import downloads, plan, reconciler, report
 from localcache.agent.disk import folders, roots
-from localcache.agent.jobs import launcher
+from localcache.agent.jobs import launcher, peerjob
+from localcache.api import originpaths
 from localcache.caching import keys
 from localcache.runtime import clock, errors, kube, metrics, store
 from localcache.runtime import keys as rkeys
@@ -202,6 +203,14 @@ class World:
     def job_seen(self, job: Obj, **status: Any) -> None:
         """The Jobs informer shows `job` with `status`."""
         self.stores["jobs"].upsert({**job, "status": status})
+
+    def job_done(self, job: Obj, files: dict[str, bytes]) -> None:
+        """`job` wrote `files` into its staging folder, and the informer shows it Complete."""
+        staging = self.disk.staging_path(KEY, job["metadata"]["name"])
+        for name, data in files.items():
+            (staging / name).write_bytes(data)
+        done = [{"type": "Complete", "status": "True"}]
+        self.job_seen(job, completionTime=plan.format_time(T0), conditions=done)
 
 
 @pytest.fixture
@@ -519,3 +528,62 @@ async def test_a_created_job_is_recorded_before_the_pass_goes_on(world: World) -
     [job] = world.api.jobs()
     [record] = world.status()["downloadJobs"]
     assert record["uid"] == job["metadata"]["uid"]
+
+
+async def test_a_seeds_size_leaves_its_sidecars_record_out(world: World) -> None:
+    """The seed's checksum record is no byte of the model: not in its size (`originBytes`,
+    `bytesOnDisk`), not in its folder (the e2e run at the fix saw 13 bytes too many)."""
+    world.models(_entry(nodeGroup="gpu"))
+    await world.reconcile()
+    [job] = world.api.jobs()
+    job["metadata"]["labels"][peerjob.SUMS_LABEL] = "true"
+    record = originpaths.StagedSums(sha256={}).model_dump_json().encode()
+    world.job_done(job, {"m.bin": b"12345", originpaths.STAGED_SUMS: record})
+    await world.reconcile()
+    assert world.status()["modelProgress"]["iris"]["bytesOnDisk"] == 5
+    manifest = world.disk.manifest(KEY)
+    assert manifest is not None
+    assert manifest.bytes == 5
+    assert not manifest.origin_unchecked
+    assert [p.name for p in world.disk.model_path(KEY).iterdir()] == ["m.bin"]
+
+
+async def test_an_origin_copy_without_the_sidecar_in_a_peer_group_is_unchecked(
+    world: World,
+) -> None:
+    """An `s3://` origin Job of a group with peer distribution that ran without the checksum
+    sidecar (a fallback, no peer image): its copy is served to no peer."""
+    group = world.stores["node_groups"].get(rkeys.ObjectKey("", "gpu"))
+    assert group is not None
+    world.stores["node_groups"].upsert(
+        {**group, "spec": {**group["spec"], "peerDistribution": {"enabled": True}}}
+    )
+    world.models(_entry(nodeGroup="gpu"))
+    await world.reconcile()
+    [job] = world.api.jobs()
+    world.job_done(job, {"m.bin": b"12345"})
+    await world.reconcile()
+    assert world.status()["modelStatus"] == {"iris": "ModelDownloaded"}
+    manifest = world.disk.manifest(KEY)
+    assert manifest is not None
+    assert manifest.origin_unchecked
+
+
+@pytest.mark.parametrize(("seed", "stopped"), [(False, True), (True, False)])
+async def test_a_seed_whose_sidecar_still_asks_the_origin_is_no_stall(
+    world: World, seed: bool, stopped: bool
+) -> None:
+    """Its bytes are all there, its sidecar holds the pod for the origin's answer (up to
+    `peerjob.SEED_GRACE_S`): a short `downloadStallTimeoutInSecs` must not stop it."""
+    world.configure(json.dumps({"jobNamespace": NS, "downloadStallTimeoutInSecs": 30}))
+    world.models(_entry(nodeGroup="gpu"))
+    await world.reconcile()
+    [job] = world.api.jobs()
+    (world.disk.staging_path(KEY, job["metadata"]["name"]) / "m.bin").write_bytes(b"12345")
+    if seed:
+        job["metadata"]["labels"][peerjob.SUMS_LABEL] = "true"
+    world.job_seen(job, active=1, ready=0)
+    await world.reconcile()  # the folder's size seen
+    await world.clock.advance(60)
+    await world.reconcile()
+    assert (job["metadata"]["name"] in world.api.deleted) is stopped

@@ -5,6 +5,7 @@ when the folder's peer manifest is made (`filelists.compute(..., staged=...)`)."
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 from pathlib import Path
@@ -75,13 +76,41 @@ def test_bytes_that_are_not_the_origins_make_the_folder_unservable(tmp_path: Pat
     "content",
     ["not json", '{"sha256": {"../escape": "' + "a" * 64 + '"}}', '{"sha256": {"a": "x"}}', ""],
 )
-def test_a_malformed_staged_file_is_taken_out_and_attests_nothing(
+def test_a_malformed_staged_file_is_taken_out_and_leaves_the_copy_unchecked(
     tmp_path: Path, content: str
 ) -> None:
     disk = _disk(tmp_path)
     in_force = disk.promote(_download(disk, content), KEY, _manifest(), seeded=True)
     assert in_force.origin_sums == ()
+    assert in_force.origin_unchecked
     assert not (disk.model_path(KEY) / originpaths.STAGED_SUMS).exists()
+
+
+def test_a_seed_without_its_record_is_promoted_unchecked_and_never_listed(
+    tmp_path: Path,
+) -> None:
+    """The sidecar had no answer from the origin (or was stopped before it): the node holds the
+    model, but no file list is made for peers, across restarts (the manifest says so)."""
+    disk = _disk(tmp_path)
+    in_force = disk.promote(_download(disk, None), KEY, _manifest(), seeded=True)
+    assert in_force.origin_unchecked
+    assert in_force.origin_sums == ()
+    assert disk.manifest(KEY) == in_force
+    assert layout.Manifest.from_json(in_force.to_json()).origin_unchecked
+    with pytest.raises(filelists.OriginUnchecked):
+        filelists.compute(disk.model_path(KEY), KEY, uri=S3, unchecked=in_force.origin_unchecked)
+
+
+def test_a_record_that_the_origin_stores_no_checksum_checks_nothing_and_is_served(
+    tmp_path: Path,
+) -> None:
+    disk = _disk(tmp_path)
+    in_force = disk.promote(_download(disk, _staged({})), KEY, _manifest(), seeded=True)
+    assert in_force.origin_sums == ()
+    assert not in_force.origin_unchecked
+    assert "originUnchecked" not in in_force.to_json()
+    manifest = filelists.compute(disk.model_path(KEY), KEY, uri=S3, unchecked=False)
+    assert all(f.origin_sha256 is None for f in manifest.files)
 
 
 def test_a_staged_symlink_or_fifo_is_removed_unopened_and_a_directory_is_the_models_own(
@@ -93,16 +122,16 @@ def test_a_staged_symlink_or_fifo_is_removed_unopened_and_a_directory_is_the_mod
     staging.mkdir()
     staged = staging / originpaths.STAGED_SUMS
     staged.symlink_to(target)
-    assert originsums.read_staged(staging) == ()
+    assert originsums.read_staged(staging) is None
     originsums.drop_staged(staging)
     assert not staged.is_symlink()
     assert target.exists()
     os.mkfifo(staged)  # opened, it would block the agent
-    assert originsums.read_staged(staging) == ()
+    assert originsums.read_staged(staging) is None
     originsums.drop_staged(staging)
     assert not staged.exists()
     staged.mkdir()
-    assert originsums.read_staged(staging) == ()
+    assert originsums.read_staged(staging) is None
     originsums.drop_staged(staging)
     assert staged.is_dir()
 
@@ -112,10 +141,10 @@ def test_an_oversized_staged_file_is_not_read(tmp_path: Path) -> None:
     staging.mkdir()
     with (staging / originpaths.STAGED_SUMS).open("wb") as handle:
         handle.truncate(originpaths.MAX_STAGED_SUMS_BYTES + 1)
-    assert originsums.read_staged(staging) == ()
+    assert originsums.read_staged(staging) is None
 
 
-def test_a_folder_whose_modes_the_pod_took_away_is_promoted_without_sums(
+def test_a_folder_whose_modes_the_pod_took_away_is_promoted_unchecked(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The pod runs as the agent's uid: it may chmod its staging folder (a tar entry `./` of
@@ -129,7 +158,9 @@ def test_a_folder_whose_modes_the_pod_took_away_is_promoted_without_sums(
 
     monkeypatch.setattr(os, "lstat", denied)
     monkeypatch.setattr(os, "listdir", denied)
-    assert originsums.read_staged(staging) == ()
+    assert originsums.read_staged(staging) is None
+    assert originsums.with_staged(_manifest(), staging).origin_unchecked
+    assert originsums.staged_bytes(staging) == 0
     originsums.drop_staged(staging)  # logged, not raised
     monkeypatch.undo()
     assert disk.promote(staging, KEY, _manifest()).origin_sums == ()
@@ -142,6 +173,7 @@ def test_only_a_seeded_download_has_its_staged_record_taken(tmp_path: Path) -> N
     sums = _staged({"config.json": hashlib.sha256(SMALL).hexdigest()})
     in_force = disk.promote(_download(disk, sums), KEY, _manifest())
     assert in_force.origin_sums == ()
+    assert not in_force.origin_unchecked
     assert (disk.model_path(KEY) / originpaths.STAGED_SUMS).read_text() == sums
     files = [("config.json", len(SMALL), "0" * 64)]
     staged = (("config.json", "1" * 64),)
@@ -178,3 +210,16 @@ def test_a_manifest_without_recorded_sums_reads_as_before(tmp_path: Path) -> Non
     assert layout.Manifest.from_json(plain) == _manifest()
     garbled = {**plain, "originSha256": {"a": "not a sha"}}
     assert layout.Manifest.from_json(garbled).origin_sums == ()
+
+
+def test_a_stored_list_of_an_unchecked_copy_is_never_current(tmp_path: Path) -> None:
+    """A list stored for that promotion (by a version that did not check) is not served."""
+    disk = _disk(tmp_path)
+    in_force = disk.promote(_download(disk, None), KEY, _manifest(), seeded=True)
+    listed = filelists.compute(disk.model_path(KEY), KEY, uri=S3)
+    stored = filelists.FileList(in_force.folder, filelists.Stamp.of(in_force), listed, ())
+    filelists.write(disk.root, stored)
+    assert filelists.read(disk.root, in_force.folder) is not None
+    assert filelists.current(disk.root, in_force.folder, in_force) is None
+    checked = dataclasses.replace(in_force, origin_unchecked=False)
+    assert filelists.current(disk.root, in_force.folder, checked) is not None
