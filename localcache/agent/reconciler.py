@@ -342,7 +342,7 @@ class Reconciler:
         variant, seeded = layout.variant_of_scope(unit.scope_id), peerjob.is_seed(job.obj)
         promote = functools.partial(at.disk.promote, variant=variant, seeded=seeded)
         manifest = action.manifest
-        if peerjob.unchecked_origin(job.obj, at.group, unit.request.uri):  # a fallback's copy
+        if peerjob.unchecked_origin(job.obj, unit.request.uri):  # no sidecar checked it
             manifest = replace(manifest, origin_unchecked=True)
         in_force = await asyncio.to_thread(promote, action.staging, key, manifest)
         self._metrics.succeeded.inc()

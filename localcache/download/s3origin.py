@@ -223,25 +223,28 @@ class S3Origin:
         for item in objects:
             todo.put(item)
         sums: dict[str, str] = {}
+        answered: list[str] = []
         refused: list[Exception] = []
 
         def work() -> None:
             while not refused:
                 try:
                     item = todo.get_nowait()
+                except queue.Empty:
+                    return
+                try:
                     head = self._client.head_object(
                         Bucket=bucket, Key=item.key, ChecksumMode="ENABLED"
                     )
-                except queue.Empty:
-                    return
-                except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError) as exc:
+                    sha256 = originpaths.s3_checksum_sha256(
+                        head.get("ChecksumSHA256"), head.get("ChecksumType")
+                    )
+                except Exception as exc:  # any failure: no answer for the whole model
                     refused.append(exc)
                     return
-                sha256 = originpaths.s3_checksum_sha256(
-                    head.get("ChecksumSHA256"), head.get("ChecksumType")
-                )
                 if sha256 is not None:
                     sums[item.path] = sha256
+                answered.append(item.path)
 
         workers = [
             threading.Thread(target=work, name="localcache-origin-head", daemon=True)
@@ -253,6 +256,8 @@ class S3Origin:
             worker.join()
         if refused:
             raise peersources.use_origin(f"the origin refused a HEAD: {_origin(refused[0])}")
+        if len(answered) != len(objects):  # never a partial answer taken for a whole one
+            raise peersources.use_origin(f"{len(objects) - len(answered)} HEAD(s) not answered")
         return sums
 
     def proof(self, uri: str, objects: Sequence[S3Object], nonce: str) -> peer.ProofRequest:

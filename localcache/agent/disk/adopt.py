@@ -52,6 +52,7 @@ def adopt(
         completed_at=completed_at,
         job=job,
         adopted=True,
+        origin_unchecked=uri.startswith("s3://"),  # read by ranges: no checksum was checked
     )
     tree.plain_directory(disk.manifests)
     durable.write_json_atomic(disk.manifest_path(storage_key), manifest.to_json())

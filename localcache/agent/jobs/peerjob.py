@@ -73,16 +73,13 @@ def is_seed(job: Mapping[str, Any]) -> bool:
     return _labelled(job, SUMS_LABEL)
 
 
-def unchecked_origin(
-    job: Mapping[str, Any], group: nodegroup.LocalModelNodeGroup | None, uri: str
-) -> bool:
-    """Whether `job` downloaded an `s3://` model from the origin, in a group with peer
-    distribution, without the checksum sidecar (`seed_job`: a fallback after a seed did not
-    start or was refused, or no peer image): nothing checked its copy against the checksums
-    the origin stores, so it is served to no peer."""
-    spec = group.spec.peer_distribution if group is not None else None
-    enabled = spec is not None and spec.enabled
-    return enabled and uri.startswith("s3://") and not is_peer(job) and not is_seed(job)
+def unchecked_origin(job: Mapping[str, Any], uri: str) -> bool:
+    """Whether `job` downloaded an `s3://` model from the origin without the checksum sidecar
+    (`seed_job`: peer distribution off at its launch, a fallback after a seed did not start
+    or was refused, no peer image): nothing checked its copy against the checksums the
+    origin stores, so it is served to no peer, also once peer distribution is on. Decided
+    by the Job alone, never by the node group at promotion (missing, or changed since)."""
+    return uri.startswith("s3://") and not is_peer(job) and not is_seed(job)
 
 
 def _labelled(job: Mapping[str, Any], label: str) -> bool:

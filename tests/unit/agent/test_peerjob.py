@@ -311,11 +311,9 @@ def test_a_cluster_storage_containers_job_becomes_a_peer_job_with_our_container_
     assert main["image"] == IMAGE
 
 
-def test_only_an_s3_origin_copy_without_the_sidecar_in_a_peer_group_is_unchecked() -> None:
+def test_only_an_s3_origin_copy_without_the_sidecar_is_unchecked() -> None:
     origin, seed = _origin(), peerjob.seed_job(_origin(), _group(enabled=True), URI, image=IMAGE)
-    assert peerjob.unchecked_origin(origin, _group(enabled=True), URI)  # a fallback's
-    assert not peerjob.unchecked_origin(seed, _group(enabled=True), URI)  # its record decides
-    assert not peerjob.unchecked_origin(_peer(origin), _group(enabled=True), URI)  # verified
-    assert not peerjob.unchecked_origin(origin, _group(enabled=False), URI)  # never served
-    assert not peerjob.unchecked_origin(origin, None, URI)
-    assert not peerjob.unchecked_origin(origin, _group(enabled=True), "hf://o/m")  # its own check
+    assert peerjob.unchecked_origin(origin, URI)  # peers off at launch, a fallback's, no image
+    assert not peerjob.unchecked_origin(seed, URI)  # its record decides
+    assert not peerjob.unchecked_origin(_peer(origin), URI)  # verified against its source
+    assert not peerjob.unchecked_origin(origin, "hf://o/m")  # its own check, in the folder

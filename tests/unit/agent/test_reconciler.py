@@ -548,15 +548,15 @@ async def test_a_seeds_size_leaves_its_sidecars_record_out(world: World) -> None
     assert [p.name for p in world.disk.model_path(KEY).iterdir()] == ["m.bin"]
 
 
-async def test_an_origin_copy_without_the_sidecar_in_a_peer_group_is_unchecked(
-    world: World,
-) -> None:
-    """An `s3://` origin Job of a group with peer distribution that ran without the checksum
-    sidecar (a fallback, no peer image): its copy is served to no peer."""
+@pytest.mark.parametrize("peers", [True, False])
+async def test_an_origin_copy_without_the_sidecar_is_unchecked(world: World, peers: bool) -> None:
+    """An `s3://` origin Job that ran without the checksum sidecar (a fallback, no peer image,
+    peer distribution off at its launch): its copy is served to no peer, also once the group
+    turns peer distribution on."""
     group = world.stores["node_groups"].get(rkeys.ObjectKey("", "gpu"))
     assert group is not None
     world.stores["node_groups"].upsert(
-        {**group, "spec": {**group["spec"], "peerDistribution": {"enabled": True}}}
+        {**group, "spec": {**group["spec"], "peerDistribution": {"enabled": peers}}}
     )
     world.models(_entry(nodeGroup="gpu"))
     await world.reconcile()

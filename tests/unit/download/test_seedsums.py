@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -66,8 +67,25 @@ def test_the_sha256_the_origin_stores_is_staged_per_folder_path(
 def test_every_object_of_a_model_is_asked_for_several_at_once(
     store: objectstore.ObjectStore, reader: objectstore.AccessKey, tmp_path: Path
 ) -> None:
-    said = seedsums.record(f"s3://{BUCKET}/many", tmp_path, env=store.s3_env(reader), deadline=60)
-    assert said == f"{MANY} object(s), {(MANY + 1) // 2} with the origin's SHA-256 recorded"
+    """The store holds the HEADs: asked one by one, it would never hold more than one."""
+    before = store.checksum_heads_held()
+    store.hold_checksum_heads(BUCKET, "many/")
+    said: list[str] = []
+    uri, env = f"s3://{BUCKET}/many", store.s3_env(reader)
+    asking = threading.Thread(
+        target=lambda: said.append(seedsums.record(uri, tmp_path, env=env, deadline=60))
+    )
+    asking.start()
+    try:
+        wait_until_sync(
+            lambda: store.checksum_heads_held() - before >= s3origin.HEAD_WORKERS,
+            timeout=30,
+            what=f"{s3origin.HEAD_WORKERS} HEADs held at once",
+        )
+    finally:
+        store.release_checksum_heads()
+        asking.join(60)
+    assert said == [f"{MANY} object(s), {(MANY + 1) // 2} with the origin's SHA-256 recorded"]
     assert originsums.read_staged(tmp_path) == tuple(
         (f"shard-{i:02}.bin", hashlib.sha256(b"%d" % i).hexdigest()) for i in range(0, MANY, 2)
     )
@@ -193,3 +211,24 @@ def test_the_temporary_file_of_a_stopped_sidecar_is_removed(tmp_path: Path) -> N
         f"{originpaths.STAGED_SUMS}.backup",
         "model.bin",
     ]
+
+
+def test_any_failure_of_a_head_leaves_no_record(
+    store: objectstore.ObjectStore,
+    reader: objectstore.AccessKey,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Not only the origin's refusals: a partial answer must never pass for a whole one (the
+    agent would take a path it lacks for one whose object has no checksum)."""
+    real = originpaths.s3_checksum_sha256
+
+    def flaky(value: object, kind: object) -> str | None:
+        if value is None:  # the objects stored without a checksum
+            raise RuntimeError("a bug")
+        return real(value, kind)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(originpaths, "s3_checksum_sha256", flaky)
+    said = seedsums.record(f"s3://{BUCKET}/many", tmp_path, env=store.s3_env(reader), deadline=60)
+    assert said == "no checksums recorded: the origin refused a HEAD: RuntimeError"
+    assert originsums.read_staged(tmp_path) is None
