@@ -38,10 +38,16 @@ def format_host(host: str) -> str:
 
 def http_get(url: str, *, timeout: float = HTTP_TIMEOUT_S) -> tuple[int, bytes]:
     """One unsigned GET with a timeout: (status, body). Connection errors raise OSError."""
+    return http_request("GET", url, timeout=timeout)
+
+
+def http_request(method: str, url: str, *, timeout: float = HTTP_TIMEOUT_S) -> tuple[int, bytes]:
+    """One unsigned request without a body, with a timeout: (status, body). Connection errors
+    raise OSError."""
     parts = urllib.parse.urlsplit(url)
     conn = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=timeout)
     try:
-        conn.request("GET", parts.path + (f"?{parts.query}" if parts.query else ""))
+        conn.request(method, parts.path + (f"?{parts.query}" if parts.query else ""))
         response = conn.getresponse()
         return response.status, response.read()
     finally:

@@ -382,11 +382,14 @@ class ObjectStore(modelserver.ServerProcess):
 
     def bytes_sent(self) -> tuple[int, int]:
         """(requests, response body bytes) the store served so far (`STATS_PATH`)."""
+        found = self._stats()
+        return int(found["requests"]), int(found["bytesSent"])
+
+    def _stats(self) -> dict[str, Any]:
         status, body = modelserver.http_get(self.endpoint + STATS_PATH)
         if status != 200:
             raise ObjectStoreError(f"GET {STATS_PATH}: HTTP {status}")
-        found = json.loads(body)
-        return int(found["requests"]), int(found["bytesSent"])
+        return dict(json.loads(body))
 
     def hold_checksum_heads(self, bucket: str, prefix: str) -> None:
         """Hold the checksum-mode HEADs of `bucket`'s objects under `prefix` (`s3holds`)."""
@@ -397,10 +400,7 @@ class ObjectStore(modelserver.ServerProcess):
 
     def checksum_heads_held(self) -> int:
         """How many checksum-mode HEADs were held so far."""
-        status, body = modelserver.http_get(self.endpoint + STATS_PATH)
-        if status != 200:
-            raise ObjectStoreError(f"GET {STATS_PATH}: HTTP {status}")
-        return int(json.loads(body)["heldChecksumHeads"])
+        return int(self._stats()["heldChecksumHeads"])
 
     def s3_env(self, key: AccessKey) -> dict[str, str]:
         """Environment for KServe's storage initializer (or any boto3 client) to download

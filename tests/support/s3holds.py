@@ -16,10 +16,11 @@ timeout, raising `OSError` for anything but 200.
 
 from __future__ import annotations
 
-import http.client
 import threading
 import urllib.parse
 from typing import TYPE_CHECKING, Any, Final
+
+from localcache.devenv import modelserver
 
 if TYPE_CHECKING:
     from wsgiref.types import StartResponse, WSGIEnvironment
@@ -82,13 +83,6 @@ def release(endpoint: str) -> None:
 
 
 def _post(endpoint: str, path: str) -> None:
-    parts = urllib.parse.urlsplit(endpoint)
-    conn = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=TIMEOUT_S)
-    try:
-        conn.request("POST", path)
-        response = conn.getresponse()
-        response.read()
-        if response.status != 200:
-            raise OSError(f"POST {path.partition('?')[0]}: HTTP {response.status}")
-    finally:
-        conn.close()
+    status, _ = modelserver.http_request("POST", endpoint + path, timeout=TIMEOUT_S)
+    if status != 200:
+        raise OSError(f"POST {path.partition('?')[0]}: HTTP {status}")
