@@ -8,7 +8,8 @@ pod (`caching.importjob` builds the Job; `download.importplace` holds the steps)
   `DIR` with a bounded walk (`PROGRESS_MAX_FILES` files, `PROGRESS_MAX_DEPTH` levels, symlinks
   never followed; a missing folder measures 0). SIGTERM or SIGINT ends it with exit 0 at once,
   even in the middle of a walk (the pod's native sidecar is stopped this way when `place`
-  ends).
+  ends); run as `localcache import progress`, SIGTERM is held from the command's first lines
+  (`localcache.__main__`), so one sent while it loads is taken too.
 - `place --models DIR --key KEY`: places the download; prints and writes to
   `--termination-log` (default /dev/termination-log, the kubelet's) the JSON line
   `{"bytes": N, "files": M}` of what it placed.

@@ -19,10 +19,12 @@ Contract:
   stderr and no file, and the download goes on; the storage initializer then reports the
   origin's own answer. Never printed: credentials, URLs.
 - `--sidecar`: then waits for SIGTERM (the kubelet stops a sidecar once the download ends)
-  and exits 0 on it. SIGTERM is held until the record is written or given up (the deadline):
-  a download that ends first does not cut the answer off (the seed's pod allows for it,
-  `agent.jobs.peerjob.SEED_GRACE_S`). A SIGKILL may still leave a temporary file: the
-  agent's to remove (`agent.disk.originsums.drop_staged`).
+  and exits 0 on it. SIGTERM is held from the process's first lines (`localcache.__main__`,
+  before the command's imports) until the record is written or given up (the deadline): a
+  download that ends first, even at once, neither cuts the answer off nor has its signal
+  dropped (the seed's pod allows for the wait, `agent.jobs.peerjob.SEED_GRACE_S`). A SIGKILL
+  may still leave a temporary file: the agent's to remove
+  (`agent.disk.originsums.drop_staged`).
 Who trusts the file: the agent, as it trusts every byte the download pod writes (a check of
 the download, never a proof of access across scopes).
 """
@@ -64,7 +66,8 @@ def run(args: argparse.Namespace) -> int:
     stopped = threading.Event()
     if args.sidecar:  # a handler: PID 1 of a container is sent no signal it has none for
         signal.signal(signal.SIGTERM, lambda _signum, _frame: stopped.set())
-        # held until the answer is out; set before the worker starts, which inherits it
+        # held until the answer is out (already, when started by `localcache.__main__`); set
+        # before the worker starts, which inherits it
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
     said = record(args.uri, Path(args.dest), env=os.environ, deadline=args.deadline)
     print(f"localcache origin-sums: {said}", file=sys.stderr, flush=True)

@@ -19,10 +19,12 @@ as its users and its attackers meet it:
 
 from __future__ import annotations
 
+import datetime
 import functools
 import hashlib
 import json
 import os
+import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -33,13 +35,16 @@ from typing import Any
 import pytest
 
 from localcache.agent.disk import filelists, layout
+from localcache.agent.jobs import peerjob
 from localcache.caching import jobfailures, keys
 from tests.e2e.realnodes import objects, peers
 from tests.e2e.realnodes.cluster import Cluster, Obj, Sources
 from tests.e2e.realnodes.objects import LMNC
 
-pytestmark = pytest.mark.timeout(480)
+pytestmark = pytest.mark.timeout(600)
 MIB = 1024 * 1024
+PROBE_WINDOW_S = 40
+"""How long the probe may take, at most, while none of C's downloads runs."""
 DOWNLOADED = "ModelDownloaded"
 PROOF_REASONS = {
     "wrong-secret": "proof-denied",
@@ -212,6 +217,8 @@ def test_a_tenant_forging_its_proof_gets_nothing(cluster: Cluster, proofed: Proo
     status_key = keys.status_key("bert", tenant)
     try:
         _refused_by_the_store(cluster, tenant)
+        probing_since = _between_attempts(cluster, tenant, proofed.key, status_key)
+        _sidecars_took_their_sigterm(cluster, tenant, proofed.key)
         user = cluster.tenant(tenant)
         token = peers.download_pod_token(cluster, tenant, proofed.key, user=user)
         assert token, f"no download pod of {proofed.key} left in {tenant} to mint a token for"
@@ -244,6 +251,12 @@ def test_a_tenant_forging_its_proof_gets_nothing(cluster: Cluster, proofed: Proo
         )  # fmt: skip
         cluster.kubectl("create", "-f", "-", f"--as={user}", input_text=json.dumps(probe))
         rows = peers.probe_results(cluster, tenant, "proof-probe")
+        retried = [
+            j["metadata"]["name"]
+            for j in peers.download_jobs(cluster, tenant, proofed.key)
+            if _created(j) >= probing_since
+        ]
+        assert not retried, f"C's retries {retried} started while the probe ran"
         _nothing_but_refusals(rows, set(proofed.digests.values()))
         for node in cluster.node_names:
             entry = peers.progress(cluster, node, status_key)
@@ -280,6 +293,57 @@ def _refused_by_the_store(cluster: Cluster, tenant: str) -> None:
         what=f"C's cache shows NodeDownloadError on both nodes and "
         f"{jobfailures.GIST_S3_FORBIDDEN!r}",
     )
+
+
+def _between_attempts(cluster: Cluster, tenant: str, storage_key: str, status_key: str) -> float:
+    """Waits until C has no download Job running and every node retries it no sooner than
+    `PROBE_WINDOW_S` from now; returns when (epoch seconds, whole). A node tracking C's own
+    download in progress rightly answers C's token "nothing-yet" rather than "other-scope"."""
+
+    def quiet() -> bool:
+        now = time.time()
+        for node in cluster.node_names:
+            retry_at = peers.progress(cluster, node, status_key).get("nextRetryTime")
+            if not retry_at or _epoch(retry_at) - now < PROBE_WINDOW_S:
+                return False
+        return not [j for j in peers.download_jobs(cluster, tenant, storage_key) if _active(j)]
+
+    cluster.wait(
+        quiet,
+        timeout=300,
+        what=f"C's download Jobs all ended, each node retrying {PROBE_WINDOW_S}s or more later",
+    )
+    return float(int(time.time()))
+
+
+def _sidecars_took_their_sigterm(cluster: Cluster, tenant: str, storage_key: str) -> None:
+    """The `origin-sums` sidecar of every seed of C, whose download the store refused at once,
+    exited 0 on the kubelet's SIGTERM: one that dropped it, still loading as its container's
+    PID 1, is killed at the end of the pod's grace, and the Job failed that much later."""
+    ended = {}
+    for job in peers.download_jobs(cluster, tenant, storage_key):
+        selector = f"job-name={job['metadata']['name']}"
+        for pod in cluster.items("pods", namespace=tenant, selector=selector):
+            for state in (pod.get("status") or {}).get("initContainerStatuses") or []:
+                if state["name"] == peerjob.SUMS_CONTAINER:
+                    ended[pod["metadata"]["name"]] = (state.get("state") or {}).get("terminated")
+    assert ended, f"no seed of C in {tenant} ran the {peerjob.SUMS_CONTAINER} sidecar"
+    killed = {pod: end for pod, end in ended.items() if not end or end.get("exitCode") != 0}
+    assert not killed, f"sidecars not ended by their SIGTERM: {json.dumps(killed)}"
+
+
+def _active(job: Obj) -> bool:
+    conditions = (job.get("status") or {}).get("conditions") or []
+    ended = ("Complete", "Failed")
+    return not any(c["type"] in ended and c["status"] == "True" for c in conditions)
+
+
+def _created(job: Obj) -> float:
+    return _epoch(job["metadata"]["creationTimestamp"])
+
+
+def _epoch(stamp: str) -> float:
+    return datetime.datetime.fromisoformat(stamp).timestamp()
 
 
 def _nothing_but_refusals(rows: list[Obj], digests: set[str]) -> None:

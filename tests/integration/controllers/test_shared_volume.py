@@ -374,9 +374,19 @@ async def test_an_unproven_job_claiming_to_be_ours_is_replaced(env: Env) -> None
     }, namespace=tenant)  # fmt: skip
     await env.start()
     job = await job_of(env, tenant, name, not_uid=forged["metadata"]["uid"])
-    found = await ready_reason(env, name, tenant, IMPORTING)
-    assert found["sharedVolume"]["job"] == {"name": job["metadata"]["name"],
-                                            "uid": job["metadata"]["uid"]}  # fmt: skip
+    await ready_reason(env, name, tenant, IMPORTING)
+    recorded = {"name": job["metadata"]["name"], "uid": job["metadata"]["uid"]}
+
+    async def records_the_new_job() -> bool:
+        # the reconcile that deleted the forged Job reports Importing before the next one
+        # creates and records its replacement
+        found = await env.cache_status(name, tenant)
+        return bool((found.get("sharedVolume") or {}).get("job") == recorded)
+
+    await wait_until(
+        records_the_new_job, timeout=30, what=f"the status records the new Job {recorded}"
+    )
+    assert ready_of(await env.cache_status(name, tenant))["reason"] in IMPORTING
     containers = [c["name"] for c in job["spec"]["template"]["spec"]["initContainers"]]
     assert importjob.DOWNLOAD_CONTAINER in containers
 
