@@ -2,7 +2,8 @@
 
 The two sidecars localcache runs, `localcache origin-sums --sidecar` (a seed's checksums) and
 `localcache import progress` (an import pod's size), hold SIGTERM from here, before the
-command's modules load (half a second of imports, longer under a CPU limit). The kubelet stops a
+command's modules load (half a second of imports, longer under a CPU limit); only the
+interpreter's own start (tens of milliseconds) comes before. The kubelet stops a
 sidecar once its pod's download ends: when the download fails at once, the signal could come
 while the process, PID 1 of its container and without a handler yet, drops it, and the pod then
 waits out its termination grace before its Job fails. Held, the signal waits for the command to

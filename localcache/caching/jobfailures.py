@@ -243,8 +243,8 @@ def _container_message(term: Obj, policy: str | None) -> str:
 
 def _sidecars(pod: Obj) -> set[str]:
     """The names of the pod's sidecars (init containers with `restartPolicy: Always`): the
-    kubelet stops them when the pod ends, so their exit (143 on a SIGTERM that came before
-    their handler) never says why the pod failed."""
+    kubelet stops them when the pod ends, so their exit (137 when killed at the end of the
+    pod's grace) never says why the pod failed."""
     spec = pod.get("spec") or {}
     return {
         str(c.get("name"))

@@ -64,10 +64,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     stopped = threading.Event()
-    if args.sidecar:  # a handler: PID 1 of a container is sent no signal it has none for
+    if args.sidecar:
+        # held until the answer is out (already, when started by `localcache.__main__`): PID 1
+        # of a container drops a signal it neither holds nor handles; set before the worker
+        # starts, which inherits it. The handler serves a caller that runs this unheld.
         signal.signal(signal.SIGTERM, lambda _signum, _frame: stopped.set())
-        # held until the answer is out (already, when started by `localcache.__main__`); set
-        # before the worker starts, which inherits it
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
     said = record(args.uri, Path(args.dest), env=os.environ, deadline=args.deadline)
     print(f"localcache origin-sums: {said}", file=sys.stderr, flush=True)

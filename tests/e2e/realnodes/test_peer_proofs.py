@@ -41,7 +41,7 @@ from tests.e2e.realnodes import objects, peers
 from tests.e2e.realnodes.cluster import Cluster, Obj, Sources
 from tests.e2e.realnodes.objects import LMNC
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = pytest.mark.timeout(900)
 MIB = 1024 * 1024
 PROBE_WINDOW_S = 40
 """How long the probe may take, at most, while none of C's downloads runs."""
@@ -251,10 +251,11 @@ def test_a_tenant_forging_its_proof_gets_nothing(cluster: Cluster, proofed: Proo
         )  # fmt: skip
         cluster.kubectl("create", "-f", "-", f"--as={user}", input_text=json.dumps(probe))
         rows = peers.probe_results(cluster, tenant, "proof-probe")
+        probed_until = _finished(cluster, tenant, "proof-probe")
         retried = [
             j["metadata"]["name"]
             for j in peers.download_jobs(cluster, tenant, proofed.key)
-            if _created(j) >= probing_since
+            if probing_since <= _created(j) <= probed_until
         ]
         assert not retried, f"C's retries {retried} started while the probe ran"
         _nothing_but_refusals(rows, set(proofed.digests.values()))
@@ -336,6 +337,18 @@ def _active(job: Obj) -> bool:
     conditions = (job.get("status") or {}).get("conditions") or []
     ended = ("Complete", "Failed")
     return not any(c["type"] in ended and c["status"] == "True" for c in conditions)
+
+
+def _finished(cluster: Cluster, namespace: str, pod: str) -> float:
+    """When the (finished) `pod`'s last container ended."""
+    got = cluster.get("pod", pod, namespace=namespace) or {}
+    ends = [
+        _epoch(state["state"]["terminated"]["finishedAt"])
+        for state in (got.get("status") or {}).get("containerStatuses") or []
+        if (state.get("state") or {}).get("terminated")
+    ]
+    assert ends, f"the probe {namespace}/{pod} has no ended container: {got.get('status')}"
+    return max(ends)
 
 
 def _created(job: Obj) -> float:
