@@ -208,8 +208,10 @@ def current(root: Path, folder: str, manifest: layout.Manifest) -> FileList | No
     """`read`, only when computed for the promotion `manifest` records (and, for a model
     whose origin publishes checksums, by a version that checks them); never for a copy
     left unchecked (`layout.Manifest.origin_unchecked`), which `compute` refuses."""
+    if manifest.origin_unchecked:
+        return None
     files = read(root, folder)
-    if files is None or files.stamp != Stamp.of(manifest) or manifest.origin_unchecked:
+    if files is None or files.stamp != Stamp.of(manifest):
         return None
     unchecked = not files.origin_checked and originsums.publishes(manifest.uri)
     return None if unchecked else files

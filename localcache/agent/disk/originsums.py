@@ -127,7 +127,7 @@ def staged_bytes(staging: Path) -> int:
     Blocking."""
     total = 0
     try:
-        for name in [n for n in os.listdir(staging) if originpaths.is_staged_sums(n)]:
+        for name in _staged_names(staging):
             info = os.lstat(staging / name)
             total += info.st_size if stat.S_ISREG(info.st_mode) else 0
     except OSError:  # gone, or its modes taken away: the promotion says so
@@ -139,7 +139,7 @@ def drop_staged(staging: Path) -> None:
     """Remove the sidecar's record and temporary files from `staging` (module contract),
     durably; idempotent. Blocking."""
     try:
-        names = [n for n in os.listdir(staging) if originpaths.is_staged_sums(n)]
+        names = _staged_names(staging)
         for name in names:
             if not stat.S_ISDIR(os.lstat(staging / name).st_mode):
                 os.unlink(staging / name)
@@ -169,3 +169,8 @@ def _read(folder: Path, relative: str, size: int) -> str | None:
         return None
     finally:
         os.close(fd)
+
+
+def _staged_names(staging: Path) -> list[str]:
+    """The names in `staging` of the sidecar's record and temporary files. Blocking."""
+    return [n for n in os.listdir(staging) if originpaths.is_staged_sums(n)]

@@ -19,7 +19,6 @@ as its users and its attackers meet it:
 
 from __future__ import annotations
 
-import datetime
 import functools
 import hashlib
 import json
@@ -34,9 +33,11 @@ from typing import Any
 
 import pytest
 
+from localcache.agent import jobstate
 from localcache.agent.disk import filelists, layout
 from localcache.agent.jobs import peerjob
 from localcache.caching import jobfailures, keys
+from localcache.runtime import clock
 from tests.e2e.realnodes import objects, peers
 from tests.e2e.realnodes.cluster import Cluster, Obj, Sources
 from tests.e2e.realnodes.objects import LMNC
@@ -307,7 +308,8 @@ def _between_attempts(cluster: Cluster, tenant: str, storage_key: str, status_ke
             retry_at = peers.progress(cluster, node, status_key).get("nextRetryTime")
             if not retry_at or _epoch(retry_at) - now < PROBE_WINDOW_S:
                 return False
-        return not [j for j in peers.download_jobs(cluster, tenant, storage_key) if _active(j)]
+        jobs = peers.download_jobs(cluster, tenant, storage_key)
+        return all(jobstate.job_state(j).phase is not jobstate.JobPhase.ACTIVE for j in jobs)
 
     cluster.wait(
         quiet,
@@ -321,22 +323,15 @@ def _sidecars_took_their_sigterm(cluster: Cluster, tenant: str, storage_key: str
     """The `origin-sums` sidecar of every seed of C, whose download the store refused at once,
     exited 0 on the kubelet's SIGTERM: one that dropped it, still loading as its container's
     PID 1, is killed at the end of the pod's grace, and the Job failed that much later."""
-    ended = {}
-    for job in peers.download_jobs(cluster, tenant, storage_key):
-        selector = f"job-name={job['metadata']['name']}"
-        for pod in cluster.items("pods", namespace=tenant, selector=selector):
-            for state in (pod.get("status") or {}).get("initContainerStatuses") or []:
-                if state["name"] == peerjob.SUMS_CONTAINER:
-                    ended[pod["metadata"]["name"]] = (state.get("state") or {}).get("terminated")
+    ended = {
+        pod["metadata"]["name"]: (state.get("state") or {}).get("terminated")
+        for pod in cluster.items("pods", namespace=tenant, selector=f"storageKey={storage_key}")
+        for state in (pod.get("status") or {}).get("initContainerStatuses") or []
+        if state["name"] == peerjob.SUMS_CONTAINER
+    }
     assert ended, f"no seed of C in {tenant} ran the {peerjob.SUMS_CONTAINER} sidecar"
     killed = {pod: end for pod, end in ended.items() if not end or end.get("exitCode") != 0}
     assert not killed, f"sidecars not ended by their SIGTERM: {json.dumps(killed)}"
-
-
-def _active(job: Obj) -> bool:
-    conditions = (job.get("status") or {}).get("conditions") or []
-    ended = ("Complete", "Failed")
-    return not any(c["type"] in ended and c["status"] == "True" for c in conditions)
 
 
 def _finished(cluster: Cluster, namespace: str, pod: str) -> float:
@@ -356,7 +351,9 @@ def _created(job: Obj) -> float:
 
 
 def _epoch(stamp: str) -> float:
-    return datetime.datetime.fromisoformat(stamp).timestamp()
+    parsed = clock.parse_rfc3339(stamp)
+    assert parsed is not None, f"not an RFC 3339 time: {stamp!r}"
+    return parsed.timestamp()
 
 
 def _nothing_but_refusals(rows: list[Obj], digests: set[str]) -> None:
